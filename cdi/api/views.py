@@ -1,0 +1,143 @@
+"""Typed read-only views over object bodies.
+
+Objects travel as the plain dicts the API server sends; a view gives typed, named access to the
+fields the code reads without copying or re-modelling them, so unknown fields survive a round trip
+and no generated model needs to keep up with the API."""
+
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api.quantity import parse_bytes
+
+Body = Mapping[str, Any]
+
+
+def dig(body: Body | None, *path: str | int) -> Any:
+    """The value at `path` in nested dicts/lists, or None where any step is missing."""
+    node: Any = body
+    for step in path:
+        if isinstance(step, int):
+            if not isinstance(node, list) or not -len(node) <= step < len(node):
+                return None
+            node = node[step]
+        else:
+            if not isinstance(node, Mapping):
+                return None
+            node = node.get(step)
+        if node is None:
+            return None
+    return node
+
+
+class ObjectView:
+    """Metadata accessors common to every kind."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Body) -> None:
+        self.raw = raw
+
+    @property
+    def metadata(self) -> Body:
+        meta = self.raw.get("metadata")
+        return meta if isinstance(meta, Mapping) else {}
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", ""))
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid", ""))
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.metadata.get("resourceVersion", ""))
+
+    @property
+    def generation(self) -> int:
+        return int(self.metadata.get("generation") or 0)
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return self.metadata.get("labels") or {}
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return self.metadata.get("annotations") or {}
+
+    @property
+    def owner_references(self) -> list[Body]:
+        return list(self.metadata.get("ownerReferences") or [])
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.metadata.get("deletionTimestamp"))
+
+    def owned_by(self, uid: str) -> bool:
+        return any(ref.get("uid") == uid for ref in self.owner_references)
+
+    def controller_ref(self) -> Body | None:
+        for ref in self.owner_references:
+            if ref.get("controller"):
+                return ref
+        return None
+
+
+class DataVolumeView(ObjectView):
+    __slots__ = ()
+
+    @property
+    def spec(self) -> Body:
+        return self.raw.get("spec") or {}
+
+    @property
+    def status(self) -> Body:
+        return self.raw.get("status") or {}
+
+    @property
+    def source(self) -> Body:
+        return self.spec.get("source") or {}
+
+    @property
+    def source_kind(self) -> str | None:
+        """The one key set in spec.source (http, s3, registry, blank, upload, pvc, ...)."""
+        kinds = [k for k, v in self.source.items() if v is not None]
+        return kinds[0] if len(kinds) == 1 else None
+
+    @property
+    def content_type(self) -> str:
+        return str(self.spec.get("contentType") or "kubevirt")
+
+    @property
+    def storage_spec(self) -> Body | None:
+        return self.spec.get("storage")
+
+    @property
+    def pvc_spec(self) -> Body | None:
+        return self.spec.get("pvc")
+
+    @property
+    def requested_size(self) -> int | None:
+        claim = self.storage_spec or self.pvc_spec or {}
+        size = dig(claim, "resources", "requests", "storage")
+        return parse_bytes(size) if size is not None else None
+
+    @property
+    def phase(self) -> str:
+        return str(self.status.get("phase") or "")
+
+
+def condition(body: Body, type_: str) -> Body | None:
+    for cond in dig(body, "status", "conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == type_:
+            return cond
+    return None

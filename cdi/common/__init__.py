@@ -1,0 +1,1 @@
+"""Helpers that more than one of cdi's programs needs (kept deliberately small)."""
