@@ -52,10 +52,14 @@ def free_form(description: str = "") -> Schema:
     return _described({"type": "object", "x-kubernetes-preserve-unknown-fields": True}, description)
 
 
+_QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+                     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
 def quantity(description: str = "") -> Schema:
     return _described({
         "anyOf": [{"type": "integer"}, {"type": "string"}],
-        "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+        "pattern": _QUANTITY_PATTERN,
         "x-kubernetes-int-or-string": True,
     }, description)
 

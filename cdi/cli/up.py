@@ -1,0 +1,58 @@
+"""`cdi up`: run the embedded control plane in the foreground until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from cdi.embedded.cluster import ClusterConfig, EmbeddedCluster
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("up", help="run the embedded control plane (API server, node, storage, CDI)")
+    parser.add_argument("--data-dir", type=Path, default=Path(".cdi"), help="state directory (default .cdi)")
+    parser.add_argument("--listen", default="127.0.0.1:0",
+                        help="address of the API server, HOST:PORT (port 0 picks a free one; default 127.0.0.1:0)")
+    parser.add_argument("--watch-history", type=int, default=20_000,
+                        help="changes kept for watches to resume from; older resourceVersions get 410 Gone")
+    parser.add_argument("--bookmark-interval", type=float, default=10.0, help="seconds between watch bookmarks")
+    parser.set_defaults(run=run)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host:
+        raise SystemExit(f"--listen must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    host, port = parse_listen(args.listen)
+    cluster = EmbeddedCluster(ClusterConfig(args.data_dir.resolve(), host, port, args.watch_history,
+                                            args.bookmark_interval))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await cluster.start()
+    print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
+    print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        print("cdi up: stopping", flush=True)
+        await cluster.stop()
+        print("cdi up: stopped", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        pass
+    sys.stdout.flush()
+    return 0

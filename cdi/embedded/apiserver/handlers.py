@@ -1,0 +1,418 @@
+"""The REST API over aiohttp: paths as Kubernetes lays them out, JSON and Table responses,
+watch streams, `Status` errors, bearer-token authentication."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import yaml
+from aiohttp import web
+
+from cdi.embedded.apiserver import discovery, errors, protobuf
+from cdi.embedded.apiserver.errors import StatusError
+from cdi.embedded.apiserver.objects import DeleteOptions, Objects, RequestContext, UserInfo, WatchEvent
+from cdi.embedded.apiserver.resources import ResourceType
+from cdi.embedded.apiserver.selectors import parse_field_selector, parse_label_selector
+from cdi.embedded.apiserver.tables import table
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+_PUBLIC = {"/healthz", "/livez", "/readyz", "/version"}
+
+
+class LogSource(Protocol):
+    """Serves `pods/log` (the local node registers one)."""
+
+    def stream(self, namespace: str, pod: str, container: str | None, *, follow: bool, previous: bool,
+               tail_lines: int | None, timestamps: bool, limit_bytes: int | None) -> AsyncIterator[bytes]: ...
+
+
+class Authenticator:
+    """Static bearer tokens, as kube-apiserver's --token-auth-file."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, UserInfo] = {}
+
+    def add(self, token: str, user: UserInfo) -> None:
+        self._tokens[token] = user
+
+    def authenticate(self, request: web.Request) -> UserInfo | None:
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            return self._tokens.get(header[7:].strip())
+        return None
+
+
+@dataclass
+class Target:
+    rtype: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str
+    watch: bool
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type=JSON, headers=headers)
+
+
+def _raw(body: bytes, status: int = 200, warnings: list[str] | None = None) -> web.Response:
+    headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else None
+    return web.Response(body=body, status=status, content_type=JSON, headers=headers)
+
+
+def _wants_table(request: web.Request) -> bool:
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def _bool(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1", "")
+
+
+class ApiHandlers:
+    def __init__(self, objects: Objects, auth: Authenticator, server_address: Callable[[], str]) -> None:
+        self.objects = objects
+        self.registry = objects.registry
+        self.auth = auth
+        self.server_address = server_address
+        self.log_source: LogSource | None = None
+        self.bookmark_interval = 10.0
+        self.extra_routes: list[Callable[[web.Request, Target | None], Awaitable[web.StreamResponse | None]]] = []
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    @web.middleware
+    async def middleware(self, request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        try:
+            if request.path not in _PUBLIC:
+                user = self.auth.authenticate(request)
+                if user is None:
+                    raise StatusError(401, "Unauthorized", "Unauthorized")
+                request["user"] = user
+            return await handler(request)
+        except StatusError as exc:
+            return _json(exc.body(), exc.code)
+        except web.HTTPException:
+            raise
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.path_qs)
+            return _json(StatusError(500, f"Internal error occurred: {exc}", "InternalError").body(), 500)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/version", self.version), web.get("/healthz", self.healthz), web.get("/livez", self.healthz),
+            web.get("/readyz", self.healthz), web.get("/api", self.api), web.get("/apis", self.apis),
+            web.get("/openapi/v3", self.openapi_index), web.get("/openapi/v3/{path:.*}", self.openapi_gv),
+            web.route("*", "/api/{version}", self.api_version_or_resource),
+            web.route("*", "/api/{version}/{rest:.*}", self.resource),
+            web.get("/apis/{group}", self.group), web.route("*", "/apis/{group}/{version}", self.group_version),
+            web.route("*", "/apis/{group}/{version}/{rest:.*}", self.resource),
+        ]
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json(discovery.KUBERNETES_VERSION)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def api(self, request: web.Request) -> web.Response:
+        return _json(discovery.api_versions(self.server_address()))
+
+    async def apis(self, request: web.Request) -> web.Response:
+        return _json(discovery.group_list(self.registry))
+
+    async def group(self, request: web.Request) -> web.Response:
+        body = discovery.group(self.registry, request.match_info["group"])
+        if body is None:
+            raise StatusError(404, "the server could not find the requested resource", "NotFound")
+        return _json(body)
+
+    async def group_version(self, request: web.Request) -> web.StreamResponse:
+        return await self._discover(request, request.match_info["group"], request.match_info["version"])
+
+    async def api_version_or_resource(self, request: web.Request) -> web.StreamResponse:
+        return await self._discover(request, "", request.match_info["version"])
+
+    async def _discover(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
+        for hook in self.extra_routes:
+            response = await hook(request, None)
+            if response is not None:
+                return response
+        if request.method != "GET":
+            raise StatusError(405, "the server does not allow this method on the requested resource",
+                              "MethodNotAllowed")
+        body = discovery.resource_list(self.registry, group, version)
+        if body is None:
+            raise StatusError(404, "the server could not find the requested resource", "NotFound")
+        return _json(body)
+
+    async def openapi_index(self, request: web.Request) -> web.Response:
+        return _json(discovery.openapi_index(self.registry))
+
+    async def openapi_gv(self, request: web.Request) -> web.Response:
+        path = request.match_info["path"].strip("/").split("/")
+        body = None
+        if len(path) == 2 and path[0] == "api":
+            body = discovery.openapi_group_version(self.registry, "", path[1])
+        elif len(path) == 3 and path[0] == "apis":
+            body = discovery.openapi_group_version(self.registry, path[1], path[2])
+        if body is None:
+            raise StatusError(404, "the server could not find the requested resource", "NotFound")
+        return _json(body)
+
+    def _target(self, request: web.Request) -> Target:
+        group = request.match_info.get("group", "")
+        version = request.match_info["version"]
+        parts = [p for p in request.match_info["rest"].split("/") if p]
+        watch = _bool(request.query.get("watch")) if "watch" in request.query else False
+        if parts and parts[0] == "watch":
+            watch, parts = True, parts[1:]
+        namespace = None
+        if len(parts) >= 3 and parts[0] == "namespaces":
+            candidate = self.registry.lookup(group, version, parts[2])
+            if candidate is not None and candidate.namespaced:
+                namespace, parts = parts[1], parts[2:]
+        if not parts or len(parts) > 3:
+            raise StatusError(404, "the server could not find the requested resource", "NotFound")
+        rtype = self.registry.lookup(group, version, parts[0])
+        if rtype is None:
+            raise StatusError(404, "the server could not find the requested resource", "NotFound",
+                              details={"group": group, "kind": parts[0]})
+        name = parts[1] if len(parts) > 1 else None
+        sub = parts[2] if len(parts) > 2 else ""
+        if sub and sub not in rtype.subresources:
+            raise StatusError(404, "the server could not find the requested resource", "NotFound")
+        if rtype.namespaced and namespace is None and (name is not None or request.method in ("POST",)):
+            raise StatusError(404, "the server could not find the requested resource", "NotFound")
+        return Target(rtype, namespace, name, sub, watch)
+
+    def _context(self, request: web.Request) -> RequestContext:
+        validation = request.query.get("fieldValidation", "")
+        return RequestContext(
+            user=request.get("user") or UserInfo("anonymous"),
+            dry_run=request.query.get("dryRun") == "All",
+            field_validation=validation if validation in ("Strict", "Warn", "Ignore") else "Warn",
+        )
+
+    async def _body(self, request: web.Request) -> Any:
+        data = await request.read()
+        if not data:
+            return None
+        content_type = request.headers.get("Content-Type", JSON)
+        if "protobuf" in content_type:
+            return protobuf.decode(data)
+        try:
+            if "yaml" in content_type:
+                return yaml.safe_load(data)
+            return orjson.loads(data)
+        except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"the body of the request could not be decoded: {exc}") from exc
+
+    # -- resources ---------------------------------------------------------------------------------
+
+    async def resource(self, request: web.Request) -> web.StreamResponse:
+        for hook in self.extra_routes:
+            response = await hook(request, None)
+            if response is not None:
+                return response
+        target = self._target(request)
+        method = request.method
+        if target.subresource == "log" and method == "GET":
+            return await self._log(request, target)
+        if target.name is None:
+            if method == "GET":
+                if target.watch:
+                    return await self._watch(request, target)
+                return self._list(request, target)
+            if method == "POST":
+                return await self._create(request, target)
+            if method == "DELETE":
+                return await self._delete_collection(request, target)
+        else:
+            if method == "GET":
+                return self._get(request, target)
+            if method == "PUT":
+                return await self._update(request, target)
+            if method == "PATCH":
+                return await self._patch(request, target)
+            if method == "DELETE":
+                return await self._delete(request, target)
+            if method == "POST" and target.subresource == "binding":
+                return await self._bind(request, target)
+        raise StatusError(405, "the server does not allow this method on the requested resource", "MethodNotAllowed")
+
+    def _respond(self, request: web.Request, target: Target, obj: dict[str, Any], status: int = 200,
+                 ctx: RequestContext | None = None) -> web.Response:
+        if _wants_table(request):
+            return _json(table(target.rtype, [obj], request.query.get("includeObject", "Metadata")), status)
+        return _raw(orjson.dumps(obj), status, ctx.warnings if ctx else None)
+
+    def _get(self, request: web.Request, target: Target) -> web.Response:
+        assert target.name is not None
+        entry = self.objects.get_entry(target.rtype, target.namespace, target.name)
+        if _wants_table(request):
+            return self._respond(request, target, self.objects.view(target.rtype, entry))
+        return _raw(self.objects.raw(target.rtype, entry))
+
+    def _list(self, request: web.Request, target: Target) -> web.Response:
+        query = request.query
+        page = self.objects.list(
+            target.rtype, target.namespace, parse_label_selector(query.get("labelSelector")),
+            parse_field_selector(query.get("fieldSelector")), int(query.get("limit") or 0), query.get("continue", ""),
+        )
+        meta: dict[str, Any] = {"resourceVersion": str(page.rv)}
+        if page.continue_token:
+            meta["continue"] = page.continue_token
+            meta["remainingItemCount"] = page.remaining
+        if _wants_table(request):
+            objs = [self.objects.view(target.rtype, e) for e in page.entries]
+            return _json(table(target.rtype, objs, query.get("includeObject", "Metadata"), meta))
+        head = orjson.dumps({"kind": target.rtype.kind + "List", "apiVersion": target.rtype.api_version,
+                             "metadata": meta})[:-1]
+        items = b",".join(self.objects.raw(target.rtype, e) for e in page.entries)
+        return _raw(head + b',"items":[' + items + b"]}")
+
+    async def _create(self, request: web.Request, target: Target) -> web.Response:
+        ctx = self._context(request)
+        obj = await self.objects.create(target.rtype, target.namespace, await self._body(request), ctx)
+        return self._respond(request, target, obj, 201, ctx)
+
+    async def _update(self, request: web.Request, target: Target) -> web.Response:
+        assert target.name is not None
+        ctx = self._context(request)
+        obj = await self.objects.update(target.rtype, target.namespace, target.name, await self._body(request), ctx,
+                                        target.subresource)
+        return self._respond(request, target, obj, 200, ctx)
+
+    async def _patch(self, request: web.Request, target: Target) -> web.Response:
+        assert target.name is not None
+        ctx = self._context(request)
+        content_type = request.headers.get("Content-Type", "")
+        obj = await self.objects.patch(target.rtype, target.namespace, target.name, content_type,
+                                       await self._body(request), ctx, target.subresource)
+        return self._respond(request, target, obj, 200, ctx)
+
+    def _delete_options(self, request: web.Request, body: Any) -> DeleteOptions:
+        body = body if isinstance(body, dict) else {}
+        query = request.query
+        grace = body.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+        pre = body.get("preconditions") or {}
+        policy = body.get("propagationPolicy") or query.get("propagationPolicy")
+        if body.get("orphanDependents") is True or query.get("orphanDependents") == "true":
+            policy = "Orphan"
+        if policy not in (None, "Background", "Foreground", "Orphan"):
+            raise errors.bad_request(f"propagationPolicy: Unsupported value: \"{policy}\"")
+        return DeleteOptions(policy, int(grace) if grace is not None else None, pre.get("uid"),
+                             pre.get("resourceVersion"))
+
+    async def _delete(self, request: web.Request, target: Target) -> web.Response:
+        assert target.name is not None
+        ctx = self._context(request)
+        options = self._delete_options(request, await self._body(request))
+        obj = await self.objects.delete(target.rtype, target.namespace, target.name, options, ctx)
+        return _raw(orjson.dumps(obj), 200)
+
+    async def _delete_collection(self, request: web.Request, target: Target) -> web.Response:
+        ctx = self._context(request)
+        options = self._delete_options(request, await self._body(request))
+        deleted = await self.objects.delete_collection(
+            target.rtype, target.namespace, parse_label_selector(request.query.get("labelSelector")),
+            parse_field_selector(request.query.get("fieldSelector")), options, ctx)
+        return _json({"kind": target.rtype.kind + "List", "apiVersion": target.rtype.api_version,
+                      "metadata": {"resourceVersion": str(self.objects.store.rv)}, "items": deleted})
+
+    async def _bind(self, request: web.Request, target: Target) -> web.Response:
+        assert target.name is not None
+        body = await self._body(request) or {}
+        node = (body.get("target") or {}).get("name")
+        if not node:
+            raise errors.bad_request("binding target name is required")
+        await self.objects.patch(target.rtype, target.namespace, target.name, "application/merge-patch+json",
+                                 {"spec": {"nodeName": node}}, self._context(request))
+        return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
+
+    # -- watch -------------------------------------------------------------------------------------
+
+    async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
+        query = request.query
+        labels = parse_label_selector(query.get("labelSelector"))
+        fields = parse_field_selector(query.get("fieldSelector"))
+        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        as_table = _wants_table(request)
+        include = query.get("includeObject", "Metadata")
+        events = self.objects.watch(target.rtype, target.namespace, query.get("resourceVersion", ""), labels, fields,
+                                    bookmarks=_bool(query.get("allowWatchBookmarks")),
+                                    bookmark_interval=self.bookmark_interval, timeout=timeout)
+        response = web.StreamResponse(headers={"Content-Type": JSON, "Cache-Control": "no-cache"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            async for event in events:
+                await response.write(self._encode_event(target, event, as_table, include))
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            await events.aclose()
+        try:
+            await response.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            pass
+        return response
+
+    def _encode_event(self, target: Target, event: WatchEvent, as_table: bool, include: str) -> bytes:
+        rtype = target.rtype
+        if event.type == "BOOKMARK":
+            obj: Any = {"kind": rtype.kind, "apiVersion": rtype.api_version,
+                        "metadata": {"resourceVersion": str(event.rv)}}
+            return orjson.dumps({"type": "BOOKMARK", "object": obj}) + b"\n"
+        if event.type == "ERROR":
+            return orjson.dumps({"type": "ERROR", "object": event.obj}) + b"\n"
+        assert event.entry is not None
+        if as_table:
+            body = table(rtype, [self.objects.view(rtype, event.entry)], include)
+            return orjson.dumps({"type": event.type, "object": body}) + b"\n"
+        return b'{"type":"' + event.type.encode() + b'","object":' + self.objects.raw(rtype, event.entry) + b"}\n"
+
+    # -- logs --------------------------------------------------------------------------------------
+
+    async def _log(self, request: web.Request, target: Target) -> web.StreamResponse:
+        assert target.name is not None and target.namespace is not None
+        self.objects.get(target.rtype, target.namespace, target.name)
+        if self.log_source is None:
+            raise errors.bad_request(f'pod "{target.name}" is not running on any node: no logs available')
+        query = request.query
+        stream = self.log_source.stream(
+            target.namespace, target.name, query.get("container"), follow=_bool(query.get("follow")),
+            previous=_bool(query.get("previous")),
+            tail_lines=int(query["tailLines"]) if query.get("tailLines") else None,
+            timestamps=_bool(query.get("timestamps")),
+            limit_bytes=int(query["limitBytes"]) if query.get("limitBytes") else None)
+        iterator = stream.__aiter__()
+        try:
+            first = await iterator.__anext__()
+        except StopAsyncIteration:
+            first = b""
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            if first:
+                await response.write(first)
+            async for chunk in iterator:
+                await response.write(chunk)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        try:
+            await response.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            pass
+        return response

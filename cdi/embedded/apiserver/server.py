@@ -1,0 +1,209 @@
+"""Starting and stopping the API server: data directory, CA and serving certificate, bearer token,
+kubeconfig, SQLite store, built-in objects, background controllers, and the HTTPS listener."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import secrets
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from cdi.api.crds import all_crds
+from cdi.common import pki
+from cdi.embedded.apiserver.errors import StatusError
+from cdi.embedded.apiserver.garbage import GarbageCollector
+from cdi.embedded.apiserver.handlers import ApiHandlers, Authenticator
+from cdi.embedded.apiserver.objects import Objects, RequestContext, UserInfo
+from cdi.embedded.apiserver.resources import Registry
+from cdi.embedded.apiserver.store import ADDED, Store
+from cdi.embedded.apiserver.strategies import ServiceIPs, Strategies
+
+log = logging.getLogger(__name__)
+
+ADMIN = UserInfo("admin", ("system:masters", "system:authenticated"))
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+@dataclass
+class ServerConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    watch_history: int = 20_000
+    bookmark_interval: float = 10.0
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class ApiServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.dir = config.data_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(self.dir / "state.db", config.watch_history)
+        self.registry = Registry()
+        self.strategies = Strategies(ServiceIPs())
+        self.objects = Objects(self.registry, self.store, self.strategies)
+        self.auth = Authenticator()
+        self.handlers = ApiHandlers(self.objects, self.auth, lambda: f"{self.config.host}:{self.port}")
+        self.handlers.bookmark_interval = config.bookmark_interval
+        self.gc = GarbageCollector(self.objects)
+        self.port = 0
+        self.token = ""
+        self.ca: pki.KeyPair | None = None
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"https://{host}:{self.port}"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    # -- identity ----------------------------------------------------------------------------------
+
+    def _pki(self) -> pki.KeyPair:
+        ca_crt, ca_key = self.dir / "ca.crt", self.dir / "ca.key"
+        if ca_crt.exists() and ca_key.exists():
+            self.ca = pki.KeyPair.read(ca_crt, ca_key)
+        else:
+            self.ca = pki.make_ca("cdi-embedded-ca")
+            self.ca.write(ca_crt, ca_key)
+        hosts = sorted({self.config.host, "127.0.0.1", "localhost", "::1", socket.gethostname()})
+        return pki.issue(self.ca, "cdi-apiserver", hosts)
+
+    def _token(self) -> str:
+        path = self.dir / "token"
+        if path.exists():
+            return path.read_text().strip()
+        token = secrets.token_hex(32)
+        path.touch(mode=0o600)
+        path.write_text(token + "\n")
+        return token
+
+    def kubeconfig(self) -> dict[str, Any]:
+        assert self.ca is not None
+        return {
+            "apiVersion": "v1", "kind": "Config", "preferences": {},
+            "clusters": [{"name": "cdi", "cluster": {
+                "server": self.url, "certificate-authority-data": base64.b64encode(self.ca.cert_pem).decode()}}],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [{"name": "cdi", "context": {"cluster": "cdi", "user": "admin", "namespace": "default"}}],
+            "current-context": "cdi",
+        }
+
+    # -- bootstrap ---------------------------------------------------------------------------------
+
+    def _load_crds(self) -> None:
+        for _, _, entry in self.store.items("apiextensions.k8s.io/customresourcedefinitions"):
+            self.registry.register_crd(entry.obj())
+
+    def _reserve_service_ips(self) -> None:
+        for _, _, entry in self.store.items("/services"):
+            ip = (entry.obj().get("spec") or {}).get("clusterIP")
+            if ip and ip != "None":
+                self.strategies.service_ips.reserve(ip)
+
+    async def _ensure(self, plural: str, body: dict[str, Any], group: str = "", version: str = "v1",
+                      namespace: str | None = None) -> None:
+        rtype = self.registry.lookup(group, version, plural)
+        assert rtype is not None, plural
+        name = body["metadata"]["name"]
+        current = self.objects.find(rtype, namespace, name)
+        ctx = RequestContext()
+        if current is None:
+            await self.objects.create(rtype, namespace, body, ctx)
+        elif plural == "customresourcedefinitions" and current.get("spec") != body.get("spec"):
+            body = {**body, "metadata": {**body["metadata"],
+                                         "resourceVersion": current["metadata"]["resourceVersion"]}}
+            await self.objects.update(rtype, namespace, name, body, ctx)
+
+    async def _bootstrap(self) -> None:
+        for ns in SYSTEM_NAMESPACES:
+            await self._ensure("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        for crd in all_crds():
+            await self._ensure("customresourcedefinitions", crd, "apiextensions.k8s.io")
+
+    async def _default_service_accounts(self) -> None:
+        """Every namespace gets a `default` ServiceAccount, as the token controller does."""
+        sa = self.registry.lookup("", "v1", "serviceaccounts")
+        assert sa is not None
+        with self.store.subscribe("/namespaces") as sub:
+            for _, name, _ in self.store.items("/namespaces"):
+                await self._ensure_sa(name)
+            while True:
+                change = await sub.queue.get()
+                if change is None:
+                    return
+                if change.type == ADDED:
+                    await self._ensure_sa(change.name)
+
+    async def _ensure_sa(self, namespace: str) -> None:
+        try:
+            await self._ensure("serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                   "metadata": {"name": "default"}}, namespace=namespace)
+        except StatusError as exc:
+            if exc.code not in (403, 404, 409):
+                raise
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        serving = self._pki()
+        self.token = self._token()
+        self.auth.add(self.token, ADMIN)
+        self._load_crds()
+        self._reserve_service_ips()
+        await self._bootstrap()
+        self.gc.start()
+        self._tasks.append(asyncio.create_task(self._default_service_accounts(), name="serviceaccounts"))
+        app = web.Application(middlewares=[self.handlers.middleware], client_max_size=3 * 1024 * 1024)
+        app.add_routes(self.handlers.routes())
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False)
+        await self._runner.setup()
+        port = self.config.port
+        port_file = self.dir / "port"
+        if port == 0 and port_file.exists():
+            previous = int(port_file.read_text().strip() or 0)
+            if previous and _port_free(self.config.host, previous):
+                port = previous
+        context = pki.server_context(serving, self.dir / "serving")
+        site = web.TCPSite(self._runner, self.config.host, port, ssl_context=context, reuse_address=True)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets
+        self.port = server.sockets[0].getsockname()[1]
+        port_file.write_text(f"{self.port}\n")
+        self.kubeconfig_path.touch(mode=0o600)
+        self.kubeconfig_path.write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await self.gc.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.store.close()

@@ -1,0 +1,276 @@
+"""What the API server does to built-in kinds on create and update, as Kubernetes' registry
+strategies do: reset status on create, fill defaults, allocate service IPs, keep immutable fields
+immutable, and refuse the invalid objects a real cluster refuses."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cdi.embedded.apiserver.errors import Cause
+from cdi.embedded.apiserver.resources import ResourceType
+
+Obj = dict[str, Any]
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+                "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
+                "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+_LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+              "start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
+              "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+
+# kinds whose names need only be valid path segments (as in Kubernetes, e.g. RBAC roles "system:foo")
+_PATH_SEGMENT_NAMES = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Event"}
+
+
+def validate_name(rtype: ResourceType, name: str) -> list[Cause]:
+    if rtype.kind in _PATH_SEGMENT_NAMES:
+        if name in (".", "..") or "/" in name or "%" in name:
+            return [Cause("metadata.name", f'Invalid value: "{name}": may not contain \'/\' or \'%\'')]
+        return []
+    if rtype.kind in ("Namespace", "Service"):
+        if len(name) > 63 or not _DNS_LABEL.match(name):
+            return [Cause("metadata.name", f'Invalid value: "{name}": {_LABEL_MSG}')]
+        return []
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        return [Cause("metadata.name", f'Invalid value: "{name}": {_DNS1123_MSG}')]
+    return []
+
+
+class ServiceIPs:
+    """Cluster IPs for Services, from a loopback range so the local node can listen on them."""
+
+    def __init__(self, network: str = "127.20.0.0/16") -> None:
+        self._network = ipaddress.ip_network(network)
+        self._used: set[str] = set()
+
+    def reserve(self, ip: str) -> None:
+        self._used.add(ip)
+
+    def release(self, ip: str) -> None:
+        self._used.discard(ip)
+
+    def allocate(self) -> str:
+        for host in self._network.hosts():
+            text = str(host)
+            if text not in self._used and not text.endswith(".0"):
+                self._used.add(text)
+                return text
+        raise RuntimeError("service IP range exhausted")
+
+
+def _image_pull_policy(image: str) -> str:
+    last = image.rsplit("/", 1)[-1]
+    if "@" in last:
+        return "IfNotPresent"
+    return "Always" if ":" not in last or last.endswith(":latest") else "IfNotPresent"
+
+
+def _default_container(container: Obj) -> None:
+    container.setdefault("terminationMessagePath", "/dev/termination-log")
+    container.setdefault("terminationMessagePolicy", "File")
+    container.setdefault("imagePullPolicy", _image_pull_policy(str(container.get("image", ""))))
+    container.setdefault("resources", {})
+    for port in container.get("ports") or []:
+        port.setdefault("protocol", "TCP")
+
+
+def _create_pod(obj: Obj, _: Obj | None) -> list[Cause]:
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("enableServiceLinks", True)
+    spec.setdefault("priority", 0)
+    causes = []
+    containers = spec.get("containers")
+    if not containers:
+        causes.append(Cause("spec.containers", "Required value", "FieldValueRequired"))
+    seen: set[str] = set()
+    for field in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(field) or []):
+            _default_container(container)
+            name = container.get("name")
+            if not name:
+                causes.append(Cause(f"spec.{field}[{i}].name", "Required value", "FieldValueRequired"))
+            elif name in seen:
+                causes.append(Cause(f"spec.{field}[{i}].name", f'Duplicate value: "{name}"', "FieldValueDuplicate"))
+            seen.add(str(name))
+            if not container.get("image"):
+                causes.append(Cause(f"spec.{field}[{i}].image", "Required value", "FieldValueRequired"))
+    if spec["restartPolicy"] not in ("Always", "OnFailure", "Never"):
+        causes.append(Cause("spec.restartPolicy", f'Unsupported value: "{spec["restartPolicy"]}": supported '
+                                                  'values: "Always", "OnFailure", "Never"', "FieldValueNotSupported"))
+    obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+    return causes
+
+
+_POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "schedulingGates")
+
+
+def _update_pod(obj: Obj, old: Obj | None) -> list[Cause]:
+    assert old is not None
+    new_spec, old_spec = dict(obj.get("spec") or {}), dict(old.get("spec") or {})
+    for key in _POD_MUTABLE:
+        new_spec.pop(key, None)
+        old_spec.pop(key, None)
+    if not old_spec.get("nodeName"):
+        new_spec.pop("nodeName", None)
+        old_spec.pop("nodeName", None)
+    for spec in (new_spec, old_spec):
+        spec["containers"] = [{k: v for k, v in c.items() if k != "image"} for c in spec.get("containers") or []]
+    if new_spec != old_spec:
+        return [Cause("spec", "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+                              "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+                              "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+                              "(allow it to be set to 1 if it was previously negative)", "FieldValueForbidden")]
+    return []
+
+
+def _create_pvc(obj: Obj, _: Obj | None) -> list[Cause]:
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("volumeMode", "Filesystem")
+    obj["status"] = {"phase": "Pending"}
+    causes = []
+    if not spec.get("accessModes"):
+        causes.append(Cause("spec.accessModes", "Required value: at least 1 access mode is required",
+                            "FieldValueRequired"))
+    for i, mode in enumerate(spec.get("accessModes") or []):
+        if mode not in ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"):
+            causes.append(Cause(f"spec.accessModes[{i}]", f'Unsupported value: "{mode}": supported values: '
+                                '"ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"',
+                                "FieldValueNotSupported"))
+    if spec["volumeMode"] not in ("Filesystem", "Block"):
+        causes.append(Cause("spec.volumeMode", f'Unsupported value: "{spec["volumeMode"]}": supported values: '
+                                               '"Block", "Filesystem"', "FieldValueNotSupported"))
+    if not ((spec.get("resources") or {}).get("requests") or {}).get("storage"):
+        causes.append(Cause("spec.resources[storage]", "Required value", "FieldValueRequired"))
+    return causes
+
+
+def _update_pvc(obj: Obj, old: Obj | None) -> list[Cause]:
+    assert old is not None
+    new_spec, old_spec = dict(obj.get("spec") or {}), dict(old.get("spec") or {})
+    if not old_spec.get("volumeName"):
+        new_spec.pop("volumeName", None)
+        old_spec.pop("volumeName", None)
+    from cdi.api.quantity import QuantityError, parse_bytes
+    new_req = ((new_spec.get("resources") or {}).get("requests") or {}).get("storage")
+    old_req = ((old_spec.get("resources") or {}).get("requests") or {}).get("storage")
+    causes = []
+    try:
+        if new_req is not None and old_req is not None and parse_bytes(new_req) < parse_bytes(old_req):
+            causes.append(Cause("spec.resources.requests.storage",
+                                "Forbidden: field can not be less than status.capacity", "FieldValueForbidden"))
+    except QuantityError as exc:
+        causes.append(Cause("spec.resources.requests.storage", f"Invalid value: {exc}"))
+    for spec in (new_spec, old_spec):
+        spec.pop("resources", None)
+        spec.pop("volumeAttributesClassName", None)
+    if new_spec != old_spec:
+        causes.append(Cause("spec", "Forbidden: spec is immutable after creation except resources.requests and "
+                                    "volumeAttributesClassName for bound claims", "FieldValueForbidden"))
+    return causes
+
+
+def _create_pv(obj: Obj, _: Obj | None) -> list[Cause]:
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
+    spec.setdefault("volumeMode", "Filesystem")
+    obj["status"] = {"phase": "Pending"}
+    return []
+
+
+def _create_namespace(obj: Obj, _: Obj | None) -> list[Cause]:
+    obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+    obj["status"] = {"phase": "Active"}
+    labels = obj["metadata"].setdefault("labels", {})
+    labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+    return []
+
+
+def _create_secret(obj: Obj, old: Obj | None) -> list[Cause]:
+    string_data = obj.pop("stringData", None) or {}
+    data = obj.setdefault("data", {}) if string_data else obj.get("data")
+    for key, value in string_data.items():
+        assert data is not None
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    obj.setdefault("type", "Opaque")
+    if old is not None and old.get("type") != obj.get("type"):
+        return [Cause("type", "Invalid value: field is immutable")]
+    return []
+
+
+def _create_event(obj: Obj, _: Obj | None) -> list[Cause]:
+    if "involvedObject" in obj:
+        obj.setdefault("count", 1)
+    return []
+
+
+class Strategies:
+    """Per-kind hooks; a kind without hooks is stored as given."""
+
+    def __init__(self, service_ips: ServiceIPs) -> None:
+        self.service_ips = service_ips
+        self._create: dict[tuple[str, str], Callable[[Obj, Obj | None], list[Cause]]] = {
+            ("", "Pod"): _create_pod, ("", "PersistentVolumeClaim"): _create_pvc,
+            ("", "PersistentVolume"): _create_pv, ("", "Namespace"): _create_namespace,
+            ("", "Secret"): _create_secret, ("", "Service"): self._create_service, ("", "Event"): _create_event,
+        }
+        self._update: dict[tuple[str, str], Callable[[Obj, Obj | None], list[Cause]]] = {
+            ("", "Pod"): _update_pod, ("", "PersistentVolumeClaim"): _update_pvc, ("", "Secret"): _create_secret,
+            ("", "Service"): self._update_service,
+        }
+
+    def prepare_create(self, rtype: ResourceType, obj: Obj) -> list[Cause]:
+        hook = self._create.get((rtype.group if rtype.storage_group is None else rtype.storage_group, rtype.kind))
+        return hook(obj, None) if hook else []
+
+    def prepare_update(self, rtype: ResourceType, obj: Obj, old: Obj) -> list[Cause]:
+        hook = self._update.get((rtype.group, rtype.kind))
+        return hook(obj, old) if hook else []
+
+    def _create_service(self, obj: Obj, _: Obj | None) -> list[Cause]:
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
+        spec.setdefault("internalTrafficPolicy", "Cluster")
+        for port in spec.get("ports") or []:
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+        if spec.get("clusterIP") in (None, ""):
+            spec["clusterIP"] = self.service_ips.allocate()
+        elif spec["clusterIP"] != "None":
+            self.service_ips.reserve(spec["clusterIP"])
+        spec["clusterIPs"] = [spec["clusterIP"]]
+        obj.setdefault("status", {"loadBalancer": {}})
+        return []
+
+    def _update_service(self, obj: Obj, old: Obj | None) -> list[Cause]:
+        assert old is not None
+        spec, old_spec = obj.setdefault("spec", {}), old.get("spec") or {}
+        if not spec.get("clusterIP"):
+            spec["clusterIP"] = old_spec.get("clusterIP")
+            spec["clusterIPs"] = old_spec.get("clusterIPs")
+        elif spec["clusterIP"] != old_spec.get("clusterIP"):
+            return [Cause("spec.clusterIPs[0]", "Invalid value: field is immutable")]
+        for port in spec.get("ports") or []:
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+        return []
+
+    def released(self, rtype: ResourceType, obj: Mapping[str, Any]) -> None:
+        if rtype.group == "" and rtype.kind == "Service":
+            ip = (obj.get("spec") or {}).get("clusterIP")
+            if ip and ip != "None":
+                self.service_ips.release(ip)

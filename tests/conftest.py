@@ -1,0 +1,38 @@
+"""Fixtures shared by all test packages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import CdiUp, Kubectl
+
+
+@pytest.fixture
+def cdi_up(tmp_path: Path) -> Iterator[CdiUp]:
+    """A fresh embedded control plane for one test."""
+    up = CdiUp(tmp_path / "cdi")
+    up.start()
+    yield up
+    up.stop()
+
+
+@pytest.fixture
+def kubectl(cdi_up: CdiUp, tmp_path: Path) -> Kubectl:
+    return Kubectl(cdi_up.kubeconfig, tmp_path / "kubectl-cache")
+
+
+@pytest.fixture(scope="module")
+def shared_cdi_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
+    """One embedded control plane for a whole module (tests must use their own namespaces or names)."""
+    up = CdiUp(tmp_path_factory.mktemp("cdi-shared") / "cdi")
+    up.start()
+    yield up
+    up.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_kubectl(shared_cdi_up: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    return Kubectl(shared_cdi_up.kubeconfig, tmp_path_factory.mktemp("kubectl-cache"))
