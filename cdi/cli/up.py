@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +21,14 @@ def register(commands: Any) -> None:
     parser.add_argument("--watch-history", type=int, default=20_000,
                         help="changes kept for watches to resume from; older resourceVersions get 410 Gone")
     parser.add_argument("--bookmark-interval", type=float, default=10.0, help="seconds between watch bookmarks")
+    parser.add_argument("--ext4-volumes", action="store_true",
+                        default=os.environ.get("CDI_EXT4_VOLUMES", "") not in ("", "0", "false"),
+                        help="make each Filesystem volume a real ext4 filesystem of the claimed size on a loop "
+                             "device (needs root; also CDI_EXT4_VOLUMES=1)")
+    parser.add_argument("--restart-backoff", type=float, default=10.0,
+                        help="seconds of the first CrashLoopBackOff delay (doubles up to 300; default 10)")
+    parser.add_argument("--shutdown-grace", type=float, default=5.0,
+                        help="seconds running containers get to exit when cdi up stops (default 5)")
     parser.set_defaults(run=run)
 
 
@@ -33,7 +42,9 @@ def parse_listen(value: str) -> tuple[str, int]:
 async def serve(args: argparse.Namespace) -> None:
     host, port = parse_listen(args.listen)
     cluster = EmbeddedCluster(ClusterConfig(args.data_dir.resolve(), host, port, args.watch_history,
-                                            args.bookmark_interval))
+                                            args.bookmark_interval, ext4_volumes=args.ext4_volumes,
+                                            restart_backoff=args.restart_backoff,
+                                            shutdown_grace=args.shutdown_grace))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
