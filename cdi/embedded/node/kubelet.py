@@ -539,17 +539,18 @@ class PodWorker:
                     break  # Never: the pod failed
         init_ok = all((r.state.get("terminated") or {}).get("exitCode") == 0 for r in self.init_runners)
         if not self.terminating.is_set() and init_ok:
-            tasks = [asyncio.create_task(r.run()) for r in self.runners]
-            everything = asyncio.ensure_future(asyncio.gather(*(r.finished.wait() for r in self.runners)))
+            tasks = {asyncio.create_task(r.run()) for r in self.runners}
             stop = asyncio.ensure_future(self.terminating.wait())
-            await asyncio.wait({everything, stop}, return_when=asyncio.FIRST_COMPLETED)
-            everything.cancel()
-            stop.cancel()
+            try:
+                running = set(tasks)
+                while running and not stop.done():
+                    _, pending = await asyncio.wait(running | {stop}, return_when=asyncio.FIRST_COMPLETED)
+                    running = pending - {stop}
+            finally:
+                stop.cancel()
             if self.terminating.is_set():
                 await self._stop_all(self._grace())
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(task, 10.0)
+            await asyncio.gather(*tasks, return_exceptions=True)
         self.status_changed()
         await self.flush()
         await self.terminating.wait()
@@ -558,9 +559,11 @@ class PodWorker:
     async def _until(self, event: asyncio.Event) -> None:
         done = asyncio.ensure_future(event.wait())
         stop = asyncio.ensure_future(self.terminating.wait())
-        await asyncio.wait({done, stop}, return_when=asyncio.FIRST_COMPLETED)
-        done.cancel()
-        stop.cancel()
+        try:
+            await asyncio.wait({done, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done.cancel()
+            stop.cancel()
 
     def _grace(self) -> float:
         if self.gone:
