@@ -82,6 +82,29 @@ def _mounted(path: Path) -> bool:
         return False
 
 
+def _used_in_other_namespaces(mountpoint: Path) -> bool:
+    """Whether a filesystem mounted at `mountpoint` is also mounted in another mount namespace (a
+    pod's sandbox): unmounting it here would not release it, so it must not be changed offline."""
+    try:
+        dev = os.stat(mountpoint).st_dev
+        own = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return False
+    wanted = f"{os.major(dev)}:{os.minor(dev)}"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "mnt") == own:
+                continue
+            with open(entry / "mountinfo") as mounts:
+                if any(line.split()[2] == wanted for line in mounts):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _loop_device(image: Path) -> str | None:
     out = subprocess.run(["losetup", "-j", str(image), "-n", "-O", "NAME"], capture_output=True, text=True,
                          check=False).stdout.split()
@@ -222,7 +245,7 @@ class LocalVolumes:
     def _copy_into(self, handle: str, area: _Area, src: VolumeRecord, size: int) -> VolumeRecord:
         existing = self.volumes.read(handle)
         if existing is not None:
-            return existing
+            return self.expand(handle, size) if existing.size < size else existing
         if size < src.size:
             raise StorageError(f"requested volume size {size} is less than the size {src.size} of the source")
         self._discard(self.volumes, handle)
@@ -276,16 +299,37 @@ class LocalVolumes:
             with open(self.volumes.image(handle), "r+b") as f:
                 f.truncate(size)
         if record.kind == EXT4:
-            if not _mounted(self.volumes.data_dir(handle)):
-                self._mount(handle)
-            device = _loop_device(self.volumes.image(handle))
-            if device is None:
-                raise StorageError(f"no loop device for volume {handle}")
-            _run("losetup", "-c", device)
-            _run("resize2fs", device)
+            self._grow_ext4(handle)
         record.size = size
         self.volumes.write(record)
         return record
+
+    def _grow_ext4(self, handle: str) -> None:
+        """Grow the filesystem to its (already grown) image: online where the kernel lets us
+        (CAP_SYS_RESOURCE), else offline, which waits until no pod has the volume."""
+        target, image = self.volumes.data_dir(handle), self.volumes.image(handle)
+        if not _mounted(target):
+            self._mount(handle)
+        device = _loop_device(image)
+        if device is None:
+            raise StorageError(f"no loop device for volume {handle}")
+        _run("losetup", "-c", device)
+        try:
+            _run("resize2fs", device)
+            return
+        except StorageError as online:
+            if _used_in_other_namespaces(target):
+                raise StorageError(f"online expansion failed ({online}); the volume is in use, it will be expanded "
+                                   "offline once no pod uses it") from online
+        self._unmount(handle)
+        result = subprocess.run(["e2fsck", "-f", "-y", str(image)], capture_output=True, text=True, check=False)
+        if result.returncode not in (0, 1):
+            self._mount(handle)
+            raise StorageError(f"e2fsck {image} failed: {result.stdout.strip()} {result.stderr.strip()}")
+        try:
+            _run("resize2fs", str(image))
+        finally:
+            self._mount(handle)
 
     # -- delete ------------------------------------------------------------------------------------
 
