@@ -178,8 +178,11 @@ def test_logs_follow_containers_and_probes(shared_kubectl: Kubectl) -> None:
     k.apply(manifest, "-n", ns)
     wait_for(lambda: (get(k, "pod", "talker", ns) or {}).get("spec", {}).get("nodeName"), 30, 0.1,
              message="scheduled")
-    followed = wait_for(lambda: (lambda r: r.stdout if r.returncode == 0 else None)(
-        k("logs", "-f", "talker", "-c", "second", "-n", ns, check=False)), 30, 0.2, message="logs -f")
+    def follow() -> str | None:
+        result = k("logs", "-f", "talker", "-c", "second", "-n", ns, check=False)
+        return result.stdout if result.returncode == 0 else None
+
+    followed = wait_for(follow, 30, 0.2, message="logs -f")
     assert followed.split() == [f"second-{i}" for i in range(1, 6)]
     wait_phase(k, ns, "talker", "Succeeded")
     assert logs(k, ns, "talker", "-c", "main").split() == ["first-1", "first-2", "first-3"]

@@ -113,8 +113,11 @@ def test_clone_and_snapshot_restore_keep_bytes_and_holes(shared_kubectl: Kubectl
     k.apply({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
              "spec": {"volumeSnapshotClassName": "local", "source": {"persistentVolumeClaimName": "source"}}},
             "-n", ns)
-    snapshot = wait_for(lambda: (lambda s: s if (s or {}).get("status", {}).get("readyToUse") else None)(
-        get(k, "volumesnapshot", "snap", ns)), 30, 0.1, message="snapshot ready")
+    def ready() -> dict | None:  # type: ignore[type-arg]
+        snap = get(k, "volumesnapshot", "snap", ns)
+        return snap if ((snap or {}).get("status") or {}).get("readyToUse") else None
+
+    snapshot = wait_for(ready, 30, 0.1, message="snapshot ready")
     assert snapshot["status"]["restoreSize"] == "100Mi"
     content = k.json("get", "volumesnapshotcontent", snapshot["status"]["boundVolumeSnapshotContentName"])
     assert content["status"]["readyToUse"] is True and content["status"]["restoreSize"] == 100 * MIB
@@ -195,3 +198,28 @@ def test_reclaim_delete_removes_bytes_and_retain_keeps_them(shared_cdi_up: CdiUp
     assert (volumes / kept_pv / "x").read_text() == "precious\n"
     k("delete", "pv", kept_pv, "--wait=true")
     assert (volumes / kept_pv / "x").exists()  # Retain: the bytes outlive the PV object
+
+
+def test_populator_hands_its_volume_to_the_target_claim(shared_kubectl: Kubectl) -> None:
+    """The lib-volume-populator flow CDI's populators use: the provisioner leaves a claim whose
+    dataSourceRef is a populator's kind alone; the populator fills a prime claim, points the
+    prime's PV at the target claim, and deletes the prime; the target binds, the PV survives."""
+    k = shared_kubectl
+    ns = new_namespace(k, "populate")
+    target = pvc("target", "16Mi")
+    target["spec"]["dataSourceRef"] = {"apiGroup": "cdi.kubevirt.io", "kind": "VolumeImportSource", "name": "src"}
+    k.apply(target, "-n", ns)
+    k.apply(pvc("prime", "16Mi"), "-n", ns)
+    prime = wait_bound(k, ns, "prime")
+    run_to_completion(k, ns, pod("populate", "echo populated > /data/disk.img", "prime"))
+    claim = get(k, "pvc", "target", ns)
+    assert claim["status"]["phase"] == "Pending" and not claim["spec"].get("volumeName")
+    volume = prime["spec"]["volumeName"]
+    ref = {"namespace": ns, "name": "target", "uid": claim["metadata"]["uid"],
+           "resourceVersion": claim["metadata"]["resourceVersion"]}
+    k("patch", "pv", volume, "--type=merge", "-p", json.dumps({"spec": {"claimRef": ref}}))
+    k("delete", "pvc", "prime", "-n", ns, "--wait=true")
+    bound = wait_bound(k, ns, "target")
+    assert bound["spec"]["volumeName"] == volume
+    assert k.json("get", "pv", volume)["status"]["phase"] == "Bound"
+    assert run_to_completion(k, ns, pod("read", "cat /data/disk.img", "target")).strip() == "populated"

@@ -74,8 +74,11 @@ def wait_phase(kubectl: Kubectl, ns: str, name: str, phase: str, timeout: float 
 
 
 def wait_bound(kubectl: Kubectl, ns: str, name: str, timeout: float = 30.0) -> Any:
-    return wait_for(lambda: (lambda o: o if ((o or {}).get("status") or {}).get("phase") == "Bound" else None)(
-        get(kubectl, "pvc", name, ns)), timeout, 0.1, message=f"claim {ns}/{name} bound")
+    def bound() -> Any:
+        claim = get(kubectl, "pvc", name, ns)
+        return claim if ((claim or {}).get("status") or {}).get("phase") == "Bound" else None
+
+    return wait_for(bound, timeout, 0.1, message=f"claim {ns}/{name} bound")
 
 
 def logs(kubectl: Kubectl, ns: str, name: str, *args: str) -> str:
