@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 _PUBLIC = {"/healthz", "/livez", "/readyz", "/version"}
+USER = web.RequestKey("user", UserInfo)
 
 
 class LogSource(Protocol):
@@ -95,7 +96,7 @@ class ApiHandlers:
                 user = self.auth.authenticate(request)
                 if user is None:
                     raise StatusError(401, "Unauthorized", "Unauthorized")
-                request["user"] = user
+                request[USER] = user
             return await handler(request)
         except StatusError as exc:
             return _json(exc.body(), exc.code)
@@ -198,7 +199,7 @@ class ApiHandlers:
     def _context(self, request: web.Request) -> RequestContext:
         validation = request.query.get("fieldValidation", "")
         return RequestContext(
-            user=request.get("user") or UserInfo("anonymous"),
+            user=request.get(USER) or UserInfo("anonymous"),
             dry_run=request.query.get("dryRun") == "All",
             field_validation=validation if validation in ("Strict", "Warn", "Ignore") else "Warn",
         )

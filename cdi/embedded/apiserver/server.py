@@ -24,6 +24,7 @@ from cdi.embedded.apiserver.objects import Objects, RequestContext, UserInfo
 from cdi.embedded.apiserver.resources import Registry
 from cdi.embedded.apiserver.store import ADDED, Store
 from cdi.embedded.apiserver.strategies import ServiceIPs, Strategies
+from cdi.embedded.apiserver.webhooks import WebhookAdmission
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class ApiServer:
         self.registry = Registry()
         self.strategies = Strategies(ServiceIPs())
         self.objects = Objects(self.registry, self.store, self.strategies)
+        self.webhooks = WebhookAdmission(self.store)
+        self.objects.admission.append(self.webhooks)
         self.auth = Authenticator()
         self.handlers = ApiHandlers(self.objects, self.auth, lambda: f"{self.config.host}:{self.port}")
         self.handlers.bookmark_interval = config.bookmark_interval
@@ -204,6 +207,8 @@ class ApiServer:
             except asyncio.CancelledError:
                 pass
         await self.gc.stop()
+        self.store.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.webhooks.close()
         self.store.close()
