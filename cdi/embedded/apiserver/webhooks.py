@@ -16,6 +16,7 @@ import aiohttp
 import jsonpatch
 import orjson
 
+from cdi.embedded.apiserver import services
 from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.apiserver.objects import AdmissionRequest, Obj
 from cdi.embedded.apiserver.selectors import label_selector_from_object
@@ -126,12 +127,10 @@ class WebhookAdmission:
         if client.get("url"):
             return str(client["url"]), None
         service = client.get("service") or {}
-        entry = self.store.get("/services", service.get("namespace", ""), service.get("name", ""))
-        if entry is None:
-            raise ConnectionError(f'service "{service.get("namespace")}/{service.get("name")}" not found')
-        ip = (entry.obj().get("spec") or {}).get("clusterIP")
+        host, port = services.resolve(self.store, service.get("namespace", ""), service.get("name", ""),
+                                      int(service.get("port", 443)))
         path = service.get("path") or "/"
-        return f"https://{ip}:{service.get('port', 443)}{path}", f"{service['name']}.{service['namespace']}.svc"
+        return f"https://{host}:{port}{path}", f"{service['name']}.{service['namespace']}.svc"
 
     async def _call(self, hook: Mapping[str, Any], request: AdmissionRequest) -> Mapping[str, Any] | None:
         name = hook.get("name", "")
