@@ -174,7 +174,8 @@ class KubeClient:
                       timeout: float | None = None) -> Response:
         """Any endpoint, for what the typed verbs don't cover (pod logs, discovery, aggregated APIs).
 
-        `body` is JSON-encoded when `content_type` is a JSON type, sent as is when it is str/bytes."""
+        `body` is JSON-encoded when `content_type` names JSON (or is apply-patch YAML), and must be
+        str or bytes, sent as is, for any other content type. Error answers raise typed errors."""
         response = await self._open(method, path, query, body, content_type, accept,
                                     self._timeout(timeout or self.request_timeout))
         try:
@@ -256,12 +257,11 @@ class KubeClient:
                     subresource: str | None = None, dry_run: bool = False, field_manager: str | None = None,
                     force: bool | None = None) -> Obj:
         """Merge (default), JSON (a list of operations), strategic (core kinds) or apply patch."""
-        if patch_type == "json" and not isinstance(patch, list):
-            raise ValueError("a JSON patch is a list of operations")
+        if (patch_type == "json") != isinstance(patch, Sequence):
+            raise ValueError("a JSON patch is a list of operations, and only a JSON patch is")
         path = resource_path(gvr, self._namespace(gvr, namespace), name, subresource)
-        body: Any = list(patch) if isinstance(patch, list | tuple) else dict(patch)  # type: ignore[arg-type]
-        if patch_type == "apply":
-            body = orjson.dumps(body).decode()
+        # JSON is YAML, so an apply patch is sent JSON-encoded like the others
+        body: Any = [dict(op) for op in patch] if isinstance(patch, Sequence) else dict(patch)
         return await self._call("PATCH", path, body=body, content_type=PATCH_CONTENT_TYPES[patch_type],
                                 query={"dryRun": "All" if dry_run else None, "fieldManager": field_manager,
                                        "force": force})

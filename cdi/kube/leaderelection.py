@@ -227,23 +227,32 @@ class LeaderElector:
 
     async def release(self) -> bool:
         """Give the lease up (empty holder) if we hold it, so a successor need not wait for expiry."""
-        lease = self._observed
-        if lease is None or str((lease.get("spec") or {}).get("holderIdentity") or "") != self.identity:
-            return False
-        now = micro_time()
-        spec = {**(lease.get("spec") or {}), "holderIdentity": "", "leaseDurationSeconds": 1,
-                "acquireTime": now, "renewTime": now}
         try:
             async with asyncio.timeout(self.config.renew_deadline):
-                released = await self.client.replace(LEASES, {**lease, "spec": spec}, self.config.namespace)
+                return await self._release()
         except (ApiError, TimeoutError) as exc:
             log.warning("%s: could not release lease: %s", self.identity, exc)
             return False
-        except asyncio.CancelledError:
-            return False
-        await self._observe(released)
-        log.info("%s: released lease %s/%s", self.identity, self.config.namespace, self.config.name)
-        return True
+
+    async def _release(self) -> bool:
+        lease = self._observed
+        for _ in range(2):
+            if lease is None or str((lease.get("spec") or {}).get("holderIdentity") or "") != self.identity:
+                return False
+            now = micro_time()
+            spec = {**(lease.get("spec") or {}), "holderIdentity": "", "leaseDurationSeconds": 1,
+                    "acquireTime": now, "renewTime": now}
+            try:
+                released = await self.client.replace(LEASES, {**lease, "spec": spec}, self.config.namespace)
+            except Conflict:
+                # A renewal cancelled mid-flight may have landed without us seeing the answer: re-read,
+                # and release only if the lease is still ours.
+                lease = await self.client.get(LEASES, self.config.name, self.config.namespace)
+                continue
+            await self._observe(released)
+            log.info("%s: released lease %s/%s", self.identity, self.config.namespace, self.config.name)
+            return True
+        return False
 
 
 def _current_task_cancelling() -> bool:

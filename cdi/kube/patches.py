@@ -3,7 +3,9 @@
 A PUT of a whole object conflicts with every concurrent writer and silently drops fields our
 structural schema does not know; a merge patch of just the fields we own does neither. Where order
 matters (finalizers), a JSON patch with a `test` of the resourceVersion gives optimistic concurrency
-without resending the object."""
+without resending the object. Note the different answers to a stale object: a merge patch carrying
+`metadata.resourceVersion` gets 409 `Conflict`, a JSON patch whose `test` fails gets 422 `Invalid`
+(as from kube-apiserver)."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from cdi.kube import (
     retry_on_conflict,
 )
 from cdi.kube.config import load_config
+from cdi.kube.patches import add_finalizer_patch, merge_diff, remove_finalizer_patch, with_resource_version
 from tests.integration.kube.conftest import Cluster
 
 
@@ -59,6 +60,30 @@ async def test_crud_round_trip(client: KubeClient) -> None:
         await client.get(CONFIGMAPS, "one", "default")
     assert info.value.code == 404 and info.value.reason == "NotFound"
     assert info.value.details["name"] == "one"
+
+
+async def test_patch_helpers_against_the_server(client: KubeClient) -> None:
+    obj = await client.create(CONFIGMAPS, cm("p", app="x"), "default")
+    wanted = {**obj, "data": {"n": "1", "new": "v"}, "metadata": {**obj["metadata"], "labels": {}}}
+    patched = await client.patch(CONFIGMAPS, "p", merge_diff(obj, wanted), "default")
+    assert patched["data"] == {"n": "1", "new": "v"} and not patched["metadata"].get("labels")
+
+    with pytest.raises(Conflict):  # obj is stale now
+        await client.patch(CONFIGMAPS, "p", with_resource_version({"data": {"n": "2"}},
+                                                                  obj["metadata"]["resourceVersion"]), "default")
+    with pytest.raises(Invalid):  # a failed JSON-patch test is 422, as on kube-apiserver
+        await client.patch(CONFIGMAPS, "p", add_finalizer_patch(obj, "cdi.kubevirt.io/x"), "default",
+                           patch_type="json")
+    with_finalizer = await client.patch(CONFIGMAPS, "p", add_finalizer_patch(patched, "cdi.kubevirt.io/x"),
+                                        "default", patch_type="json")
+    assert with_finalizer["metadata"]["finalizers"] == ["cdi.kubevirt.io/x"]
+    await client.delete(CONFIGMAPS, "p", "default")
+    terminating = await client.get(CONFIGMAPS, "p", "default")  # held by the finalizer
+    assert terminating["metadata"]["deletionTimestamp"]
+    await client.patch(CONFIGMAPS, "p", remove_finalizer_patch(terminating, "cdi.kubevirt.io/x"), "default",
+                       patch_type="json")
+    with pytest.raises(NotFound):
+        await client.get(CONFIGMAPS, "p", "default")
 
 
 async def test_status_subresource(client: KubeClient) -> None:
@@ -192,9 +217,11 @@ async def test_watch_inactivity_timeout(cluster: Cluster) -> None:
     proxy = await cluster.proxy()
     client = await cluster.proxied_client(proxy)
     start = (await client.list(CONFIGMAPS, "default")).resource_version
-    async with client.watch(CONFIGMAPS, "default", resource_version=start, inactivity_timeout=0.3) as events:
+    async with client.watch(CONFIGMAPS, "default", resource_version=start, inactivity_timeout=1.0) as events:
         await client.create(CONFIGMAPS, cm("before-stall"), "default")
         first = await anext(events)
+        while first.type == "BOOKMARK":
+            first = await anext(events)
         assert first.object["metadata"]["name"] == "before-stall"
         proxy.stall()
         with pytest.raises(WatchInactive):
