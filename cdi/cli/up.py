@@ -20,6 +20,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--watch-history", type=int, default=20_000,
                         help="changes kept for watches to resume from; older resourceVersions get 410 Gone")
     parser.add_argument("--bookmark-interval", type=float, default=10.0, help="seconds between watch bookmarks")
+    parser.add_argument("--token-auth-file", type=Path, default=None,
+                        help='more users: CSV lines token,user,uid,"group1,group2" (as kube-apiserver)')
     parser.set_defaults(run=run)
 
 
@@ -33,7 +35,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 async def serve(args: argparse.Namespace) -> None:
     host, port = parse_listen(args.listen)
     cluster = EmbeddedCluster(ClusterConfig(args.data_dir.resolve(), host, port, args.watch_history,
-                                            args.bookmark_interval))
+                                            args.bookmark_interval, args.token_auth_file))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

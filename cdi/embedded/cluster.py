@@ -16,13 +16,14 @@ class ClusterConfig:
     port: int = 0
     watch_history: int = 20_000
     bookmark_interval: float = 10.0
+    token_auth_file: Path | None = None
 
 
 class EmbeddedCluster:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         self.apiserver = ApiServer(ServerConfig(config.data_dir, config.host, config.port, config.watch_history,
-                                                config.bookmark_interval))
+                                                config.bookmark_interval, config.token_auth_file))
 
     @property
     def kubeconfig_path(self) -> Path:

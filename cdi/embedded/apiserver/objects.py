@@ -162,7 +162,7 @@ class Objects:
         entry = self.store.get("/namespaces", "", ns)
         if entry is None:
             raise errors.not_found("namespaces", "", ns)
-        if creating and entry.obj().get("metadata", {}).get("deletionTimestamp"):
+        if creating and b'"deletionTimestamp"' in entry.raw:
             raise StatusError(403, f"{rtype.kind} \"\" is forbidden: unable to create new content in namespace "
                                    f"{ns} because it is being terminated", "Forbidden")
 
@@ -493,9 +493,18 @@ class Objects:
         obj = self.view(rtype, entry)
         self.strategies.released(rtype, obj)
         if rtype.key == "apiextensions.k8s.io/customresourcedefinitions":
-            for hook in self.on_crd_change:
-                hook(obj, True)
+            self._drop_custom_resources(obj)
         return obj
+
+    def _drop_custom_resources(self, crd: Obj) -> None:
+        """Deleting a CRD deletes its objects and stops serving it."""
+        spec = crd.get("spec") or {}
+        key = f"{spec.get('group')}/{(spec.get('names') or {}).get('plural')}"
+        for item_ns, item_name, _ in self.store.items(key):
+            self.store.remove(key, item_ns, item_name)
+        self.registry.unregister_crd(crd["metadata"]["name"])
+        for hook in self.on_crd_change:
+            hook(crd, True)
 
     async def delete_collection(self, rtype: ResourceType, namespace: str | None, labels: LabelSelector,
                                 fields: FieldSelector, options: DeleteOptions, ctx: RequestContext) -> list[Obj]:
