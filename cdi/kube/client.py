@@ -116,9 +116,10 @@ class KubeClient:
 
     @classmethod
     async def connect(cls, kubeconfig: str | os.PathLike[str] | None = None, *, context: str | None = None,
-                      request_timeout: float = 60.0) -> KubeClient:
+                      request_timeout: float = 60.0, connect_timeout: float = 10.0) -> KubeClient:
         """From `kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config`, else the pod's service account."""
-        return cls(await load_config(kubeconfig, context), request_timeout=request_timeout)
+        return cls(await load_config(kubeconfig, context), request_timeout=request_timeout,
+                   connect_timeout=connect_timeout)
 
     @property
     def namespace(self) -> str:

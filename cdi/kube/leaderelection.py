@@ -34,6 +34,7 @@ from typing import Any
 from cdi.api.groups import LEASES
 from cdi.kube.client import KubeClient
 from cdi.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
+from cdi.kube.events import NORMAL, EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +70,16 @@ class LeaderElector:
 
     `on_started_leading` runs as a task while we lead and is cancelled when we stop leading;
     `on_stopped_leading` runs after that (also when `run()` is cancelled while leading);
-    `on_new_leader(identity)` runs whenever the observed holder changes (including to ourselves)."""
+    `on_new_leader(identity)` runs whenever the observed holder changes (including to ourselves).
+    With a `recorder`, acquiring and losing leadership are also recorded as `LeaderElection` events on
+    the Lease, as client-go does ("<identity> became leader")."""
 
     def __init__(self, client: KubeClient, config: LeaderElectionConfig, *,
                  on_started_leading: Callback | None = None, on_stopped_leading: Callback | None = None,
-                 on_new_leader: NewLeaderCallback | None = None) -> None:
+                 on_new_leader: NewLeaderCallback | None = None, recorder: EventRecorder | None = None) -> None:
         self.client = client
         self.config = config
+        self.recorder = recorder
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
         self.on_new_leader = on_new_leader
@@ -110,6 +114,7 @@ class LeaderElector:
         await self._acquire()
         self._leading.set()
         log.info("%s: became leader of lease %s/%s", self.identity, self.config.namespace, self.config.name)
+        self._record(f"{self.identity} became leader")
         work = asyncio.create_task(self._run_callback(self.on_started_leading), name="leading")
         try:
             await self._renew_until_lost()
@@ -123,6 +128,7 @@ class LeaderElector:
             if self.config.release_on_cancel and _current_task_cancelling():
                 await self.release()
             log.info("%s: stopped leading lease %s/%s", self.identity, self.config.namespace, self.config.name)
+            self._record(f"{self.identity} stopped leading")
             await asyncio.shield(self._run_callback(self.on_stopped_leading))
 
     async def _acquire(self) -> None:
@@ -144,6 +150,10 @@ class LeaderElector:
                     log.warning("%s: lease was taken over by %s", self.identity, self._leader)
                     return
                 await asyncio.sleep(min(self.config.retry_period, max(0.0, deadline - time.monotonic())))
+
+    def _record(self, message: str) -> None:
+        if self.recorder is not None and self._observed is not None:
+            self.recorder.record(self._observed, NORMAL, "LeaderElection", message)
 
     async def _run_callback(self, callback: Callback | None) -> None:
         if callback is None:

@@ -68,8 +68,7 @@ class Cluster:
         kubeconfig["clusters"][0]["cluster"]["server"] = proxy.url
         path = self.tmp_path / f"kubeconfig-proxy-{proxy.port}"
         path.write_text(yaml.safe_dump(kubeconfig))
-        client = await KubeClient.connect(path, request_timeout=request_timeout)
-        client.connect_timeout = request_timeout
+        client = await KubeClient.connect(path, request_timeout=request_timeout, connect_timeout=request_timeout)
         self.clients.append(client)
         return client
 

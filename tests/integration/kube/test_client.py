@@ -9,12 +9,14 @@ import pytest
 import yaml
 
 from cdi.api.groups import CONFIGMAPS, DATAVOLUMES, NAMESPACES, PVCS
+from cdi.embedded.apiserver.objects import UserInfo
 from cdi.kube import (
     AlreadyExists,
     ApiError,
     BadRequest,
     ConfigError,
     Conflict,
+    Forbidden,
     Gone,
     Invalid,
     KubeClient,
@@ -143,7 +145,7 @@ async def test_gone_for_an_expired_resource_version(client: KubeClient) -> None:
     assert gone.value.code == 410 and gone.value.reason == "Expired"
 
 
-async def test_unauthorized_and_transport_errors(cluster: Cluster, tmp_path: Path) -> None:
+async def test_unauthorized_forbidden_and_transport_errors(cluster: Cluster, tmp_path: Path) -> None:
     kubeconfig = yaml.safe_load(cluster.server.kubeconfig_path.read_text())
     kubeconfig["users"][0]["user"]["token"] = "wrong"
     path = tmp_path / "bad-token"
@@ -151,6 +153,14 @@ async def test_unauthorized_and_transport_errors(cluster: Cluster, tmp_path: Pat
     async with await KubeClient.connect(path) as bad:
         with pytest.raises(Unauthorized):
             await bad.list(NAMESPACES)
+
+    cluster.server.auth.add("bob-token", UserInfo("bob", ()))  # authenticated, but no RBAC grants
+    kubeconfig["users"][0]["user"]["token"] = "bob-token"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    async with await KubeClient.connect(path) as bob:
+        with pytest.raises(Forbidden) as forbidden:
+            await bob.list(CONFIGMAPS, "default")
+        assert forbidden.value.code == 403 and not forbidden.value.transient
 
     proxy = await cluster.proxy()
     proxy.cut()

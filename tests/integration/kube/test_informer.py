@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cdi.api.groups import CONFIGMAPS, SECRETS
+from cdi.api.groups import CONFIGMAPS, NAMESPACES, SECRETS
 from cdi.kube import Backoff, Informer, KubeClient, object_key
 from tests.integration.kube.conftest import Cluster, eventually
 
@@ -223,3 +223,14 @@ async def test_bookmarks_move_the_resource_version(client: KubeClient) -> None:
         latest = int(secret["metadata"]["resourceVersion"])
         await eventually(lambda: int(informer.resource_version or 0) >= latest, message="bookmark past the secret")
         assert informer.stats.bookmarks >= 1 and informer.stats.events == 0
+
+
+async def test_cluster_scoped_kind_is_keyed_by_name(client: KubeClient) -> None:
+    informer = Informer(client, NAMESPACES, "ignored-for-cluster-scoped", backoff=fast_backoff())
+    seen = Deliveries().attach(informer)
+    async with informer:
+        await informer.wait_synced(5)
+        assert {"default", "kube-system"} <= set(informer.keys())
+        await client.create(NAMESPACES, {"metadata": {"name": "fresh"}})
+        await eventually(lambda: seen.of("add", "fresh"))
+        assert informer.get_by_name("fresh") is informer.get("fresh")

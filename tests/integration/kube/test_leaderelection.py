@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cdi.api.groups import LEASES
-from cdi.kube import KubeClient, LeaderElectionConfig, LeaderElector
+from cdi.api.groups import EVENTS, LEASES
+from cdi.kube import EventRecorder, KubeClient, LeaderElectionConfig, LeaderElector
 from tests.integration.kube.conftest import Cluster, eventually
 
 
@@ -70,6 +70,7 @@ async def lease_spec(client: KubeClient) -> dict[str, object]:
 
 async def test_acquire_renew_and_release(client: KubeClient) -> None:
     a = Candidate(client, "a")
+    a.elector.recorder = recorder = EventRecorder(client, "cdi-controller")
     async with running(a):
         await a.elector.wait_leading(5)
         await asyncio.wait_for(a.working.wait(), 5)
@@ -83,6 +84,10 @@ async def test_acquire_renew_and_release(client: KubeClient) -> None:
     assert a.log == ["started", "stopped"] and a.work_cancelled
     released = await lease_spec(client)
     assert released["holderIdentity"] == "" and not a.elector.is_leader
+    await recorder.close()
+    events = (await client.list(EVENTS, "kube-system")).items
+    assert sorted((e["reason"], e["message"], e["involvedObject"]["kind"]) for e in events) == [
+        ("LeaderElection", "a became leader", "Lease"), ("LeaderElection", "a stopped leading", "Lease")]
 
 
 async def _renewed_after(client: KubeClient, renew_time: str) -> bool:
