@@ -121,10 +121,7 @@ class LeaderElector:
         finally:
             self._leading.clear()
             work.cancel()
-            try:
-                await work
-            except (asyncio.CancelledError, Exception):
-                pass
+            await asyncio.wait([work])  # its own outcome is logged by _run_callback; ours still propagates
             if self.config.release_on_cancel and _current_task_cancelling():
                 await self.release()
             log.info("%s: stopped leading lease %s/%s", self.identity, self.config.namespace, self.config.name)
