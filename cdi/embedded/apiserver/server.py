@@ -202,7 +202,10 @@ class ApiServer:
         self._tasks.append(asyncio.create_task(self._default_service_accounts(), name="serviceaccounts"))
         app = web.Application(middlewares=[self.handlers.middleware], client_max_size=3 * 1024 * 1024)
         app.add_routes(self.handlers.routes())
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False)
+        # handler_cancellation: a watch whose client disconnected ends at once instead of holding its
+        # subscription until the next event for it.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False,
+                                     handler_cancellation=True)
         await self._runner.setup()
         port = self.config.port
         port_file = self.dir / "port"

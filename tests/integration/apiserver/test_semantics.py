@@ -24,7 +24,7 @@ async def test_create_fills_identity_and_generate_name(api: Api) -> None:
     meta = created["metadata"]
     assert meta["name"].startswith("gen-") and len(meta["name"]) == len("gen-") + 5
     assert meta["uid"] and meta["creationTimestamp"].endswith("Z")
-    assert meta["generation"] == 1 and meta["namespace"] == "default"
+    assert "generation" not in meta and meta["namespace"] == "default"  # built-ins carry none
     status, body = await api.call("POST", CM, configmap(meta["name"]))
     assert status == 409 and body["reason"] == "AlreadyExists"
     assert body["message"] == f'configmaps "{meta["name"]}" already exists'
@@ -163,6 +163,24 @@ async def test_list_paging_with_limit_and_continue(api: Api) -> None:
             break
         assert body["metadata"]["remainingItemCount"] == 7 - len(seen)
     assert seen == [f"page-{i}" for i in range(7)] and pages == 3
+
+
+async def test_pages_come_from_the_first_pages_snapshot(api: Api) -> None:
+    for i in range(4):
+        await api.ok("POST", DV, datavolume(f"snap-{i}"))
+    first = await api.ok("GET", f"{DV}?limit=2")
+    await api.ok("DELETE", f"{DV}/snap-3")
+    await api.ok("POST", DV, datavolume("snap-4"))
+    rest = await api.ok("GET", f"{DV}?limit=10&continue={first['metadata']['continue']}")
+    assert [i["metadata"]["name"] for i in rest["items"]] == ["snap-2", "snap-3"]
+    assert rest["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    status, body = await api.call("GET", f"{DV}?limit=10&continue={first['metadata']['continue']}")
+    assert status == 410 and "too old to display a consistent list" in body["message"]
+
+
+async def test_configmap_data_must_be_strings(api: Api) -> None:
+    status, body = await api.call("POST", CM, {**configmap("typed"), "data": {"a": 1}})
+    assert status == 400 and "cannot be handled as a ConfigMap" in body["message"]
 
 
 async def test_table_output_uses_printer_columns(api: Api) -> None:

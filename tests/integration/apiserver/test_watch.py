@@ -110,3 +110,12 @@ async def test_watch_from_a_version_older_than_history_is_gone(api: Api) -> None
     assert event["type"] == "ERROR"
     assert event["object"]["code"] == 410 and event["object"]["reason"] == "Expired"
     assert "too old resource version" in event["object"]["message"]
+
+
+async def test_a_watch_ends_when_its_client_goes_away(api: Api) -> None:
+    from tests.support.cluster import async_wait_for
+    baseline = api.server.store.watcher_count
+    resp = await api.session.get(f"{api.url}{CM}?watch=true&resourceVersion=1")
+    await async_wait_for(lambda: api.server.store.watcher_count > baseline, message="watch subscribed")
+    resp.close()
+    await async_wait_for(lambda: api.server.store.watcher_count == baseline, message="watch unsubscribed")
