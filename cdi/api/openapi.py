@@ -34,7 +34,7 @@ def array(items: Schema, description: str = "", **extra: Any) -> Schema:
 
 
 def obj(properties: dict[str, Schema] | None = None, required: tuple[str, ...] = (),
-        description: str = "", **extra: Any) -> Schema:
+        description: str = "", **extra: Any) -> Schema:  # extra: OpenAPI keys such as maxItems
     schema: Schema = {"type": "object", **extra}
     if properties is not None:
         schema["properties"] = properties
@@ -78,7 +78,7 @@ def label_selector() -> Schema:
         "matchExpressions": array(obj({
             "key": string(), "operator": string(), "values": array(string()),
         }, required=("key", "operator"))),
-    }, **{"x-kubernetes-map-type": "atomic"})
+    }) | {"x-kubernetes-map-type": "atomic"}
 
 
 def resource_requirements() -> Schema:
@@ -90,8 +90,8 @@ def resource_requirements() -> Schema:
 
 
 def typed_local_object_reference() -> Schema:
-    return obj({"apiGroup": string(), "kind": string(), "name": string()}, required=("kind", "name"),
-               **{"x-kubernetes-map-type": "atomic"})
+    return obj({"apiGroup": string(), "kind": string(), "name": string()},
+               required=("kind", "name")) | {"x-kubernetes-map-type": "atomic"}
 
 
 def typed_object_reference() -> Schema:

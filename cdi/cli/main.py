@@ -7,7 +7,7 @@ import logging
 import sys
 
 from cdi import __version__
-from cdi.cli import up
+from cdi.cli import demo, up
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (repeatable)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up.register(commands)
+    demo.register(commands)
     return parser
 
 

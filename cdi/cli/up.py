@@ -21,6 +21,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--watch-history", type=int, default=20_000,
                         help="changes kept for watches to resume from; older resourceVersions get 410 Gone")
     parser.add_argument("--bookmark-interval", type=float, default=10.0, help="seconds between watch bookmarks")
+    parser.add_argument("--token-auth-file", type=Path, default=None,
+                        help='more users: CSV lines token,user,uid,"group1,group2" (as kube-apiserver)')
     parser.add_argument("--ext4-volumes", action="store_true",
                         default=os.environ.get("CDI_EXT4_VOLUMES", "") not in ("", "0", "false"),
                         help="make each Filesystem volume a real ext4 filesystem of the claimed size on a loop "
@@ -42,8 +44,8 @@ def parse_listen(value: str) -> tuple[str, int]:
 async def serve(args: argparse.Namespace) -> None:
     host, port = parse_listen(args.listen)
     cluster = EmbeddedCluster(ClusterConfig(args.data_dir.resolve(), host, port, args.watch_history,
-                                            args.bookmark_interval, ext4_volumes=args.ext4_volumes,
-                                            restart_backoff=args.restart_backoff,
+                                            args.bookmark_interval, args.token_auth_file,
+                                            ext4_volumes=args.ext4_volumes, restart_backoff=args.restart_backoff,
                                             shutdown_grace=args.shutdown_grace))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

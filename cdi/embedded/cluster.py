@@ -27,6 +27,7 @@ class ClusterConfig:
     port: int = 0
     watch_history: int = 20_000
     bookmark_interval: float = 10.0
+    token_auth_file: Path | None = None
     ext4_volumes: bool = False      # each Filesystem volume a loop-mounted ext4 image of its size (root)
     restart_backoff: float = 10.0   # the kubelet's first CrashLoopBackOff delay, doubling up to 300s
     shutdown_grace: float = 5.0     # seconds containers get to exit when `cdi up` stops
@@ -36,7 +37,7 @@ class EmbeddedCluster:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         self.apiserver = ApiServer(ServerConfig(config.data_dir, config.host, config.port, config.watch_history,
-                                                config.bookmark_interval))
+                                                config.bookmark_interval, config.token_auth_file))
         self.api = LocalApi(self.apiserver.objects)
         name = node_name()
         self.storage = LocalStorage(self.api, config.data_dir / "storage", name, ext4=config.ext4_volumes)

@@ -55,7 +55,7 @@ class CdiUp:
             [sys.executable, "-m", "cdi.cli.main", "up", "--data-dir", str(self.data_dir), *self.extra],
             stdout=log, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
         )
-        wait_for(lambda: self._ready(), timeout, message=f"cdi up ready (log {self.log_path})")
+        wait_for(self._ready, timeout, message=f"cdi up ready (log {self.log_path})")
 
     def _ready(self) -> bool:
         assert self.proc is not None
@@ -98,7 +98,8 @@ class Kubectl:
     def __call__(self, *args: str, input: str | None = None, check: bool = True,
                  timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         cmd = [kubectl_binary(), "--kubeconfig", str(self.kubeconfig), *args]
-        result = subprocess.run(cmd, input=input, capture_output=True, text=True, env=self.env, timeout=timeout)
+        result = subprocess.run(cmd, input=input, capture_output=True, text=True, env=self.env, timeout=timeout,
+                                check=False)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return result
@@ -119,3 +120,21 @@ class Kubectl:
 
     def exists(self, kind: str, name: str, namespace: str = "default") -> bool:
         return self("get", kind, name, "-n", namespace, check=False).returncode == 0
+
+
+async def async_wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+                         message: str = "condition") -> Any:
+    """`wait_for` for coroutines: `predicate` may be sync or return an awaitable."""
+    import asyncio
+    import inspect
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Any = None
+    while loop.time() < deadline:
+        last = predicate()
+        if inspect.isawaitable(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message} (last: {last!r})")

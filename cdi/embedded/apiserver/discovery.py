@@ -52,13 +52,13 @@ def _group(name: str, versions: list[str]) -> dict[str, Any]:
     return {"name": name, "versions": entries, "preferredVersion": entries[0]}
 
 
-def group_list(registry: Registry) -> dict[str, Any]:
-    groups = [_group(name, versions) for name, versions in registry.ordered_groups() if name]
+def group_list(registry: Registry, aggregated: list[tuple[str, list[str]]]) -> dict[str, Any]:
+    groups = [_group(name, versions) for name, versions in registry.ordered_groups() + aggregated if name]
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
 
-def group(registry: Registry, name: str) -> dict[str, Any] | None:
-    for group_name, versions in registry.ordered_groups():
+def group(registry: Registry, name: str, aggregated: list[tuple[str, list[str]]]) -> dict[str, Any] | None:
+    for group_name, versions in registry.ordered_groups() + aggregated:
         if group_name == name:
             return {"kind": "APIGroup", "apiVersion": "v1", **_group(name, versions)}
     return None

@@ -4,9 +4,11 @@ watch streams, `Status` errors, bearer-token authentication."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -14,6 +16,8 @@ import yaml
 from aiohttp import web
 
 from cdi.embedded.apiserver import discovery, errors, protobuf
+from cdi.embedded.apiserver.aggregator import Aggregator
+from cdi.embedded.apiserver.authz import Attributes, RbacAuthorizer
 from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.apiserver.objects import DeleteOptions, Objects, RequestContext, UserInfo, WatchEvent
 from cdi.embedded.apiserver.resources import ResourceType
@@ -24,6 +28,7 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 _PUBLIC = {"/healthz", "/livez", "/readyz", "/version"}
+USER = web.RequestKey("user", UserInfo)
 
 
 class LogSource(Protocol):
@@ -34,13 +39,20 @@ class LogSource(Protocol):
 
 
 class Authenticator:
-    """Static bearer tokens, as kube-apiserver's --token-auth-file."""
+    """Static bearer tokens, as kube-apiserver's --token-auth-file (CSV: token,user,uid,"group1,group2")."""
 
     def __init__(self) -> None:
         self._tokens: dict[str, UserInfo] = {}
 
     def add(self, token: str, user: UserInfo) -> None:
-        self._tokens[token] = user
+        groups = user.groups if "system:authenticated" in user.groups else (*user.groups, "system:authenticated")
+        self._tokens[token] = UserInfo(user.name, groups, user.uid)
+
+    def load_token_file(self, path: Path) -> None:
+        for row in csv.reader(path.read_text().splitlines()):
+            if len(row) >= 2 and not row[0].startswith("#"):
+                groups = tuple(g for g in (row[3].split(",") if len(row) > 3 else []) if g)
+                self.add(row[0].strip(), UserInfo(row[1].strip(), groups, row[2].strip() if len(row) > 2 else ""))
 
     def authenticate(self, request: web.Request) -> UserInfo | None:
         header = request.headers.get("Authorization", "")
@@ -75,15 +87,53 @@ def _bool(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1", "")
 
 
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
 class ApiHandlers:
-    def __init__(self, objects: Objects, auth: Authenticator, server_address: Callable[[], str]) -> None:
+    def __init__(self, objects: Objects, auth: Authenticator, authz: RbacAuthorizer, aggregator: Aggregator,
+                 server_address: Callable[[], str]) -> None:
         self.objects = objects
         self.registry = objects.registry
         self.auth = auth
+        self.authz = authz
+        self.aggregator = aggregator
         self.server_address = server_address
         self.log_source: LogSource | None = None
         self.bookmark_interval = 10.0
-        self.extra_routes: list[Callable[[web.Request, Target | None], Awaitable[web.StreamResponse | None]]] = []
+
+    def _authorize(self, request: web.Request, attrs: Attributes) -> None:
+        user = request.get(USER)
+        if user is None:
+            return  # public endpoint
+        if not self.authz.allowed(user, attrs):
+            raise StatusError(403, attrs.describe(user), "Forbidden",
+                              details={"group": attrs.group, "kind": attrs.resource, "name": attrs.name}
+                              if attrs.is_resource else {})
+
+    def _authorize_path(self, request: web.Request) -> None:
+        self._authorize(request, Attributes(verb=request.method.lower() if request.method != "GET" else "get",
+                                            path=request.path))
+
+    async def _maybe_aggregated(self, request: web.Request, group: str, version: str) -> web.StreamResponse | None:
+        apiservice = self.aggregator.claimed(group, version) if group else None
+        if apiservice is None:
+            return None
+        parts = [p for p in request.match_info.get("rest", "").split("/") if p]
+        namespace = ""
+        if len(parts) >= 3 and parts[0] == "namespaces":
+            namespace, parts = parts[1], parts[2:]
+        if parts:
+            name = parts[1] if len(parts) > 1 else ""
+            verb = _VERBS.get(request.method) or (
+                "delete" if request.method == "DELETE" and name else
+                "deletecollection" if request.method == "DELETE" else
+                "get" if name else "watch" if _bool(request.query.get("watch")) else "list")
+            self._authorize(request, Attributes(verb, group, parts[0], parts[2] if len(parts) > 2 else "",
+                                                namespace, name))
+        else:
+            self._authorize_path(request)
+        return await self.aggregator.proxy(request, apiservice, request[USER])
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -95,7 +145,7 @@ class ApiHandlers:
                 user = self.auth.authenticate(request)
                 if user is None:
                     raise StatusError(401, "Unauthorized", "Unauthorized")
-                request["user"] = user
+                request[USER] = user
             return await handler(request)
         except StatusError as exc:
             return _json(exc.body(), exc.code)
@@ -125,13 +175,16 @@ class ApiHandlers:
         return web.Response(text="ok")
 
     async def api(self, request: web.Request) -> web.Response:
+        self._authorize_path(request)
         return _json(discovery.api_versions(self.server_address()))
 
     async def apis(self, request: web.Request) -> web.Response:
-        return _json(discovery.group_list(self.registry))
+        self._authorize_path(request)
+        return _json(discovery.group_list(self.registry, self.aggregator.groups()))
 
     async def group(self, request: web.Request) -> web.Response:
-        body = discovery.group(self.registry, request.match_info["group"])
+        self._authorize_path(request)
+        body = discovery.group(self.registry, request.match_info["group"], self.aggregator.groups())
         if body is None:
             raise StatusError(404, "the server could not find the requested resource", "NotFound")
         return _json(body)
@@ -143,10 +196,10 @@ class ApiHandlers:
         return await self._discover(request, "", request.match_info["version"])
 
     async def _discover(self, request: web.Request, group: str, version: str) -> web.StreamResponse:
-        for hook in self.extra_routes:
-            response = await hook(request, None)
-            if response is not None:
-                return response
+        aggregated = await self._maybe_aggregated(request, group, version)
+        if aggregated is not None:
+            return aggregated
+        self._authorize_path(request)
         if request.method != "GET":
             raise StatusError(405, "the server does not allow this method on the requested resource",
                               "MethodNotAllowed")
@@ -156,9 +209,11 @@ class ApiHandlers:
         return _json(body)
 
     async def openapi_index(self, request: web.Request) -> web.Response:
+        self._authorize_path(request)
         return _json(discovery.openapi_index(self.registry))
 
     async def openapi_gv(self, request: web.Request) -> web.Response:
+        self._authorize_path(request)
         path = request.match_info["path"].strip("/").split("/")
         body = None
         if len(path) == 2 and path[0] == "api":
@@ -198,7 +253,7 @@ class ApiHandlers:
     def _context(self, request: web.Request) -> RequestContext:
         validation = request.query.get("fieldValidation", "")
         return RequestContext(
-            user=request.get("user") or UserInfo("anonymous"),
+            user=request.get(USER) or UserInfo("anonymous"),
             dry_run=request.query.get("dryRun") == "All",
             field_validation=validation if validation in ("Strict", "Warn", "Ignore") else "Warn",
         )
@@ -220,12 +275,15 @@ class ApiHandlers:
     # -- resources ---------------------------------------------------------------------------------
 
     async def resource(self, request: web.Request) -> web.StreamResponse:
-        for hook in self.extra_routes:
-            response = await hook(request, None)
-            if response is not None:
-                return response
+        aggregated = await self._maybe_aggregated(request, request.match_info.get("group", ""),
+                                                  request.match_info["version"])
+        if aggregated is not None:
+            return aggregated
         target = self._target(request)
         method = request.method
+        self._authorize(request, self._attributes(request, target))
+        if target.rtype.group == "authorization.k8s.io" and method == "POST" and target.name is None:
+            return await self._access_review(request, target)
         if target.subresource == "log" and method == "GET":
             return await self._log(request, target)
         if target.name is None:
@@ -249,6 +307,41 @@ class ApiHandlers:
             if method == "POST" and target.subresource == "binding":
                 return await self._bind(request, target)
         raise StatusError(405, "the server does not allow this method on the requested resource", "MethodNotAllowed")
+
+    @staticmethod
+    def _attributes(request: web.Request, target: Target) -> Attributes:
+        method = request.method
+        if method == "GET":
+            verb = "get" if target.name else "watch" if target.watch else "list"
+        elif method == "DELETE":
+            verb = "delete" if target.name else "deletecollection"
+        else:
+            verb = _VERBS.get(method, method.lower())
+        return Attributes(verb, target.rtype.group, target.rtype.plural, target.subresource,
+                          target.namespace or "", target.name or "")
+
+    async def _access_review(self, request: web.Request, target: Target) -> web.Response:
+        """SubjectAccessReview (for a named user) and SelfSubjectAccessReview (for the caller): evaluated,
+        never stored."""
+        review = await self._body(request) or {}
+        spec = review.get("spec") or {}
+        if target.rtype.plural == "selfsubjectaccessreviews":
+            user: UserInfo = request[USER]
+        else:
+            user = UserInfo(spec.get("user", ""), tuple(spec.get("groups") or ()), spec.get("uid", ""))
+        resource = spec.get("resourceAttributes")
+        if resource:
+            attrs = Attributes(resource.get("verb", ""), resource.get("group", ""), resource.get("resource", ""),
+                               resource.get("subresource", ""), resource.get("namespace", ""),
+                               resource.get("name", ""))
+        else:
+            other = spec.get("nonResourceAttributes") or {}
+            attrs = Attributes(other.get("verb", ""), path=other.get("path", ""))
+        allowed = self.authz.allowed(user, attrs)
+        status: dict[str, Any] = {"allowed": allowed}
+        status["reason"] = "allowed by RBAC" if allowed else "no RBAC policy matched"
+        return _json({**review, "apiVersion": target.rtype.api_version, "kind": target.rtype.kind,
+                      "status": status}, 201)
 
     def _respond(self, request: web.Request, target: Target, obj: dict[str, Any], status: int = 200,
                  ctx: RequestContext | None = None) -> web.Response:

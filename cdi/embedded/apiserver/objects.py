@@ -106,15 +106,24 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _encode_continue(rv: int, ns: str, name: str) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps({"rv": rv, "start": [ns, name]})).decode()
+_SNAPSHOT_TTL = 300.0  # seconds a paged list's snapshot is kept for its next pages
+_MAX_SNAPSHOTS = 64
 
 
-def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
+def _monotonic() -> float:
+    import time
+    return time.monotonic()
+
+
+def _encode_continue(snapshot_id: str, offset: int) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps({"id": snapshot_id, "offset": offset})).decode()
+
+
+def _decode_continue(token: str) -> tuple[str, int]:
     try:
         data = orjson.loads(base64.urlsafe_b64decode(token.encode()))
-        return int(data["rv"]), (str(data["start"][0]), str(data["start"][1]))
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        return str(data["id"]), int(data["offset"])
+    except (ValueError, KeyError, TypeError) as exc:
         raise errors.bad_request(f"continue key is not valid: {exc}") from exc
 
 
@@ -124,6 +133,7 @@ class Objects:
         self.store = store
         self.strategies = strategies
         self.admission: list[AdmissionHook] = []
+        self._pages: dict[str, tuple[float, int, list[Entry]]] = {}
         self.on_crd_change: list[Callable[[Obj, bool], None]] = []
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -162,7 +172,7 @@ class Objects:
         entry = self.store.get("/namespaces", "", ns)
         if entry is None:
             raise errors.not_found("namespaces", "", ns)
-        if creating and entry.obj().get("metadata", {}).get("deletionTimestamp"):
+        if creating and b'"deletionTimestamp"' in entry.raw:
             raise StatusError(403, f"{rtype.kind} \"\" is forbidden: unable to create new content in namespace "
                                    f"{ns} because it is being terminated", "Forbidden")
 
@@ -242,7 +252,9 @@ class Objects:
             meta.pop(key, None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now()
-        meta["generation"] = 1
+        meta.pop("generation", None)
+        if not rtype.builtin or rtype.kind == "CustomResourceDefinition":
+            meta["generation"] = 1  # built-in kinds here (core, storage, rbac...) carry none, as on a real server
         if rtype.has_status and not rtype.builtin:
             obj.pop("status", None)
         causes = validate_name(rtype, name)
@@ -279,29 +291,50 @@ class Objects:
 
     def list(self, rtype: ResourceType, namespace: str | None = None, labels: LabelSelector | None = None,
              fields: FieldSelector | None = None, limit: int = 0, continue_token: str = "") -> ListPage:
-        ns = namespace if rtype.namespaced and namespace else None
-        start: tuple[str, str] | None = None
-        rv = self.store.rv
+        """Objects in namespace/name order. Pages after the first come from a snapshot taken by the first,
+        so a paged list is consistent as on a real server; an expired snapshot is 410 Gone."""
         if continue_token:
-            rv, start = _decode_continue(continue_token)
+            return self._next_page(continue_token, limit)
+        ns = namespace if rtype.namespaced and namespace else None
         entries = []
-        matched_keys = []
         for item_ns, item_name, entry in self.store.items(rtype.key, ns):
-            if start is not None and (item_ns, item_name) <= start:
-                continue
             if labels is not None and not labels.empty and not labels.matches(entry.labels):
                 continue
             if fields is not None and not fields.empty and not self._fields_match(rtype, fields, item_ns, item_name,
                                                                                    entry):
                 continue
             entries.append(entry)
-            matched_keys.append((item_ns, item_name))
-        page = ListPage(entries, rv if continue_token else self.store.rv)
+        page = ListPage(entries, self.store.rv)
         if limit and len(entries) > limit:
-            last_ns, last_name = matched_keys[limit - 1]
             page.entries = entries[:limit]
-            page.continue_token = _encode_continue(page.rv, last_ns, last_name)
+            page.continue_token = self._snapshot(page.rv, entries[limit:])
             page.remaining = len(entries) - limit
+        return page
+
+    def _snapshot(self, rv: int, rest: list[Entry]) -> str:
+        loop_time = _monotonic()
+        for key in [k for k, (expires, _, _) in self._pages.items() if expires < loop_time]:
+            del self._pages[key]
+        while len(self._pages) >= _MAX_SNAPSHOTS:
+            self._pages.pop(next(iter(self._pages)))
+        snapshot_id = uuid.uuid4().hex
+        self._pages[snapshot_id] = (loop_time + _SNAPSHOT_TTL, rv, rest)
+        return _encode_continue(snapshot_id, 0)
+
+    def _next_page(self, token: str, limit: int) -> ListPage:
+        snapshot_id, offset = _decode_continue(token)
+        held = self._pages.get(snapshot_id)
+        if held is None:
+            raise errors.gone("The provided continue parameter is too old to display a consistent list result. "
+                              "You can start a new list without the continue parameter.")
+        _, rv, rest = held
+        end = offset + limit if limit else len(rest)
+        page = ListPage(rest[offset:end], rv)
+        if end < len(rest):
+            page.continue_token = _encode_continue(snapshot_id, end)
+            page.remaining = len(rest) - end
+        else:
+            del self._pages[snapshot_id]
         return page
 
     def _fields_match(self, rtype: ResourceType, fields: FieldSelector, ns: str, name: str, entry: Entry) -> bool:
@@ -392,7 +425,7 @@ class Objects:
                 raise errors.invalid(rtype.kind, rtype.group, name, [Cause(
                     "metadata.finalizers", "Forbidden: no new finalizers can be added if the object is being "
                                            "deleted", "FieldValueForbidden")])
-        if spec_fields(rtype, obj) != spec_fields(rtype, old):
+        if "generation" in old_meta and spec_fields(rtype, obj) != spec_fields(rtype, old):
             meta["generation"] = int(old_meta.get("generation") or 1) + 1
         causes = self.strategies.prepare_update(rtype, obj, old) if subresource != "status" else []
         if causes:
@@ -493,9 +526,18 @@ class Objects:
         obj = self.view(rtype, entry)
         self.strategies.released(rtype, obj)
         if rtype.key == "apiextensions.k8s.io/customresourcedefinitions":
-            for hook in self.on_crd_change:
-                hook(obj, True)
+            self._drop_custom_resources(obj)
         return obj
+
+    def _drop_custom_resources(self, crd: Obj) -> None:
+        """Deleting a CRD deletes its objects and stops serving it."""
+        spec = crd.get("spec") or {}
+        key = f"{spec.get('group')}/{(spec.get('names') or {}).get('plural')}"
+        for item_ns, item_name, _ in self.store.items(key):
+            self.store.remove(key, item_ns, item_name)
+        self.registry.unregister_crd(crd["metadata"]["name"])
+        for hook in self.on_crd_change:
+            hook(crd, True)
 
     async def delete_collection(self, rtype: ResourceType, namespace: str | None, labels: LabelSelector,
                                 fields: FieldSelector, options: DeleteOptions, ctx: RequestContext) -> list[Obj]:

@@ -112,14 +112,17 @@ class Registry:
         self._by_path: dict[tuple[str, str, str], ResourceType] = {}
         self._by_kind: dict[tuple[str, str], list[ResourceType]] = {}
         self._crd_types: dict[str, list[ResourceType]] = {}
+        self._storage_cache: dict[str, ResourceType | None] = {}
         for rtype in BUILTINS:
             self._add(rtype)
 
     def _add(self, rtype: ResourceType) -> None:
+        self._storage_cache.clear()
         self._by_path[(rtype.group, rtype.version, rtype.plural)] = rtype
         self._by_kind.setdefault((rtype.group, rtype.kind), []).append(rtype)
 
     def _remove(self, rtype: ResourceType) -> None:
+        self._storage_cache.clear()
         self._by_path.pop((rtype.group, rtype.version, rtype.plural), None)
         kinds = self._by_kind.get((rtype.group, rtype.kind), [])
         if rtype in kinds:
@@ -138,6 +141,11 @@ class Registry:
 
     def storage_type(self, key: str) -> ResourceType | None:
         """The preferred type stored under `key` (the storage version of a CRD, core events)."""
+        if key not in self._storage_cache:
+            self._storage_cache[key] = self._find_storage_type(key)
+        return self._storage_cache[key]
+
+    def _find_storage_type(self, key: str) -> ResourceType | None:
         preferred = None
         for rtype in self._by_path.values():
             if rtype.key == key and rtype.storage_group is None:

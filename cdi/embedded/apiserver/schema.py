@@ -22,20 +22,14 @@ class Outcome:
     unknown: list[str] = field(default_factory=list)
 
 
+_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
+
+
 def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return "null"
+    name = _TYPE_NAMES.get(type(value))
+    if name is not None:
+        return name
+    return "object" if isinstance(value, Mapping) else "null"
 
 
 def _fits(value: Any, type_: str) -> bool:

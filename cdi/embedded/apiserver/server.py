@@ -17,6 +17,8 @@ from aiohttp import web
 
 from cdi.api.crds import all_crds
 from cdi.common import pki
+from cdi.embedded.apiserver.aggregator import Aggregator
+from cdi.embedded.apiserver.authz import RbacAuthorizer, bootstrap_policy
 from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.apiserver.garbage import GarbageCollector
 from cdi.embedded.apiserver.handlers import ApiHandlers, Authenticator
@@ -24,6 +26,7 @@ from cdi.embedded.apiserver.objects import Objects, RequestContext, UserInfo
 from cdi.embedded.apiserver.resources import Registry
 from cdi.embedded.apiserver.store import ADDED, Store
 from cdi.embedded.apiserver.strategies import ServiceIPs, Strategies
+from cdi.embedded.apiserver.webhooks import WebhookAdmission
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ class ServerConfig:
     port: int = 0
     watch_history: int = 20_000
     bookmark_interval: float = 10.0
+    token_auth_file: Path | None = None
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -59,8 +63,13 @@ class ApiServer:
         self.registry = Registry()
         self.strategies = Strategies(ServiceIPs())
         self.objects = Objects(self.registry, self.store, self.strategies)
+        self.webhooks = WebhookAdmission(self.store)
+        self.objects.admission.append(self.webhooks)
         self.auth = Authenticator()
-        self.handlers = ApiHandlers(self.objects, self.auth, lambda: f"{self.config.host}:{self.port}")
+        self.authz = RbacAuthorizer(self.store)
+        self.aggregator = Aggregator(self.store, self.dir)
+        self.handlers = ApiHandlers(self.objects, self.auth, self.authz, self.aggregator,
+                                    lambda: f"{self.config.host}:{self.port}")
         self.handlers.bookmark_interval = config.bookmark_interval
         self.gc = GarbageCollector(self.objects)
         self.port = 0
@@ -141,6 +150,19 @@ class ApiServer:
             await self._ensure("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         for crd in all_crds():
             await self._ensure("customresourcedefinitions", crd, "apiextensions.k8s.io")
+        for policy in bootstrap_policy():
+            plural = "clusterroles" if policy["kind"] == "ClusterRole" else "clusterrolebindings"
+            await self._ensure(plural, policy, "rbac.authorization.k8s.io")
+        assert self.ca is not None
+        configmap = self.aggregator.authentication_configmap(self.ca.cert_pem)
+        rtype = self.registry.lookup("", "v1", "configmaps")
+        assert rtype is not None
+        current = self.objects.find(rtype, "kube-system", configmap["metadata"]["name"])
+        if current is None:
+            await self.objects.create(rtype, "kube-system", configmap)
+        elif current.get("data") != configmap["data"]:
+            await self.objects.update(rtype, "kube-system", configmap["metadata"]["name"],
+                                      {**configmap, "metadata": current["metadata"]})
 
     async def _default_service_accounts(self) -> None:
         """Every namespace gets a `default` ServiceAccount, as the token controller does."""
@@ -170,6 +192,9 @@ class ApiServer:
         serving = self._pki()
         self.token = self._token()
         self.auth.add(self.token, ADMIN)
+        if self.config.token_auth_file is not None:
+            self.auth.load_token_file(self.config.token_auth_file)
+        self.aggregator.setup_identity()
         self._load_crds()
         self._reserve_service_ips()
         await self._bootstrap()
@@ -177,7 +202,10 @@ class ApiServer:
         self._tasks.append(asyncio.create_task(self._default_service_accounts(), name="serviceaccounts"))
         app = web.Application(middlewares=[self.handlers.middleware], client_max_size=3 * 1024 * 1024)
         app.add_routes(self.handlers.routes())
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False)
+        # handler_cancellation: a watch whose client disconnected ends at once instead of holding its
+        # subscription until the next event for it.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False,
+                                     handler_cancellation=True)
         await self._runner.setup()
         port = self.config.port
         port_file = self.dir / "port"
@@ -204,6 +232,9 @@ class ApiServer:
             except asyncio.CancelledError:
                 pass
         await self.gc.stop()
+        self.store.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.webhooks.close()
+        await self.aggregator.close()
         self.store.close()

@@ -124,6 +124,7 @@ class Store:
             obj = orjson.loads(body)
             rv = int(obj.get("metadata", {}).get("resourceVersion") or 0)
             self._index(key, ns, name, Entry.of(obj, rv))
+            self._rv = max(self._rv, rv)  # puts record their revision only in the object itself
         self._floor = self._rv
 
     def close(self) -> None:
@@ -169,10 +170,9 @@ class Store:
         self._rv += 1
         obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
         entry = Entry.of(obj, self._rv)
-        self._db.execute("BEGIN")
+        # One autocommitted statement: the revision is inside the object, so the counter needs no row
+        # of its own (removals, which leave no object behind, record it in `meta`).
         self._db.execute("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)", (key, namespace, name, entry.raw))
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(self._rv),))
-        self._db.execute("COMMIT")
         previous = self.get(key, namespace, name)
         if previous is not None:
             self._unindex(key, namespace, name, previous)
@@ -230,6 +230,12 @@ class Store:
         sub = Subscription(self, key)
         self._subscribers.setdefault(key, set()).add(sub)
         return sub
+
+    def end_watches(self) -> None:
+        """Ends every open watch (shutdown): each subscriber sees the end of its stream."""
+        for subs in list(self._subscribers.values()):
+            for sub in list(subs):
+                sub.queue.put_nowait(None)
 
     def unsubscribe(self, sub: Subscription) -> None:
         self._subscribers.get(sub.key, set()).discard(sub)

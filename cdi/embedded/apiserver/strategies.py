@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cdi.embedded.apiserver.errors import Cause
+from cdi.embedded.apiserver.errors import Cause, StatusError
 from cdi.embedded.apiserver.resources import ResourceType
 
 Obj = dict[str, Any]
@@ -209,6 +209,16 @@ def _create_secret(obj: Obj, old: Obj | None) -> list[Cause]:
     return []
 
 
+def _check_configmap(obj: Obj, _: Obj | None) -> list[Cause]:
+    for field in ("data", "binaryData"):
+        for key, value in (obj.get(field) or {}).items():
+            if not isinstance(value, str):
+                raise StatusError(400, f'ConfigMap in version "v1" cannot be handled as a ConfigMap: json: cannot '
+                                       f"unmarshal {type(value).__name__} into Go struct field ConfigMap.{field} of "
+                                       f"type string (key {key!r})", "BadRequest")
+    return []
+
+
 def _create_event(obj: Obj, _: Obj | None) -> list[Cause]:
     if "involvedObject" in obj:
         obj.setdefault("count", 1)
@@ -224,10 +234,11 @@ class Strategies:
             ("", "Pod"): _create_pod, ("", "PersistentVolumeClaim"): _create_pvc,
             ("", "PersistentVolume"): _create_pv, ("", "Namespace"): _create_namespace,
             ("", "Secret"): _create_secret, ("", "Service"): self._create_service, ("", "Event"): _create_event,
+            ("", "ConfigMap"): _check_configmap,
         }
         self._update: dict[tuple[str, str], Callable[[Obj, Obj | None], list[Cause]]] = {
             ("", "Pod"): _update_pod, ("", "PersistentVolumeClaim"): _update_pvc, ("", "Secret"): _create_secret,
-            ("", "Service"): self._update_service,
+            ("", "Service"): self._update_service, ("", "ConfigMap"): _check_configmap,
         }
 
     def prepare_create(self, rtype: ResourceType, obj: Obj) -> list[Cause]:

@@ -1,0 +1,204 @@
+"""The importer pod for a PVC, built from the PVC's import annotations and CDI's configuration,
+following the worker-pod contract (DESIGN §3.1): configuration by CDI's env var names, the target at
+/data or /dev/cdi-block-volume, scratch at /scratch, CA bundles and header secrets as mounted files,
+progress on :8443/metrics, the result in the termination message.
+
+Unlike CDI, the pod is `restartPolicy: Never`: retries are the controller's decision, made from
+the importer's reason code, so a permanent failure ends instead of crash-looping."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from cdi.api import annotations as ann
+from cdi.api import env
+from cdi.api.views import dig
+
+Body = Mapping[str, Any]
+Obj = dict[str, Any]
+
+IMPORTER_CONTAINER = "importer"
+DATA_VOLUME = "cdi-data-vol"
+SCRATCH_VOLUME = "cdi-scratch-vol"
+CERT_VOLUME = "cdi-cert-vol"
+PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
+WORKER_UID = 107  # CDI's worker pods run as qemu's uid, non-root
+
+
+@dataclass(frozen=True)
+class ImportSource:
+    """An import as the PVC's annotations describe it (CDI's legacy PVC API, also what DataVolumes write)."""
+
+    source: str
+    endpoint: str = ""
+    content_type: str = "kubevirt"
+    secret: str = ""
+    cert_configmap: str = ""
+    extra_headers: tuple[str, ...] = ()
+    secret_extra_headers: tuple[str, ...] = ()
+    checksum: str = ""
+    insecure_skip_verify: bool = False
+    registry_arch: str = ""
+    pull_method: str = "pod"
+
+    @classmethod
+    def from_pvc(cls, pvc: Body) -> ImportSource:
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        return cls(
+            source=annotations.get(ann.IMPORT_SOURCE, env.SOURCE_HTTP),
+            endpoint=annotations.get(ann.IMPORT_ENDPOINT, ""),
+            content_type=annotations.get(ann.CONTENT_TYPE, "") or "kubevirt",
+            secret=annotations.get(ann.IMPORT_SECRET, ""),
+            cert_configmap=annotations.get(ann.IMPORT_CERT_CONFIGMAP, ""),
+            extra_headers=tuple(_lines(annotations.get(ann.IMPORT_EXTRA_HEADERS, ""))),
+            secret_extra_headers=tuple(_lines(annotations.get(ann.IMPORT_SECRET_EXTRA_HEADERS, ""))),
+            checksum=annotations.get(ann.IMPORT_CHECKSUM, ""),
+            insecure_skip_verify=annotations.get(ann.IMPORT_INSECURE_SKIP_VERIFY, "") == "true",
+            registry_arch=annotations.get(ann.IMPORT_REGISTRY_ARCHITECTURE, ""),
+            pull_method=annotations.get(ann.IMPORT_REGISTRY_IMPORT_METHOD, "") or "pod",
+        )
+
+
+def _lines(text: str) -> list[str]:
+    """Header lists are stored one per line (CDI stores them JSON-encoded; both are accepted)."""
+    text = text.strip()
+    if text.startswith("["):
+        import json
+        return [str(v) for v in json.loads(text)]
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """CDIConfig status and controller flags that shape every worker pod."""
+
+    importer_image: str = "cdi-importer"
+    pull_policy: str = "IfNotPresent"
+    resources: Body | None = None
+    import_proxy: Body | None = None
+    insecure_registries: tuple[str, ...] = ()
+    image_pull_secrets: tuple[Body, ...] = ()
+    node_placement: Body = field(default_factory=dict)
+
+
+def pod_name(pvc_name: str, attempt: int) -> str:
+    base = f"importer-{pvc_name}"
+    return base if attempt == 0 else f"{base}-retry-{attempt}"
+
+
+def _insecure_registry(endpoint: str, registries: Sequence[str]) -> bool:
+    host = urlparse(endpoint.replace("docker://", "https://", 1)).netloc
+    return host in registries
+
+
+def _owner_uid(pvc: Body) -> str:
+    owners = dig(pvc, "metadata", "ownerReferences") or []
+    return str(owners[0]["uid"]) if len(owners) == 1 else str(dig(pvc, "metadata", "uid"))
+
+
+def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, attempt: int = 0,
+                 scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False,
+                 priority_class: str = "", service_account: str = "") -> Obj:
+    name = str(dig(pvc, "metadata", "name"))
+    namespace = str(dig(pvc, "metadata", "namespace"))
+    block = dig(pvc, "spec", "volumeMode") == "Block"
+    pvc_annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    environment: list[Obj] = [
+        {"name": env.SOURCE, "value": source.source},
+        {"name": env.ENDPOINT, "value": source.endpoint},
+        {"name": env.CONTENT_TYPE, "value": source.content_type},
+        {"name": env.IMAGE_SIZE, "value": str(dig(pvc, "spec", "resources", "requests", "storage") or "")},
+        {"name": env.OWNER_UID, "value": _owner_uid(pvc)},
+        {"name": env.FILESYSTEM_OVERHEAD, "value": "0" if block else filesystem_overhead},
+        {"name": env.PREALLOCATION, "value": "true" if preallocation else "false"},
+        {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    insecure = source.insecure_skip_verify or (
+        source.source == env.SOURCE_REGISTRY and _insecure_registry(source.endpoint, settings.insecure_registries))
+    environment.append({"name": env.INSECURE_TLS, "value": "true" if insecure else "false"})
+    if source.checksum:
+        environment.append({"name": env.CHECKSUM, "value": source.checksum})
+    if source.registry_arch:
+        environment.append({"name": env.REGISTRY_ARCHITECTURE, "value": source.registry_arch})
+    if source.secret:
+        for var, key in ((env.ACCESS_KEY_ID, "accessKeyId"), (env.SECRET_KEY, "secretKey")):
+            environment.append({"name": var, "valueFrom": {"secretKeyRef": {
+                "name": source.secret, "key": key, "optional": True}}})
+    for index, header in enumerate(source.extra_headers):
+        environment.append({"name": f"{env.EXTRA_HEADER_PREFIX}{index}", "value": header})
+    proxy = settings.import_proxy or {}
+    for var, key in ((env.HTTP_PROXY, "HTTPProxy"), (env.HTTPS_PROXY, "HTTPSProxy"), (env.NO_PROXY, "noProxy")):
+        if proxy.get(key):
+            environment.append({"name": var, "value": str(proxy[key])})
+
+    mounts: list[Obj] = []
+    devices: list[Obj] = []
+    volumes: list[Obj] = [{"name": DATA_VOLUME, "persistentVolumeClaim": {"claimName": name, "readOnly": False}}]
+    if block:
+        devices.append({"name": DATA_VOLUME, "devicePath": env.BLOCK_PATH_DEFAULT})
+    else:
+        mounts.append({"name": DATA_VOLUME, "mountPath": env.DATA_DIR_DEFAULT})
+    if scratch_claim:
+        volumes.append({"name": SCRATCH_VOLUME, "persistentVolumeClaim": {"claimName": scratch_claim}})
+        mounts.append({"name": SCRATCH_VOLUME, "mountPath": env.SCRATCH_DIR_DEFAULT})
+    if source.cert_configmap:
+        volumes.append({"name": CERT_VOLUME, "configMap": {"name": source.cert_configmap}})
+        mounts.append({"name": CERT_VOLUME, "mountPath": env.CERT_DIR_DEFAULT})
+        environment.append({"name": env.CERT_DIR, "value": env.CERT_DIR_DEFAULT})
+    if proxy.get("trustedCAProxy"):
+        volumes.append({"name": PROXY_CERT_VOLUME, "configMap": {"name": str(proxy["trustedCAProxy"])}})
+        mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": env.PROXY_CERT_DIR_DEFAULT})
+        environment.append({"name": env.PROXY_CERT_DIR, "value": env.PROXY_CERT_DIR_DEFAULT})
+    for index, secret in enumerate(source.secret_extra_headers):
+        volume = f"cdi-extra-headers-{index}"
+        volumes.append({"name": volume, "secret": {"secretName": secret}})
+        mounts.append({"name": volume, "mountPath": f"/extraheaders/secret_{index}", "readOnly": True})
+
+    container: Obj = {
+        "name": IMPORTER_CONTAINER, "image": settings.importer_image, "imagePullPolicy": settings.pull_policy,
+        "env": environment, "ports": [{"name": "metrics", "containerPort": env.METRICS_PORT, "protocol": "TCP"}],
+        "terminationMessagePath": env.TERMINATION_LOG_DEFAULT, "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "runAsUser": WORKER_UID},
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    if devices:
+        container["volumeDevices"] = devices
+    if settings.resources:
+        container["resources"] = dict(settings.resources)
+    annotations = {ann.ISTIO_INJECT: "false", ann.LINKERD_INJECT: "disabled"}
+    for key in (ann.MULTUS_NETWORKS, ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT):
+        if key in pvc_annotations:
+            annotations[key] = pvc_annotations[key]
+    spec: Obj = {
+        "restartPolicy": "Never", "containers": [container], "volumes": volumes,
+        "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": 30,
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [dict(s) for s in settings.image_pull_secrets]
+    for key in ("nodeSelector", "tolerations", "affinity"):
+        if settings.node_placement.get(key):
+            spec[key] = settings.node_placement[key]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, attempt), "namespace": namespace,
+            "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "importer",
+                       ann.LABEL_PROMETHEUS: "true"},
+            "annotations": annotations,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": name,
+                                 "uid": dig(pvc, "metadata", "uid"), "controller": True,
+                                 "blockOwnerDeletion": True}],
+        },
+        "spec": spec,
+    }

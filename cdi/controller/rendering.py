@@ -1,0 +1,149 @@
+"""The PVC a DataVolume asks for: the `pvc` API verbatim, or the `storage` API with its gaps
+filled as CDI fills them (storage class from the virt default then the Kubernetes default, access
+and volume modes from the StorageProfile, size inflated by the filesystem overhead, the profile's
+minimum size). Pure: the caller passes what the cluster holds."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cdi.api import annotations as ann
+from cdi.api.quantity import QuantityError, parse_bytes
+from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD, required_space
+from cdi.api.views import dig
+
+Body = Mapping[str, Any]
+MIB = 1024 * 1024
+
+
+class RenderError(Exception):
+    """A DataVolume whose claim cannot be rendered; `reason` is the event reason CDI uses."""
+
+    def __init__(self, message: str, reason: str = "ErrClaimNotValid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NoStorageClass(RenderError):
+    """No storage class was named and the cluster has no default: the DataVolume waits (Pending)."""
+
+
+@dataclass(frozen=True)
+class ClusterStorage:
+    """What rendering needs to know of the cluster."""
+
+    storage_classes: Sequence[Body]
+    storage_profiles: Mapping[str, Body]
+    cdi_config_status: Body
+
+    def storage_class(self, name: str) -> Body | None:
+        return next((sc for sc in self.storage_classes if dig(sc, "metadata", "name") == name), None)
+
+    def default_class(self, content_type: str) -> Body | None:
+        """The virt default for disk images, else the Kubernetes default; newest, then by name."""
+        keys = ([ann.DEFAULT_VIRT_STORAGE_CLASS] if content_type != "archive" else []) + [ann.DEFAULT_STORAGE_CLASS]
+        for key in keys:
+            defaults = [sc for sc in self.storage_classes
+                        if (dig(sc, "metadata", "annotations") or {}).get(key) == "true"]
+            if defaults:
+                defaults.sort(key=lambda sc: str(dig(sc, "metadata", "name")))
+                defaults.sort(key=lambda sc: str(dig(sc, "metadata", "creationTimestamp") or ""), reverse=True)
+                return defaults[0]
+        return None
+
+    def filesystem_overhead(self, storage_class: str | None) -> str:
+        overhead = self.cdi_config_status.get("filesystemOverhead") or {}
+        per_class = overhead.get("storageClass") or {}
+        if storage_class and storage_class in per_class:
+            return str(per_class[storage_class])
+        return str(overhead.get("global") or DEFAULT_FILESYSTEM_OVERHEAD)
+
+
+def _claim_property_sets(profile: Body | None) -> list[Body]:
+    return list(dig(profile, "status", "claimPropertySets") or [])
+
+
+def _modes_from_profile(spec: dict[str, Any], storage_class: str, profile: Body | None) -> None:
+    sets = _claim_property_sets(profile)
+    volume_mode = spec.get("volumeMode")
+    if not volume_mode and not spec.get("accessModes"):
+        if not sets or not sets[0].get("accessModes"):
+            raise RenderError(f"Spec is missing accessMode and volumeMode, cannot get access mode from "
+                              f"StorageProfile {storage_class}")
+        spec["accessModes"] = list(sets[0]["accessModes"])
+        spec["volumeMode"] = sets[0].get("volumeMode") or "Filesystem"
+    elif not spec.get("accessModes"):
+        for cps in sets:
+            if cps.get("volumeMode") == volume_mode and cps.get("accessModes"):
+                spec["accessModes"] = list(cps["accessModes"])
+                return
+        raise RenderError(f"Spec is missing accessMode and cannot get access mode from StorageProfile "
+                          f"{storage_class}")
+    elif not volume_mode:
+        wanted = set(spec["accessModes"])
+        for cps in sets:
+            if wanted & set(cps.get("accessModes") or []):
+                if cps.get("volumeMode"):
+                    spec["volumeMode"] = cps["volumeMode"]
+                return
+
+
+def render_claim_spec(dv: Body, cluster: ClusterStorage) -> dict[str, Any]:
+    """The spec of the PVC for `dv`. Raises RenderError (event ErrClaimNotValid) or NoStorageClass."""
+    spec_in: Body = dv.get("spec") or {}
+    if spec_in.get("pvc") is not None:
+        return copy.deepcopy(dict(spec_in["pvc"]))
+    storage: Body = spec_in.get("storage") or {}
+    content_type = str(spec_in.get("contentType") or "kubevirt")
+    spec: dict[str, Any] = {k: copy.deepcopy(storage[k]) for k in (
+        "accessModes", "selector", "resources", "volumeName", "storageClassName", "volumeMode", "dataSource",
+        "dataSourceRef") if storage.get(k) is not None}
+    if content_type == "archive":
+        if spec.get("volumeMode") == "Block":
+            raise RenderError("ContentType Archive cannot have block volumeMode")
+        spec["volumeMode"] = "Filesystem"
+    name = spec.get("storageClassName")
+    storage_class = cluster.storage_class(name) if name else cluster.default_class(content_type)
+    if storage_class is None:
+        if not spec.get("accessModes"):
+            raise NoStorageClass("DataVolume.storage spec is missing accessMode and no storageClass to choose "
+                                 "profile", "ErrClaimNotValid")
+    else:
+        class_name = str(dig(storage_class, "metadata", "name"))
+        spec["storageClassName"] = class_name
+        _modes_from_profile(spec, class_name, cluster.storage_profiles.get(class_name))
+    source = spec_in.get("source") or {}
+    is_clone = source.get("pvc") is not None or source.get("snapshot") is not None or \
+        spec_in.get("sourceRef") is not None
+    _render_size(spec, cluster, is_clone)
+    return spec
+
+
+def _render_size(spec: dict[str, Any], cluster: ClusterStorage, is_clone: bool) -> None:
+    requests = spec.setdefault("resources", {}).setdefault("requests", {})
+    if requests.get("storage") is None:
+        if not is_clone:
+            raise RenderError("PVC Spec is not valid - missing storage size")
+        return
+    try:
+        requested = parse_bytes(requests["storage"])
+    except QuantityError as exc:
+        raise RenderError(f"PVC Spec is not valid - {exc}") from exc
+    if requested < MIB:
+        raise RenderError("PVC Spec is not valid - storage size should be at least 1MiB")
+    size = requested
+    class_name = spec.get("storageClassName")
+    if (spec.get("volumeMode") or "Filesystem") == "Filesystem":
+        size = required_space(cluster.filesystem_overhead(class_name), requested)
+    if class_name:
+        profile = cluster.storage_profiles.get(class_name)
+        minimum = (dig(profile, "metadata", "annotations") or {}).get(ann.MINIMUM_PVC_SIZE)
+        if minimum:
+            try:
+                size = max(size, parse_bytes(minimum))
+            except QuantityError:
+                pass
+    requests["storage"] = str(size)

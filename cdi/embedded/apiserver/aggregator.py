@@ -1,0 +1,132 @@
+"""The aggregation layer: API groups registered by APIService objects are served by another server
+(CDI's cdi-apiserver serves upload.cdi.kubevirt.io), and requests for them are proxied to it with
+the caller's identity in X-Remote-* headers over a front-proxy client certificate, as
+kube-aggregator does. The identity headers are trusted by the backend through the
+`kube-system/extension-apiserver-authentication` ConfigMap this server publishes."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from cdi.common import pki
+from cdi.embedded.apiserver import services
+from cdi.embedded.apiserver.errors import StatusError
+from cdi.embedded.apiserver.objects import UserInfo
+from cdi.embedded.apiserver.store import Store
+
+log = logging.getLogger(__name__)
+
+APISERVICES = "apiregistration.k8s.io/apiservices"
+FRONT_PROXY_CLIENT = "front-proxy-client"
+_HOP_HEADERS = {"host", "authorization", "connection", "keep-alive", "transfer-encoding", "content-length",
+                "x-remote-user", "x-remote-group", "upgrade"}
+
+
+class Aggregator:
+    def __init__(self, store: Store, data_dir: Path) -> None:
+        self.store = store
+        self.dir = data_dir
+        self.ca: pki.KeyPair | None = None
+        self.client: pki.KeyPair | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def setup_identity(self) -> None:
+        """The front-proxy CA and client certificate the backends verify."""
+        ca_crt, ca_key = self.dir / "front-proxy-ca.crt", self.dir / "front-proxy-ca.key"
+        if ca_crt.exists():
+            self.ca = pki.KeyPair.read(ca_crt, ca_key)
+        else:
+            self.ca = pki.make_ca("front-proxy-ca")
+            self.ca.write(ca_crt, ca_key)
+        self.client = pki.issue(self.ca, FRONT_PROXY_CLIENT, None, server=False, client=True)
+        self.client.write(self.dir / "front-proxy-client.crt", self.dir / "front-proxy-client.key")
+
+    def authentication_configmap(self, client_ca: bytes) -> dict[str, Any]:
+        assert self.ca is not None
+        return {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+            "data": {
+                "client-ca-file": client_ca.decode(),
+                "requestheader-client-ca-file": self.ca.cert_pem.decode(),
+                "requestheader-allowed-names": f'["{FRONT_PROXY_CLIENT}"]',
+                "requestheader-username-headers": '["X-Remote-User"]',
+                "requestheader-group-headers": '["X-Remote-Group"]',
+                "requestheader-extra-headers-prefix": '["X-Remote-Extra-"]',
+            },
+        }
+
+    def apiservices(self) -> list[dict[str, Any]]:
+        return [entry.obj() for _, _, entry in self.store.items(APISERVICES)]
+
+    def claimed(self, group: str, version: str) -> Mapping[str, Any] | None:
+        """The APIService that delegates group/version to another server, if any."""
+        for apiservice in self.apiservices():
+            spec = apiservice.get("spec") or {}
+            if spec.get("group") == group and spec.get("version") == version and spec.get("service"):
+                return apiservice
+        return None
+
+    def groups(self) -> list[tuple[str, list[str]]]:
+        found: dict[str, list[str]] = {}
+        for apiservice in self.apiservices():
+            spec = apiservice.get("spec") or {}
+            if spec.get("service") and spec.get("group"):
+                found.setdefault(spec["group"], []).append(spec.get("version", "v1"))
+        return sorted(found.items())
+
+    def _ssl(self, spec: Mapping[str, Any]) -> ssl.SSLContext:
+        assert self.client is not None
+        if spec.get("insecureSkipTLSVerify"):
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif spec.get("caBundle"):
+            context = ssl.create_default_context(cadata=base64.b64decode(spec["caBundle"]).decode())
+        else:
+            context = ssl.create_default_context()
+        context.load_cert_chain(self.dir / "front-proxy-client.crt", self.dir / "front-proxy-client.key")
+        return context
+
+    async def proxy(self, request: web.Request, apiservice: Mapping[str, Any], user: UserInfo) -> web.StreamResponse:
+        spec = apiservice.get("spec") or {}
+        service = spec["service"]
+        try:
+            host, port = services.resolve(self.store, service.get("namespace", ""), service.get("name", ""),
+                                          int(service.get("port", 443)))
+        except ConnectionError as exc:
+            raise StatusError(503, f"service unavailable: {exc}", "ServiceUnavailable") from exc
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        headers["X-Remote-User"] = user.name
+        forwarded: list[tuple[str, str]] = [(k, v) for k, v in headers.items()]
+        forwarded += [("X-Remote-Group", group) for group in user.groups]
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        url = f"https://{host}:{port}{request.path_qs}"
+        try:
+            async with self._session.request(
+                    request.method, url, headers=forwarded, ssl=self._ssl(spec),
+                    server_hostname=f"{service['name']}.{service['namespace']}.svc",
+                    data=request.content if request.can_read_body else None) as upstream:
+                response = web.StreamResponse(status=upstream.status, headers={
+                    k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS})
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise StatusError(503, f"error trying to reach service: {exc}", "ServiceUnavailable") from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+

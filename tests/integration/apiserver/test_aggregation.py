@@ -1,0 +1,96 @@
+"""API groups registered with an APIService are proxied to their server, with the caller's
+identity passed in X-Remote-* headers over the front-proxy client certificate."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from cdi.common import pki
+from tests.integration.apiserver.conftest import Api, make_api
+
+GROUP = "/apis/upload.cdi.kubevirt.io/v1beta1"
+
+
+@pytest.fixture
+async def aggregated(tmp_path: Path) -> AsyncIterator[tuple[Api, list[dict[str, Any]]]]:
+    tokens = tmp_path / "tokens.csv"
+    tokens.write_text("bob-token,bob,1001,devs\n")
+    api = await make_api(tmp_path / "srv", token_auth_file=tokens)
+    auth = await api.ok("GET", "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication")
+    seen: list[dict[str, Any]] = []
+
+    async def discovery(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion":
+                                  "upload.cdi.kubevirt.io/v1beta1", "resources": [
+                                      {"name": "uploadtokenrequests", "namespaced": True,
+                                       "kind": "UploadTokenRequest", "verbs": ["create"]}]})
+
+    async def create(request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peercert") if request.transport else None
+        seen.append({"user": request.headers.get("X-Remote-User"),
+                     "groups": request.headers.getall("X-Remote-Group", []),
+                     "client_cn": dict(x[0] for x in peer["subject"])["commonName"] if peer else None})
+        body = await request.json()
+        return web.json_response({**body, "status": {"token": "signed"}}, status=201)
+
+    app = web.Application()
+    app.add_routes([web.get(GROUP, discovery),
+                    web.post(GROUP + "/namespaces/{ns}/uploadtokenrequests", create)])
+    ca = pki.make_ca("cdi-apiserver-ca")
+    context = pki.server_context(pki.issue(ca, "cdi-api", ["127.0.0.1", "cdi-api.cdi.svc"]), tmp_path / "tls",
+                                 client_ca=auth["data"]["requestheader-client-ca-file"].encode())
+    context.verify_mode = ssl.CERT_REQUIRED
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    await api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cdi"}})
+    await api.ok("POST", "/api/v1/namespaces/cdi/services", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "cdi-api"},
+        "spec": {"ports": [{"port": 443, "targetPort": 8443}]}})
+    await api.ok("POST", "/api/v1/namespaces/cdi/endpoints", {
+        "apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "cdi-api"},
+        "subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [{"port": port}]}]})
+    await api.ok("POST", "/apis/apiregistration.k8s.io/v1/apiservices", {
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1beta1.upload.cdi.kubevirt.io"},
+        "spec": {"group": "upload.cdi.kubevirt.io", "version": "v1beta1", "groupPriorityMinimum": 1000,
+                 "versionPriority": 15, "caBundle": base64.b64encode(ca.cert_pem).decode(),
+                 "service": {"namespace": "cdi", "name": "cdi-api", "port": 443}}})
+    yield api, seen
+    await runner.cleanup()
+    await api.session.close()
+    await api.server.stop()
+
+
+async def test_requests_for_an_aggregated_group_reach_its_server(aggregated: tuple[Api, list[dict[str, Any]]]) -> None:
+    api, seen = aggregated
+    groups = await api.ok("GET", "/apis")
+    assert "upload.cdi.kubevirt.io" in [g["name"] for g in groups["groups"]]
+    resources = await api.ok("GET", GROUP)
+    assert resources["resources"][0]["name"] == "uploadtokenrequests"
+    request = {"apiVersion": "upload.cdi.kubevirt.io/v1beta1", "kind": "UploadTokenRequest",
+               "metadata": {"name": "t"}, "spec": {"pvcName": "disk"}}
+    created = await api.ok("POST", GROUP + "/namespaces/default/uploadtokenrequests", request)
+    assert created["status"]["token"] == "signed"
+    assert seen[-1]["user"] == "admin" and "system:masters" in seen[-1]["groups"]
+    assert seen[-1]["client_cn"] == "front-proxy-client"
+
+
+async def test_aggregated_requests_are_authorized_first(aggregated: tuple[Api, list[dict[str, Any]]]) -> None:
+    api, seen = aggregated
+    request = {"apiVersion": "upload.cdi.kubevirt.io/v1beta1", "kind": "UploadTokenRequest",
+               "metadata": {"name": "t"}, "spec": {"pvcName": "disk"}}
+    async with api.session.post(api.url + GROUP + "/namespaces/default/uploadtokenrequests", json=request,
+                                headers={"Authorization": "Bearer bob-token"}) as resp:
+        assert resp.status == 403
+        assert 'cannot create resource "uploadtokenrequests"' in (await resp.json())["message"]
+    assert seen == []

@@ -1,0 +1,93 @@
+"""The server calls admission webhooks registered through the API with AdmissionReview v1."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from cdi.common import pki
+from tests.integration.apiserver.conftest import DV, Api, datavolume
+
+
+@pytest.fixture
+async def webhook_server(tmp_path: Path) -> AsyncIterator[tuple[str, bytes, list[dict[str, Any]]]]:
+    ca = pki.make_ca("webhook-ca")
+    reviews: list[dict[str, Any]] = []
+
+    async def mutate(request: web.Request) -> web.Response:
+        review = await request.json()
+        reviews.append(review)
+        patch = [{"op": "add", "path": "/metadata/labels", "value": {"mutated": "yes"}}]
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+            "uid": review["request"]["uid"], "allowed": True, "patchType": "JSONPatch",
+            "patch": base64.b64encode(json.dumps(patch).encode()).decode()}})
+
+    async def validate(request: web.Request) -> web.Response:
+        review = await request.json()
+        reviews.append(review)
+        obj = review["request"]["object"] or {}
+        allowed = (obj.get("spec") or {}).get("contentType") != "archive"
+        response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": allowed}
+        if not allowed:
+            response["status"] = {"code": 400, "message": "archive is not allowed here", "reason": "BadRequest"}
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                  "response": response})
+
+    app = web.Application()
+    app.add_routes([web.post("/mutate", mutate), web.post("/validate", validate)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.server_context(
+        pki.issue(ca, "webhook", ["127.0.0.1"]), tmp_path / "webhook-tls"))
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"https://127.0.0.1:{port}", ca.cert_pem, reviews
+    await runner.cleanup()
+
+
+def configuration(kind: str, url: str, ca: bytes, failure: str = "Fail") -> dict[str, Any]:
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": kind.lower()},
+            "webhooks": [{"name": f"{kind.lower()}.cdi.kubevirt.io", "admissionReviewVersions": ["v1"],
+                          "sideEffects": "None", "failurePolicy": failure,
+                          "clientConfig": {"url": url, "caBundle": base64.b64encode(ca).decode()},
+                          "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["cdi.kubevirt.io"],
+                                     "apiVersions": ["v1beta1"], "resources": ["datavolumes"]}]}]}
+
+
+async def test_mutating_and_validating_webhooks_are_called(
+        api: Api, webhook_server: tuple[str, bytes, list[dict[str, Any]]]) -> None:
+    url, ca, reviews = webhook_server
+    base = "/apis/admissionregistration.k8s.io/v1"
+    await api.ok("POST", f"{base}/mutatingwebhookconfigurations",
+                 configuration("MutatingWebhookConfiguration", url + "/mutate", ca))
+    await api.ok("POST", f"{base}/validatingwebhookconfigurations",
+                 configuration("ValidatingWebhookConfiguration", url + "/validate", ca))
+    created = await api.ok("POST", DV, datavolume("hooked"))
+    assert created["metadata"]["labels"] == {"mutated": "yes"}
+    request = reviews[0]["request"]
+    assert request["operation"] == "CREATE" and request["namespace"] == "default"
+    assert request["resource"] == {"group": "cdi.kubevirt.io", "version": "v1beta1", "resource": "datavolumes"}
+    assert request["userInfo"]["username"] == "admin"
+    status, body = await api.call("POST", DV, datavolume("refused", contentType="archive"))
+    assert status == 400
+    assert body["message"] == ('admission webhook "validatingwebhookconfiguration.cdi.kubevirt.io" denied the '
+                               "request: archive is not allowed here")
+
+
+async def test_unreachable_webhook_fails_closed_or_open_by_policy(api: Api, tmp_path: Path) -> None:
+    ca = pki.make_ca("nobody")
+    base = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    await api.ok("POST", base, configuration("ValidatingWebhookConfiguration", "https://127.0.0.1:1/x", ca.cert_pem))
+    status, body = await api.call("POST", DV, datavolume("blocked"))
+    assert status == 500 and "failed calling webhook" in body["message"]
+    hook = configuration("ValidatingWebhookConfiguration", "https://127.0.0.1:1/x", ca.cert_pem, failure="Ignore")
+    current = await api.ok("GET", f"{base}/validatingwebhookconfiguration")
+    hook["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    await api.ok("PUT", f"{base}/validatingwebhookconfiguration", hook)
+    await api.ok("POST", DV, datavolume("let-through"))

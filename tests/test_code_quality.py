@@ -1,0 +1,38 @@
+"""The project's rules that tools can check: ruff, the layering contracts of DESIGN §2
+(import-linter), and mypy --strict on the packages that promise it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = BIN / tool if (BIN / tool).exists() else shutil.which(tool)
+    assert exe, f"{tool} is not installed (pip install -e '.[test]')"
+    return subprocess.run([str(exe), *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def test_ruff_is_clean() -> None:
+    result = _run("ruff", "check", "cdi", "tests", "bench")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_layering_contracts_hold() -> None:
+    result = _run("lint-imports")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("package", ["cdi/api", "cdi/kube", "cdi/controller"])
+def test_mypy_strict(package: str) -> None:
+    if not any((ROOT / package).glob("*.py")):
+        pytest.skip(f"{package} has no modules yet")
+    result = _run("mypy", package)
+    assert result.returncode == 0, result.stdout + result.stderr

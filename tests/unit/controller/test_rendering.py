@@ -1,0 +1,96 @@
+"""Rendering a DataVolume's claim with CDI's rules for the `storage` API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cdi.api.sizing import required_space
+from cdi.controller.rendering import ClusterStorage, NoStorageClass, RenderError, render_claim_spec
+
+
+def sc(name: str, *, default: bool = False, virt: bool = False,
+       created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+    annotations = {}
+    if default:
+        annotations["storageclass.kubernetes.io/is-default-class"] = "true"
+    if virt:
+        annotations["storageclass.kubevirt.io/is-default-virt-class"] = "true"
+    return {"metadata": {"name": name, "annotations": annotations, "creationTimestamp": created},
+            "provisioner": "x"}
+
+
+def profile(*sets: tuple[list[str], str], min_size: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"annotations": {"cdi.kubevirt.io/minimumSupportedPvcSize": min_size} if min_size else {}}
+    return {"metadata": meta, "status": {"claimPropertySets": [
+        {"accessModes": modes, "volumeMode": mode} for modes, mode in sets]}}
+
+
+CLUSTER = ClusterStorage(
+    storage_classes=[sc("local", default=True), sc("fast", virt=True), sc("block")],
+    storage_profiles={"local": profile((["ReadWriteOnce"], "Filesystem")),
+                      "fast": profile((["ReadWriteMany"], "Block"), (["ReadWriteOnce"], "Filesystem")),
+                      "block": profile((["ReadWriteOnce"], "Block"), min_size="4Gi")},
+    cdi_config_status={"filesystemOverhead": {"global": "0.06", "storageClass": {"local": "0.055"}}},
+)
+
+
+def dv(storage: dict[str, Any] | None = None, pvc: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"source": {"http": {"url": "http://x/y"}}, **spec}
+    if pvc is not None:
+        body["pvc"] = pvc
+    else:
+        body["storage"] = {"resources": {"requests": {"storage": "1Gi"}}, **(storage or {})}
+    return {"metadata": {"name": "d", "namespace": "ns"}, "spec": body}
+
+
+def test_pvc_api_is_copied_verbatim() -> None:
+    pvc = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    assert render_claim_spec(dv(pvc=pvc), CLUSTER) == pvc
+
+
+def test_storage_api_prefers_the_virt_default_class_and_its_profile() -> None:
+    spec = render_claim_spec(dv(), CLUSTER)
+    assert spec["storageClassName"] == "fast"
+    assert spec["accessModes"] == ["ReadWriteMany"] and spec["volumeMode"] == "Block"
+    assert spec["resources"]["requests"]["storage"] == str(1024 ** 3)  # block: no overhead
+
+
+def test_archive_content_uses_the_kubernetes_default_and_filesystem_overhead() -> None:
+    spec = render_claim_spec(dv(contentType="archive"), CLUSTER)
+    assert spec["storageClassName"] == "local" and spec["volumeMode"] == "Filesystem"
+    assert spec["resources"]["requests"]["storage"] == str(required_space("0.055", 1024 ** 3))
+
+
+def test_given_volume_mode_picks_matching_access_modes() -> None:
+    spec = render_claim_spec(dv({"storageClassName": "fast", "volumeMode": "Filesystem"}), CLUSTER)
+    assert spec["accessModes"] == ["ReadWriteOnce"]
+    assert spec["resources"]["requests"]["storage"] == str(required_space("0.06", 1024 ** 3))
+
+
+def test_given_access_modes_pick_the_volume_mode() -> None:
+    spec = render_claim_spec(dv({"storageClassName": "fast", "accessModes": ["ReadWriteOnce"]}), CLUSTER)
+    assert spec["volumeMode"] == "Filesystem"
+
+
+def test_profile_minimum_size_is_applied() -> None:
+    spec = render_claim_spec(dv({"storageClassName": "block"}), CLUSTER)
+    assert spec["resources"]["requests"]["storage"] == str(4 * 1024 ** 3)
+
+
+def test_profile_without_claim_properties_is_an_invalid_claim() -> None:
+    cluster = ClusterStorage([sc("bare", default=True)], {"bare": {"status": {}}}, {})
+    with pytest.raises(RenderError, match="cannot get access mode from StorageProfile bare") as info:
+        render_claim_spec(dv(contentType="archive"), cluster)
+    assert info.value.reason == "ErrClaimNotValid"
+
+
+def test_no_storage_class_at_all_waits() -> None:
+    with pytest.raises(NoStorageClass):
+        render_claim_spec(dv(), ClusterStorage([], {}, {}))
+
+
+def test_archive_on_block_is_refused() -> None:
+    with pytest.raises(RenderError, match="ContentType Archive cannot have block volumeMode"):
+        render_claim_spec(dv({"volumeMode": "Block"}, contentType="archive"), CLUSTER)
