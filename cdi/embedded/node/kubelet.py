@@ -130,7 +130,7 @@ class ContainerRunner:
         config = self.worker.kubelet.config
         if self._crashes <= 1:
             return 0.0
-        return min(config.restart_backoff * 2 ** (self._crashes - 2), config.max_backoff)
+        return float(min(config.restart_backoff * 2 ** (self._crashes - 2), config.max_backoff))
 
     async def _pause(self, seconds: float) -> None:
         """Sleep unless woken (pod update) or stopping."""
@@ -542,7 +542,7 @@ class PodWorker:
             tasks = {asyncio.create_task(r.run()) for r in self.runners}
             stop = asyncio.ensure_future(self.terminating.wait())
             try:
-                running = set(tasks)
+                running: set[asyncio.Future[Any]] = set(tasks)
                 while running and not stop.done():
                     _, pending = await asyncio.wait(running | {stop}, return_when=asyncio.FIRST_COMPLETED)
                     running = pending - {stop}

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cdi.api.groups import ENDPOINTS, PODS, SERVICES
@@ -115,7 +115,7 @@ class EndpointsController(Controller):
         labels = {**(service["metadata"].get("labels") or {}),
                   "endpoints.kubernetes.io/managed-by": "endpoint-controller"}
         if current is None:
-            body = {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": name, "namespace": ns,
+            body: Obj = {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": name, "namespace": ns,
                                                                           "labels": labels}}
             if subsets:
                 body["subsets"] = subsets
@@ -210,8 +210,8 @@ class ServiceProxy:
             if address in self._servers:
                 continue
             try:
-                server = await asyncio.start_server(
-                    lambda r, w, a=address: self._accept(a, r, w), address[0], address[1], reuse_address=True)
+                server = await asyncio.start_server(self._acceptor(address), address[0], address[1],
+                                                    reuse_address=True)
             except OSError as exc:
                 log.warning("proxy: cannot listen on %s:%s for service %s/%s: %s", address[0], address[1],
                             target[0], target[1], exc)
@@ -224,7 +224,7 @@ class ServiceProxy:
             return None
         ns, name, port_name = target
         endpoints = self.api.get(ENDPOINTS, ns, name)
-        choices = []
+        choices: list[tuple[str, int]] = []
         for subset in (endpoints or {}).get("subsets") or []:
             port = next((p for p in subset.get("ports") or [] if p.get("name", "") == port_name), None)
             if port is None:
@@ -233,6 +233,9 @@ class ServiceProxy:
         if not choices:
             return None
         return choices[next(self._rr) % len(choices)]
+
+    def _acceptor(self, address: tuple[str, int]) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], None]:
+        return lambda reader, writer: self._accept(address, reader, writer)
 
     def _accept(self, address: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.create_task(self._forward(address, reader, writer))

@@ -145,20 +145,20 @@ class PodVolumes:
         if "projected" in volume:
             source = volume["projected"] or {}
             mode = int(source.get("defaultMode", 0o644))
-            files: dict[str, tuple[bytes, int]] = {}
+            combined: dict[str, tuple[bytes, int]] = {}
             for part in source.get("sources") or []:
                 if "secret" in part:
                     ref = part["secret"] or {}
-                    files.update(self._object_files("Secret", namespace, ref.get("name", ""), ref, mode))
+                    combined.update(self._object_files("Secret", namespace, ref.get("name", ""), ref, mode))
                 elif "configMap" in part:
                     ref = part["configMap"] or {}
-                    files.update(self._object_files("ConfigMap", namespace, ref.get("name", ""), ref, mode))
+                    combined.update(self._object_files("ConfigMap", namespace, ref.get("name", ""), ref, mode))
                 elif "downwardAPI" in part:
-                    files.update(self._downward((part["downwardAPI"] or {}).get("items") or [], mode))
+                    combined.update(self._downward((part["downwardAPI"] or {}).get("items") or [], mode))
                 elif "serviceAccountToken" in part:
                     path = (part["serviceAccountToken"] or {}).get("path", "token")
-                    files[_safe_relative(path)] = (b"", mode)  # no token issuer on the local node
-            return self._files(name, "projected", files)
+                    combined[_safe_relative(path)] = (b"", mode)  # no token issuer on the local node
+            return self._files(name, "projected", combined)
         raise VolumeError(f"volume {name}: unsupported volume source "
                           f"{', '.join(k for k in volume if k != 'name') or '(none)'}")
 

@@ -29,11 +29,13 @@ def default_class(classes: list[Obj]) -> str | None:
     if not marked:
         return None
     marked.sort(key=lambda c: (c["metadata"].get("creationTimestamp", ""), c["metadata"]["name"]))
-    return str(marked[-1]["metadata"]["name"])
+    name: str = marked[-1]["metadata"]["name"]
+    return name
 
 
 def _storage(obj: Obj | None) -> str | None:
-    return (((obj or {}).get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
+    value = (((obj or {}).get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
+    return None if value is None else str(value)
 
 
 class StorageAdmission:

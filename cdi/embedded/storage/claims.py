@@ -278,7 +278,7 @@ class ClaimController(Controller):
         capacity = spec["resources"]["requests"]["storage"]
         if record.size > size:
             capacity = format_bytes(record.size)
-        pv = {
+        pv: Obj = {
             "apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": pv_name, "annotations": {ann.PROVISIONED_BY: provisioner,
                                                           "volume.kubernetes.io/provisioner-deletion-secret-name": "",

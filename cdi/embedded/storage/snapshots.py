@@ -186,8 +186,8 @@ class SnapshotController(Controller):
         meta = vs["metadata"]
         content_name = (vs.get("status") or {}).get("boundVolumeSnapshotContentName")
         content = self.api.get(VOLUMESNAPSHOTCONTENTS, None, content_name) if content_name else None
-        if content is not None and (content.get("spec") or {}).get("deletionPolicy") == "Delete" and \
-                not content["metadata"].get("deletionTimestamp"):
+        if content_name and content is not None and (content.get("spec") or {}).get("deletionPolicy") == "Delete" \
+                and not content["metadata"].get("deletionTimestamp"):
             await self.api.delete(VOLUMESNAPSHOTCONTENTS, None, content_name)
         await self.api.remove_finalizer(VOLUMESNAPSHOTS, meta["namespace"], meta["name"], SNAPSHOT_BOUND)
 
