@@ -58,7 +58,12 @@ def test_sigterm_leaves_no_process_and_data_survives_restart(cdi_up: CdiUp, kube
     last = resumed_pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
     assert last["reason"] == "ContainerStatusUnknown"
     assert resumed_pod["status"]["podIP"] == get(k, "pod", "sleeper", ns)["status"]["podIP"]
-    k("delete", "namespace", ns, "--wait=false")
+
+    # even SIGKILL, which gives cdi up no chance to clean up, takes its containers down with it
+    wait_phase(k, ns, "stubborn", "Running")
+    wait_for(lambda: len(processes_mentioning(marker)) >= 2, 30, 0.1, message="containers running again")
+    cdi_up.stop(signal.SIGKILL)
+    wait_for(lambda: processes_mentioning(marker) == [], 10, 0.1, message="no container outlives cdi up")
 
 
 def _loop_devices_usable() -> bool:

@@ -88,6 +88,7 @@ class ContainerRunner:
         self._resumed = False
         self._started_at = time.monotonic()
         prev_state = (previous or {}).get("state") or {}
+        self._died_running = "running" in prev_state
         if "running" in prev_state:
             # it was running when the node went away: it died with the node
             self._resumed = True
@@ -95,9 +96,14 @@ class ContainerRunner:
                 "exitCode": 137, "reason": "ContainerStatusUnknown",
                 "message": "The container could not be located when the pod was terminated",
                 "startedAt": prev_state["running"].get("startedAt"), "finishedAt": now()}}
+        elif "waiting" in prev_state and "terminated" in self.last_state:
+            self._resumed = True  # it was waiting to be restarted: the next start is a restart
         elif "terminated" in prev_state:
-            self.state = {"terminated": prev_state["terminated"]}
-            if not self._restarts_after(int(prev_state["terminated"].get("exitCode", 0))):
+            if self._restarts_after(int(prev_state["terminated"].get("exitCode", 0))):
+                self.last_state = {"terminated": prev_state["terminated"]}
+                self._resumed = True
+            else:
+                self.state = {"terminated": prev_state["terminated"]}
                 self.finished.set()
 
     # -- status ------------------------------------------------------------------------------------
@@ -153,7 +159,7 @@ class ContainerRunner:
     async def _run(self) -> None:
         if self.finished.is_set():
             return
-        if self._resumed:
+        if self._died_running:
             self._crashes = 1
             if not self._restarts_after(137):
                 self.state, self.last_state = self.last_state, {}
@@ -237,6 +243,8 @@ class ContainerRunner:
         all_mounts = [*mounts, Mount(message_file, message_path)]
         spec = SandboxSpec(argv=argv, env=env, mounts=all_mounts, working_dir=self.spec.get("workingDir", ""),
                            hostname=worker.name, hide=kubelet.config.hide)
+        await worker.event("Pulled", f'Container image "{self.spec.get("image", "")}" already present on machine')
+        await worker.event("Created", f"Created container {self.name}")
         writer = kubelet.logs.open(self.dir / f"{self.restart_count}.log")
         self.process = ContainerProcess(spec, writer, kubelet.config.bwrap)
         started_at = now()
