@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cdi.cli.controller import add_settings_arguments, settings_from
+from cdi.cli.stack import CdiStack
 from cdi.embedded.cluster import ClusterConfig, EmbeddedCluster
 
 
@@ -22,6 +24,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--bookmark-interval", type=float, default=10.0, help="seconds between watch bookmarks")
     parser.add_argument("--token-auth-file", type=Path, default=None,
                         help='more users: CSV lines token,user,uid,"group1,group2" (as kube-apiserver)')
+    add_settings_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -41,12 +44,16 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await cluster.start()
-    print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
-    print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
+    stack = CdiStack(cluster.kubeconfig_path, settings_from(args))
     try:
+        await stack.start()
+        print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
+        print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
+        print(f"  controller metrics {stack.metrics_url}", flush=True)
         await stop.wait()
     finally:
         print("cdi up: stopping", flush=True)
+        await stack.stop()
         await cluster.stop()
         print("cdi up: stopped", flush=True)
 
