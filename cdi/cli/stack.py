@@ -10,6 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from cdi.api import groups
+from cdi.apiserver.server import CdiApiServer
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
 from cdi.kube import AlreadyExists, KubeClient
@@ -18,11 +19,13 @@ log = logging.getLogger(__name__)
 
 
 class CdiStack:
-    def __init__(self, kubeconfig: Path, settings: Settings | None = None) -> None:
+    def __init__(self, kubeconfig: Path, state_dir: Path, settings: Settings | None = None) -> None:
         self.kubeconfig = kubeconfig
+        self.state_dir = state_dir
         self.settings = settings or Settings()
         self.client: KubeClient | None = None
         self.manager: Manager | None = None
+        self.apiserver: CdiApiServer | None = None
         self._metrics: web.AppRunner | None = None
         self.metrics_url = ""
 
@@ -43,6 +46,9 @@ class CdiStack:
     async def start(self) -> None:
         self.client = await KubeClient.connect(self.kubeconfig)
         await self._bootstrap(self.client)
+        self.apiserver = CdiApiServer(self.client, self.settings.namespace, self.state_dir / "cdi-apiserver")
+        await self.apiserver.start()
+        await self.apiserver.register()
         self.manager = Manager(self.client, self.settings)
         self._metrics = web.AppRunner(self.manager.metrics_app(), access_log=None)
         await self._metrics.setup()
@@ -57,5 +63,7 @@ class CdiStack:
             await self.manager.stop()
         if self._metrics is not None:
             await self._metrics.cleanup()
+        if self.apiserver is not None:
+            await self.apiserver.stop()
         if self.client is not None:
             await self.client.close()

@@ -44,7 +44,7 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await cluster.start()
-    stack = CdiStack(cluster.kubeconfig_path, settings_from(args))
+    stack = CdiStack(cluster.kubeconfig_path, args.data_dir.resolve(), settings_from(args))
     try:
         await stack.start()
         print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
