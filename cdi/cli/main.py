@@ -7,7 +7,7 @@ import logging
 import sys
 
 from cdi import __version__
-from cdi.cli import demo, up
+from cdi.cli import controller, demo, up
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up.register(commands)
     demo.register(commands)
+    controller.register(commands)
     return parser
 
 

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cdi.cli.controller import add_settings_arguments, settings_from
+from cdi.cli.stack import CdiStack
 from cdi.embedded.cluster import ClusterConfig, EmbeddedCluster
 
 
@@ -31,6 +33,7 @@ def register(commands: Any) -> None:
                         help="seconds of the first CrashLoopBackOff delay (doubles up to 300; default 10)")
     parser.add_argument("--shutdown-grace", type=float, default=5.0,
                         help="seconds running containers get to exit when cdi up stops (default 5)")
+    add_settings_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -52,12 +55,16 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await cluster.start()
-    print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
-    print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
+    stack = CdiStack(cluster.kubeconfig_path, args.data_dir.resolve(), settings_from(args))
     try:
+        await stack.start()
+        print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
+        print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
+        print(f"  controller metrics {stack.metrics_url}", flush=True)
         await stop.wait()
     finally:
         print("cdi up: stopping", flush=True)
+        await stack.stop()
         await cluster.stop()
         print("cdi up: stopped", flush=True)
 

@@ -29,19 +29,21 @@ class Cause:
 class StatusError(Exception):
     code: int
     message: str
-    reason: str = ""
+    reason: str | None = None  # None: the usual reason for the code; "": none (as webhook denials may be)
     details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
-        if not self.reason:
+        if self.reason is None:
             self.reason = _REASONS.get(self.code, "Unknown")
 
     def body(self) -> dict[str, Any]:
         status: dict[str, Any] = {
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": self.message, "reason": self.reason, "code": self.code,
+            "message": self.message, "code": self.code,
         }
+        if self.reason:
+            status["reason"] = self.reason
         if self.details:
             status["details"] = self.details
         return status

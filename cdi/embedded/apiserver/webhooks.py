@@ -159,9 +159,11 @@ class WebhookAdmission:
         response = review.get("response") or {}
         request.ctx.warnings.extend(response.get("warnings") or [])
         if not response.get("allowed"):
+            # as kube-apiserver's ToStatusErr: the webhook's code (at least 400), reason and details
             status = response.get("status") or {}
-            code = int(status.get("code") or 403)
-            message = status.get("message") or ""
-            raise StatusError(code, f'admission webhook "{name}" denied the request: {message}',
-                              status.get("reason") or ("Forbidden" if code == 403 else ""))
+            code = max(int(status.get("code") or 400), 400)
+            message = status.get("message") or status.get("reason") or ""
+            denied = f'admission webhook "{name}" denied the request'
+            raise StatusError(code, f"{denied}: {message}" if message else f"{denied} without explanation",
+                              str(status.get("reason") or ""), dict(status.get("details") or {}))
         return response

@@ -1,0 +1,68 @@
+"""AdmissionReview v1 handlers for CDI's kinds. The rules themselves are pure functions in
+`cdi.api.validation`; what needs the cluster (does a PVC of that name already exist?) is looked up
+here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from cdi.api import groups
+from cdi.api.validation import Cause, rejection_message, validate_datavolume
+from cdi.api.views import dig
+from cdi.kube import KubeClient, NotFound
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+def review_response(review: Mapping[str, Any], causes: list[Cause] | None = None,
+                    code: int = 422) -> web.Response:
+    request = review.get("request") or {}
+    response: Obj = {"uid": request.get("uid", ""), "allowed": not causes}
+    if causes:
+        response["status"] = {
+            "status": "Failure", "code": code, "message": rejection_message(causes),
+            "details": {"causes": [{"type": c.reason, "message": c.message, "field": c.field} for c in causes]},
+        }
+    return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+
+
+class Admission:
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/datavolume-validate", self.validate_datavolume)]
+
+    async def validate_datavolume(self, http: web.Request) -> web.Response:
+        review = await http.json()
+        request = review.get("request") or {}
+        if request.get("operation") not in ("CREATE", "UPDATE"):
+            return review_response(review)
+        dv: Mapping[str, Any] = request.get("object") or {}
+        old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+        causes = validate_datavolume(dv, old)
+        if not causes and request.get("operation") == "CREATE":
+            causes = await self._claim_conflict(dv, request.get("namespace", ""))
+        return review_response(review, causes)
+
+    async def _claim_conflict(self, dv: Mapping[str, Any], namespace: str) -> list[Cause]:
+        """A PVC of the DataVolume's name that is not a DataVolume's would be taken over silently."""
+        name = str(dig(dv, "metadata", "name") or "")
+        try:
+            pvc = await self.client.get(groups.PVCS, name, namespace)
+        except NotFound:
+            return []
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        if annotations.get("cdi.kubevirt.io/storage.populatedFor") == name:
+            return []
+        if dig(dv, "metadata", "annotations", "cdi.kubevirt.io/allowClaimAdoption") == "true":
+            return []
+        owner = next((r for r in dig(pvc, "metadata", "ownerReferences") or [] if r.get("controller")), None)
+        if owner is not None and owner.get("kind") == "DataVolume":
+            return []
+        return [Cause("DataVolume.Name", f"Destination PVC {namespace}/{name} already exists", "FieldValueDuplicate")]

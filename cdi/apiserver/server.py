@@ -1,0 +1,105 @@
+"""The cdi-apiserver process: an HTTPS server for admission webhooks (and, from issue #6, the
+upload token API), plus what registers it with the cluster it serves."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from cdi.api import groups
+from cdi.apiserver.admission import Admission
+from cdi.common import pki
+from cdi.kube import AlreadyExists, KubeClient, NotFound
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "cdi-api"
+Obj = dict[str, Any]
+
+
+class CdiApiServer:
+    def __init__(self, client: KubeClient, namespace: str, state_dir: Path) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.dir = state_dir
+        self.admission = Admission(client)
+        self.ca: pki.KeyPair | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.add_routes(self.admission.routes())
+        app.router.add_get("/healthz", _healthz)
+        return app
+
+    def _certificates(self, hosts: list[str]) -> pki.KeyPair:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ca_crt, ca_key = self.dir / "ca.crt", self.dir / "ca.key"
+        if ca_crt.exists():
+            self.ca = pki.KeyPair.read(ca_crt, ca_key)
+        else:
+            self.ca = pki.make_ca("cdi-apiserver-ca")
+            self.ca.write(ca_crt, ca_key)
+        return pki.issue(self.ca, f"{SERVICE_NAME}.{self.namespace}.svc", hosts)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        names = [host, SERVICE_NAME, f"{SERVICE_NAME}.{self.namespace}", f"{SERVICE_NAME}.{self.namespace}.svc"]
+        context = pki.server_context(self._certificates(names), self.dir / "serving")
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=context)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _apply(self, gvr: groups.GVR, body: Obj, namespace: str | None = None) -> None:
+        name = body["metadata"]["name"]
+        try:
+            current = await self.client.get(gvr, name, namespace)
+        except NotFound:
+            try:
+                await self.client.create(gvr, body, namespace)
+            except AlreadyExists:
+                pass
+            return
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        await self.client.replace(gvr, body, namespace)
+
+    async def register(self, endpoint_ip: str = "127.0.0.1") -> None:
+        """Service + Endpoints pointing at this process, and the webhook configurations using them,
+        as CDI's operator installs them (service-addressed, with the CA bundle)."""
+        assert self.ca is not None
+        await self._apply(groups.SERVICES, {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": SERVICE_NAME, "namespace": self.namespace},
+            "spec": {"ports": [{"name": "https", "port": 443, "targetPort": self.port}]}}, self.namespace)
+        await self._apply(groups.ENDPOINTS, {
+            "apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": SERVICE_NAME, "namespace": self.namespace},
+            "subsets": [{"addresses": [{"ip": endpoint_ip}], "ports": [{"name": "https", "port": self.port}]}]},
+            self.namespace)
+        bundle = base64.b64encode(self.ca.cert_pem).decode()
+        await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
+
+
+def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
+    def hook(name: str, path: str, resource: str, operations: list[str]) -> Obj:
+        return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+                "clientConfig": {"service": {"namespace": namespace, "name": SERVICE_NAME, "path": path,
+                                             "port": 443}, "caBundle": ca_bundle},
+                "rules": [{"operations": operations, "apiGroups": [groups.CDI_GROUP],
+                           "apiVersions": [groups.CDI_VERSION], "resources": [resource], "scope": "*"}]}
+
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "cdi-api-datavolume-validate", "labels": {"cdi.kubevirt.io": ""}},
+            "webhooks": [hook("datavolume-validate.cdi.kubevirt.io", "/datavolume-validate", "datavolumes",
+                              ["CREATE", "UPDATE"])]}
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")

@@ -1,0 +1,65 @@
+"""`cdi controller`: the CDI controller for a real cluster (in-cluster config or a kubeconfig).
+`cdi up` runs the same Manager in-process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from typing import Any
+
+from aiohttp import web
+
+from cdi.controller.manager import Manager
+from cdi.controller.runtime import Settings
+from cdi.kube import KubeClient
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--importer-image", default="cdi-importer", help="image of importer pods")
+    parser.add_argument("--uploadserver-image", default="cdi-uploadserver", help="image of upload-server pods")
+    parser.add_argument("--import-retries", type=int, default=5,
+                        help="retry budget for transient import failures (per import)")
+    parser.add_argument("--retry-backoff", type=float, default=2.0,
+                        help="first retry delay in seconds; doubles each attempt (max 5 minutes)")
+
+
+def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
+    return Settings(importer_image=args.importer_image, uploadserver_image=args.uploadserver_image,
+                    retry_budget=args.import_retries, retry_base=args.retry_backoff, **extra)
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("controller", help="run the CDI controller against a cluster")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, then in-cluster)")
+    parser.add_argument("--namespace", default="cdi", help="namespace CDI runs in (leader-election lease)")
+    parser.add_argument("--metrics-listen", default="0.0.0.0:8080", help="HOST:PORT of /metrics and /healthz")
+    parser.add_argument("--no-leader-election", action="store_true")
+    add_settings_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with await KubeClient.connect(args.kubeconfig) as client:
+        manager = Manager(client, settings_from(args, namespace=args.namespace,
+                                                leader_election=not args.no_leader_election))
+        runner = web.AppRunner(manager.metrics_app(), access_log=None)
+        await runner.setup()
+        host, _, port = args.metrics_listen.rpartition(":")
+        await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+        await manager.start()
+        print("cdi controller: running", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await manager.stop()
+            await runner.cleanup()
+
+
+def run(args: argparse.Namespace) -> int:
+    asyncio.run(serve(args))
+    return 0

@@ -1,0 +1,69 @@
+"""CDI's own components on top of a cluster, in one process: what `cdi up` and `cdi demo` run on
+the embedded control plane (on a real cluster each is a Deployment of its own). They reach the API
+server only through its kubeconfig, as they would anywhere."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from aiohttp import web
+
+from cdi.api import groups
+from cdi.apiserver.server import CdiApiServer
+from cdi.controller.manager import Manager
+from cdi.controller.runtime import Settings
+from cdi.kube import AlreadyExists, KubeClient
+
+log = logging.getLogger(__name__)
+
+
+class CdiStack:
+    def __init__(self, kubeconfig: Path, state_dir: Path, settings: Settings | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.state_dir = state_dir
+        self.settings = settings or Settings()
+        self.client: KubeClient | None = None
+        self.manager: Manager | None = None
+        self.apiserver: CdiApiServer | None = None
+        self._metrics: web.AppRunner | None = None
+        self.metrics_url = ""
+
+    async def _bootstrap(self, client: KubeClient) -> None:
+        """What installing CDI creates: its namespace and the CDI resource."""
+        for gvr, body in (
+            (groups.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                 "metadata": {"name": self.settings.namespace}}),
+            (groups.CDIS, {"apiVersion": groups.CDI_API_VERSION, "kind": "CDI",
+                           "metadata": {"name": groups.CDI_CR_NAME},
+                           "spec": {"imagePullPolicy": "IfNotPresent", "config": {}}}),
+        ):
+            try:
+                await client.create(gvr, body)
+            except AlreadyExists:
+                pass
+
+    async def start(self) -> None:
+        self.client = await KubeClient.connect(self.kubeconfig)
+        await self._bootstrap(self.client)
+        self.apiserver = CdiApiServer(self.client, self.settings.namespace, self.state_dir / "cdi-apiserver")
+        await self.apiserver.start()
+        await self.apiserver.register()
+        self.manager = Manager(self.client, self.settings)
+        self._metrics = web.AppRunner(self.manager.metrics_app(), access_log=None)
+        await self._metrics.setup()
+        site = web.TCPSite(self._metrics, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.metrics_url = f"http://127.0.0.1:{port}/metrics"
+        await self.manager.start()
+
+    async def stop(self) -> None:
+        if self.manager is not None:
+            await self.manager.stop()
+        if self._metrics is not None:
+            await self._metrics.cleanup()
+        if self.apiserver is not None:
+            await self.apiserver.stop()
+        if self.client is not None:
+            await self.client.close()

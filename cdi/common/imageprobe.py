@@ -1,0 +1,75 @@
+"""What the first bytes of a disk image say (compression, container format), and the one rule
+that decides whether an import needs scratch space.
+
+The controller applies the rule before it creates the importer pod (so there is no throw-away first
+pod, as in CDI); the importer applies the same rule when it picks its route. Keeping both here is
+what keeps them from disagreeing."""
+
+from __future__ import annotations
+
+import lzma
+import zlib
+from typing import Final
+
+import zstandard
+
+GZIP, XZ, ZSTD = "gz", "xz", "zst"
+RAW, QCOW2, VMDK, VHD, VHDX, VDI, ISO = "raw", "qcow2", "vmdk", "vhd", "vhdx", "vdi", "iso"
+CONVERTED: Final = frozenset({QCOW2, VMDK, VHD, VHDX, VDI})
+HEAD_BYTES: Final = 64 * 1024
+
+
+def detect_compression(head: bytes) -> str | None:
+    if head.startswith(b"\x1f\x8b"):
+        return GZIP
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return XZ
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        return ZSTD
+    return None
+
+
+def decompress_head(head: bytes, kind: str, limit: int = HEAD_BYTES) -> bytes:
+    """As much decompressed output as the compressed head yields (up to `limit`); b"" if none."""
+    try:
+        if kind == GZIP:
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, limit)
+        if kind == XZ:
+            return lzma.LZMADecompressor().decompress(head, max_length=limit)
+        if kind == ZSTD:
+            return zstandard.ZstdDecompressor().decompressobj().decompress(head)[:limit]
+    except (zlib.error, lzma.LZMAError, zstandard.ZstdError):
+        return b""
+    return head
+
+
+def detect_format(head: bytes) -> str:
+    """The container format by magic; anything unrecognised is raw (ISO is raw with a label)."""
+    if head.startswith(b"QFI\xfb"):
+        return QCOW2
+    if head.startswith(b"KDMV") or head.startswith(b"# Disk DescriptorFile"):
+        return VMDK
+    if head.startswith(b"vhdxfile"):
+        return VHDX
+    if head.startswith(b"conectix"):
+        return VHD
+    if head[0x40:0x44] == b"\x7f\x10\xda\xbe":
+        return VDI
+    if head[0x8001:0x8006] == b"CD001":
+        return ISO
+    return RAW
+
+
+def sniff(head: bytes) -> tuple[str | None, str]:
+    """(compression, format) of an image from its first bytes."""
+    compression = detect_compression(head)
+    inner = decompress_head(head, compression) if compression else head
+    return compression, detect_format(inner)
+
+
+def needs_scratch(fmt: str, compression: str | None, ranges: bool, *, sequential_only: bool = False) -> bool:
+    """Scratch is needed only where qemu-img must convert and cannot read the source by ranges: a
+    compressed non-raw image, a server without Range support, or a stream (registry layer, upload)."""
+    if fmt not in CONVERTED:
+        return False
+    return compression is not None or not ranges or sequential_only

@@ -1,0 +1,84 @@
+"""CDIConfig `config`: its spec comes from the CDI resource's `spec.config` when there is one (the
+operator's job in CDI), and its status is the effective configuration every other reconciler reads:
+filesystem overhead per storage class, scratch class, pod resources, proxy, preallocation, the
+upload proxy URL."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cdi.api import groups
+from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
+from cdi.api.views import dig
+from cdi.controller.runtime import Reconciler
+from cdi.kube import AlreadyExists
+
+Obj = dict[str, Any]
+_PERCENT = re.compile(r"^(0(?:\.\d{1,3})?|1)$")
+DEFAULT_POD_RESOURCES: Mapping[str, Any] = {
+    "limits": {"cpu": "750m", "memory": "600M"}, "requests": {"cpu": "100m", "memory": "60M"}}
+CONFIG_KEY = groups.CDI_CONFIG_NAME
+
+
+def effective_status(spec: Mapping[str, Any], storage_classes: Sequence[Mapping[str, Any]],
+                     upload_proxy_url: str) -> Obj:
+    overhead = spec.get("filesystemOverhead") or {}
+    global_overhead = str(overhead.get("global") or "")
+    if not _PERCENT.match(global_overhead):
+        global_overhead = DEFAULT_FILESYSTEM_OVERHEAD
+    per_class: dict[str, str] = {}
+    wanted = overhead.get("storageClass") or {}
+    for sc in storage_classes:
+        name = str(dig(sc, "metadata", "name"))
+        value = str(wanted.get(name, ""))
+        per_class[name] = value if _PERCENT.match(value) else global_overhead
+    names = set(per_class)
+    status: Obj = {
+        "filesystemOverhead": {"global": global_overhead, "storageClass": per_class},
+        "defaultPodResourceRequirements": dict(spec.get("podResourceRequirements") or DEFAULT_POD_RESOURCES),
+        "preallocation": bool(spec.get("preallocation")),
+        "scratchSpaceStorageClass": spec.get("scratchSpaceStorageClass")
+        if spec.get("scratchSpaceStorageClass") in names else "",
+    }
+    if spec.get("importProxy"):
+        status["importProxy"] = dict(spec["importProxy"])
+    if spec.get("imagePullSecrets"):
+        status["imagePullSecrets"] = list(spec["imagePullSecrets"])
+    url = spec.get("uploadProxyURLOverride") or upload_proxy_url
+    if url:
+        status["uploadProxyURL"] = url
+    return status
+
+
+class ConfigReconciler(Reconciler):
+    name = "cdiconfig"
+
+    async def reconcile(self, key: str) -> float | None:
+        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
+        config = self.ctx.cached(groups.CDICONFIGS, CONFIG_KEY)
+        desired_spec = dict((cdi.get("spec") or {}).get("config") or {}) if cdi else None
+        if config is None:
+            body = {"apiVersion": groups.CDI_API_VERSION, "kind": "CDIConfig", "metadata": {"name": CONFIG_KEY},
+                    "spec": desired_spec or {}}
+            try:
+                config = await self.ctx.client.create(groups.CDICONFIGS, body)
+            except AlreadyExists:
+                return 0.2
+        elif desired_spec is not None and (config.get("spec") or {}) != desired_spec:
+            config = await self.ctx.client.patch(groups.CDICONFIGS, CONFIG_KEY, [
+                {"op": "replace", "path": "/spec", "value": desired_spec}], patch_type="json")
+        status = effective_status(config.get("spec") or {}, self.ctx.cached_list(groups.STORAGECLASSES),
+                                  self.ctx.settings.upload_proxy_url)
+        if status != config.get("status"):
+            await self.ctx.client.patch(groups.CDICONFIGS, CONFIG_KEY, {"status": status}, subresource="status")
+        if cdi is not None and (cdi.get("status") or {}).get("phase") != "Deployed":
+            await self.ctx.client.patch(groups.CDIS, str(dig(cdi, "metadata", "name")), {"status": {
+                "phase": "Deployed", "conditions": [
+                    {"type": "Available", "status": "True", "reason": "Available", "message": ""},
+                    {"type": "Progressing", "status": "False", "reason": "", "message": ""},
+                    {"type": "Degraded", "status": "False", "reason": "", "message": ""}],
+                "operatorVersion": "cdi-py", "targetVersion": "cdi-py", "observedVersion": "cdi-py"}},
+                subresource="status")
+        return None

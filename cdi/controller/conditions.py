@@ -1,0 +1,95 @@
+"""DataVolume conditions (Bound, Running, Ready) exactly as CDI sets them: what changes a
+transition time, what only a heartbeat, and how PVC annotations written by the worker-pod
+controllers become the Running condition."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api import annotations as ann
+from cdi.api.views import dig
+
+Obj = dict[str, Any]
+Body = Mapping[str, Any]
+
+POD_RUNNING_REASON = "Pod is running"
+SCRATCH_REQUIRED_REASON = "Scratch space required"
+IMAGE_PULL_FAILED_REASON = "ImagePullFailed"
+TRANSFER_RUNNING = "TransferRunning"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def find(conditions: list[Obj], type_: str) -> Obj | None:
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def update(conditions: list[Obj], type_: str, status: str, message: str, reason: str) -> list[Obj]:
+    """A new status stamps the transition; a new reason or message only the heartbeat."""
+    condition = find(conditions, type_)
+    if condition is None:
+        condition = {"type": type_}
+        conditions.append(condition)
+    stamp = now()
+    if condition.get("status") != status:
+        condition.update(lastTransitionTime=stamp, lastHeartbeatTime=stamp, message=message, reason=reason)
+    elif condition.get("message") != message or condition.get("reason") != reason:
+        condition.update(lastHeartbeatTime=stamp, message=message, reason=reason)
+    condition["status"] = status
+    return conditions
+
+
+def update_bound(conditions: list[Obj], pvc: Body | None, message: str = "", reason: str = "") -> list[Obj]:
+    if pvc is None:
+        update(conditions, "Bound", "False", message or "No PVC found", reason or "NotFound")
+        return update(conditions, "Ready", "False", "", "")
+    name = dig(pvc, "metadata", "name")
+    phase = dig(pvc, "status", "phase")
+    annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    claim_condition = annotations.get(ann.CONDITION_BOUND)
+    if phase == "Bound":
+        if claim_condition in (None, "true"):
+            return update(conditions, "Bound", "True", f"PVC {name} Bound", "Bound")
+        update(conditions, "Bound", "False", annotations.get(ann.CONDITION_BOUND_MESSAGE, ""),
+               annotations.get(ann.CONDITION_BOUND_REASON, ""))
+    elif phase == "Pending":
+        if claim_condition in (None, "true"):
+            update(conditions, "Bound", "False", f"PVC {name} Pending", "Pending")
+        else:
+            update(conditions, "Bound", "False",
+                   f"target PVC {name} Pending and {annotations.get(ann.CONDITION_BOUND_MESSAGE, '')}",
+                   annotations.get(ann.CONDITION_BOUND_REASON, ""))
+    elif phase == "Lost":
+        update(conditions, "Bound", "False", "Claim Lost", "ClaimLost")
+    else:
+        update(conditions, "Bound", "False", "", "")
+    return update(conditions, "Ready", "False", "", "")
+
+
+def update_running(conditions: list[Obj], annotations: Mapping[str, str]) -> list[Obj]:
+    if annotations.get(ann.POD_SCHEDULABLE) == "false":
+        return update(conditions, "Running", "False", "Importer pod cannot be scheduled", "Unschedulable")
+    value = annotations.get(ann.CONDITION_RUNNING)
+    message = annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
+    reason = annotations.get(ann.CONDITION_RUNNING_REASON, "")
+    if value is None or value.lower() == "false":
+        return update(conditions, "Running", "False", message, reason)
+    if value.lower() == "true":
+        update(conditions, "Running", "True", message, reason)
+        return update(conditions, "Ready", "False", "", TRANSFER_RUNNING)
+    return update(conditions, "Running", "Unknown", message, reason)
+
+
+def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "") -> None:
+    conditions: list[Obj] = [dict(c) for c in status.get("conditions") or []]
+    phase = status.get("phase")
+    ready = "True" if phase == "Succeeded" else "Unknown" if phase == "Unknown" else "False"
+    update_bound(conditions, pvc, message, reason)
+    update(conditions, "Ready", ready, message, reason)
+    annotations: Mapping[str, str] = (dig(pvc, "metadata", "annotations") or {}) if pvc else {}
+    update_running(conditions, annotations)
+    status["conditions"] = conditions

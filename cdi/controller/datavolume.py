@@ -1,0 +1,261 @@
+"""The DataVolume reconciler: renders and creates the PVC (annotated with what to import), and
+derives the DataVolume's phase, conditions, progress, restart count and events from the PVC and
+the annotations the import reconciler keeps on it, exactly as CDI names them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from cdi.api import annotations as ann
+from cdi.api import groups
+from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
+from cdi.api.views import DataVolumeView, dig
+from cdi.controller import conditions
+from cdi.controller.progress import format_progress, scrape
+from cdi.controller.rendering import ClusterStorage, NoStorageClass, RenderError, render_claim_spec
+from cdi.controller.runtime import Context, Reconciler
+from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
+from cdi.kube.events import EventType
+
+Obj = dict[str, Any]
+Body = Mapping[str, Any]
+Event = tuple[EventType, str, str]
+
+IMPORT_SOURCES = {"http", "s3", "gcs", "registry", "blank"}
+# annotations users put on a DataVolume that CDI passes to its PVC and worker pods
+_PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
+                       ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED)
+PRIORITY_CLASS = "cdi.kubevirt.io/storage.pod.priorityclassname"
+SERVICE_ACCOUNT = "cdi.kubevirt.io/storage.pod.serviceaccountname"
+
+
+def _passes_label(key: str) -> bool:
+    """CDI propagates only kubevirt.io labels (e.g. instancetype.kubevirt.io/default-preference)."""
+    prefix = key.split("/", 1)[0] if "/" in key else ""
+    return prefix == "kubevirt.io" or prefix.endswith(".kubevirt.io")
+
+
+def import_annotations(dv: Body) -> dict[str, str]:
+    """What the import reconciler needs to know, written on the PVC (CDI's PVC import API)."""
+    view = DataVolumeView(dv)
+    kind = view.source_kind or ""
+    source: Body = view.source.get(kind) or {}
+    out: dict[str, str] = {ann.IMPORT_SOURCE: kind, ann.CONTENT_TYPE: view.content_type}
+    if kind in ("http", "s3", "gcs"):
+        out[ann.IMPORT_ENDPOINT] = str(source.get("url", ""))
+    elif kind == "registry":
+        out[ann.IMPORT_ENDPOINT] = str(source.get("url") or source.get("imageStream") or "")
+        out[ann.IMPORT_REGISTRY_IMPORT_METHOD] = str(source.get("pullMethod") or "pod")
+        if dig(source, "platform", "architecture"):
+            out[ann.IMPORT_REGISTRY_ARCHITECTURE] = str(source["platform"]["architecture"])
+    for key, field in ((ann.IMPORT_SECRET, "secretRef"), (ann.IMPORT_CERT_CONFIGMAP, "certConfigMap"),
+                       (ann.IMPORT_CHECKSUM, "checksum")):
+        if source.get(field):
+            out[key] = str(source[field])
+    if source.get("extraHeaders"):
+        out[ann.IMPORT_EXTRA_HEADERS] = json.dumps(list(source["extraHeaders"]))
+    if source.get("secretExtraHeaders"):
+        out[ann.IMPORT_SECRET_EXTRA_HEADERS] = json.dumps(list(source["secretExtraHeaders"]))
+    if source.get("insecureSkipVerify"):
+        out[ann.IMPORT_INSECURE_SKIP_VERIFY] = "true"
+    return out
+
+
+class DataVolumeReconciler(Reconciler):
+    name = "datavolume"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._session: aiohttp.ClientSession | None = None
+        self.pending_on_storage: set[str] = set()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def cluster_storage(self) -> ClusterStorage:
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+        profiles = {str(dig(p, "metadata", "name")): p for p in self.ctx.cached_list(groups.STORAGEPROFILES)}
+        return ClusterStorage(self.ctx.cached_list(groups.STORAGECLASSES), profiles, config.get("status") or {})
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace, name = split_key(key)
+        dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
+        if dv is None or dig(dv, "metadata", "deletionTimestamp"):
+            self._set_pending(key, False)
+            return None
+        view = DataVolumeView(dv)
+        kind = view.source_kind
+        if kind not in IMPORT_SOURCES and kind != "upload":
+            return None  # clones and populators are reconciled elsewhere
+        pvc = self.ctx.cached(groups.PVCS, name, namespace)
+        if pvc is None:
+            if view.phase in ("Succeeded", "Failed") and view.status.get("claimName"):
+                return await self._update_status(dv, None, message="PVC was deleted", reason="ClaimLost")
+            return await self._create_claim(dv)
+        controller = next((r for r in dig(pvc, "metadata", "ownerReferences") or [] if r.get("controller")), None)
+        if controller is None or controller.get("uid") != view.uid:
+            message = f'Resource "{name}" already exists and is not managed by DataVolume'
+            self.ctx.recorder.record(dv, WARNING, "ErrResourceExists", message)
+            return await self._update_status(dv, None, message=message, reason="ErrResourceExists")
+        self._set_pending(key, False)
+        return await self._update_status(dv, pvc)
+
+    def _set_pending(self, key: str, pending: bool) -> None:
+        if pending:
+            self.pending_on_storage.add(key)
+        else:
+            self.pending_on_storage.discard(key)
+        self.ctx.metrics.datavolume_pending.set(len(self.pending_on_storage))
+
+    async def _create_claim(self, dv: Body) -> float | None:
+        view = DataVolumeView(dv)
+        try:
+            spec = render_claim_spec(dv, self.cluster_storage())
+        except NoStorageClass as exc:
+            self._set_pending(view.key, True)
+            return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")
+        except RenderError as exc:
+            self.ctx.recorder.record(dv, WARNING, exc.reason, str(exc))
+            return await self._update_status(dv, None, message=str(exc), reason=exc.reason, phase="Pending")
+        self._set_pending(view.key, False)
+        annotations = {k: v for k, v in view.annotations.items() if k in _PASSED_ANNOTATIONS}
+        if view.source_kind == "upload":
+            annotations[ann.UPLOAD_TARGET] = ""
+            annotations[ann.CONTENT_TYPE] = view.content_type
+        else:
+            annotations.update(import_annotations(dv))
+        preallocation = view.spec.get("preallocation")
+        if preallocation is not None:
+            annotations[ann.PREALLOCATION_REQUESTED] = "true" if preallocation else "false"
+        if view.spec.get("priorityClassName"):
+            annotations[PRIORITY_CLASS] = str(view.spec["priorityClassName"])
+        if view.spec.get("serviceAccountName"):
+            annotations[SERVICE_ACCOUNT] = str(view.spec["serviceAccountName"])
+        annotations[ann.CREATED_FOR_DATAVOLUME] = view.uid
+        labels = {k: v for k, v in view.labels.items() if _passes_label(k)}
+        labels[ann.LABEL_APP] = ann.LABEL_APP_VALUE
+        labels[ann.LABEL_FILLING_UP_ALERT] = "disabled"
+        claim = {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": view.name, "namespace": view.namespace, "labels": labels,
+                         "annotations": annotations, "ownerReferences": [{
+                             "apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
+                             "uid": view.uid, "controller": True, "blockOwnerDeletion": True}]},
+            "spec": spec,
+        }
+        try:
+            created = await self.ctx.client.create(groups.PVCS, claim, view.namespace)
+        except AlreadyExists:
+            return 0.5  # our cache is behind; look again
+        return await self._update_status(dv, created)
+
+    async def _update_status(self, dv: Body, pvc: Body | None, *, message: str = "", reason: str = "",
+                             phase: str | None = None) -> float | None:
+        view = DataVolumeView(dv)
+        status: Obj = json.loads(json.dumps(view.status))
+        old_phase = status.get("phase", "")
+        old_conditions = json.loads(json.dumps(status.get("conditions") or []))
+        event: Event | None = None
+        requeue: float | None = None
+        status.setdefault("progress", PROGRESS_UNKNOWN)
+        if phase is not None:
+            status["phase"] = phase
+        elif pvc is None:
+            if not old_phase:
+                status["phase"] = "Pending"
+        elif not dig(pvc, "metadata", "deletionTimestamp"):
+            status["claimName"] = dig(pvc, "metadata", "name")
+            event, requeue = await self._phase_from_claim(view, pvc, status)
+            restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
+            if restarts.isdigit():
+                status["restartCount"] = int(restarts)
+        conditions.update_all(status, pvc, message, reason)
+        if status == view.status:
+            return requeue
+        await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"status": status}, view.namespace,
+                                    subresource="status")
+        if event is not None and status.get("phase") != old_phase:
+            self.ctx.recorder.record(dv, *event)
+        self._condition_events(dv, old_conditions, status["conditions"])
+        return requeue
+
+    def _condition_events(self, dv: Body, before: list[Obj], after: list[Obj]) -> None:
+        bound, was_bound = conditions.find(after, "Bound"), conditions.find(before, "Bound")
+        if bound and bound.get("reason") and (was_bound is None or any(
+                bound.get(k) != was_bound.get(k) for k in ("status", "reason", "message"))):
+            self.ctx.recorder.record(dv, NORMAL, str(bound["reason"]), str(bound.get("message", "")))
+        ready, running = conditions.find(after, "Ready"), conditions.find(after, "Running")
+        was_running = conditions.find(before, "Running")
+        if ready and running and bound and ready.get("status") == "False" and running.get("status") == "False" \
+                and bound.get("status") == "True" and running.get("message") and \
+                running.get("message") != "Scratch space required" and \
+                (was_running is None or was_running.get("message") != running.get("message")):
+            self.ctx.recorder.record(dv, WARNING, str(running.get("reason", "")), str(running["message"]))
+
+    async def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
+                                status: Obj) -> tuple[Event | None, float | None]:
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        name = str(dig(pvc, "metadata", "name"))
+        claim_phase = dig(pvc, "status", "phase")
+        pod_phase = annotations.get(ann.POD_PHASE, "")
+        upload = ann.UPLOAD_TARGET in annotations
+        if pod_phase == "Succeeded":
+            status["phase"], status["progress"] = "Succeeded", PROGRESS_COMPLETE
+            what = "Upload" if upload else "Import"
+            message = f"Successfully {'uploaded' if upload else 'imported'} into PVC {name}"
+            return (NORMAL, f"{what}Succeeded", message), None
+        if claim_phase == "Pending":
+            storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
+            wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
+            if wffc and annotations.get(ann.BIND_IMMEDIATE) not in ("true", ""):
+                status["phase"] = "WaitForFirstConsumer"
+                return None, None
+            if not (wffc and pod_phase):
+                status["phase"] = "Pending"
+                return None, None
+        elif claim_phase == "Lost":
+            status["phase"] = "Failed"
+            return (WARNING, "ErrClaimLost", f"PVC {name} lost"), None
+        elif claim_phase != "Bound":
+            status["phase"] = "Unknown" if claim_phase else status.get("phase", "Pending")
+            return None, None
+        if upload:
+            return self._upload_phase(annotations, name, status), None
+        if pod_phase == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
+            status["phase"] = "Failed"
+            return (WARNING, "ImportFailed", f"Failed to import into PVC {name}"), None
+        if pod_phase == "Running":
+            status["phase"] = "ImportInProgress"
+            await self._refresh_progress(view, annotations, status)
+            return (NORMAL, "ImportInProgress", f"Import into {name} in progress"), self.ctx.settings.progress_interval
+        status["phase"] = "ImportScheduled"
+        return (NORMAL, "ImportScheduled", f"Import into {name} scheduled"), None
+
+    def _upload_phase(self, annotations: Mapping[str, str], name: str, status: Obj) -> Event | None:
+        if annotations.get(ann.POD_PHASE) == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
+            status["phase"] = "Failed"
+            return WARNING, "UploadFailed", f"Upload into {name} failed"
+        if annotations.get(ann.POD_READY) == "true":
+            status["phase"] = "UploadReady"
+            return NORMAL, "UploadReady", f"Upload into {name} ready"
+        status["phase"] = "UploadScheduled"
+        return NORMAL, "UploadScheduled", f"Upload into {name} scheduled"
+
+    async def _refresh_progress(self, view: DataVolumeView, annotations: Mapping[str, str], status: Obj) -> None:
+        pod_name = annotations.get(ann.IMPORT_POD_NAME)
+        pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
+        pod_ip = dig(pod, "status", "podIP") if pod else None
+        if not pod_ip:
+            return
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        value = await scrape(self._session, str(pod_ip), view.uid)
+        if value is not None:
+            # 100 is held back until the importer's result is in: conversion may still be running
+            status["progress"] = format_progress(min(value, 99.99))
+            self.ctx.metrics.import_progress.labels(view.uid).set(value)

@@ -1,0 +1,347 @@
+"""The import reconciler: for every PVC that asks for an import (CDI's annotations, written by the
+DataVolume reconciler or by a user), decide scratch up front, run the importer pod, mirror the pod
+into the PVC's annotations, and decide retries from the importer's own verdict.
+
+The importer reports `reason` and `retryable` in its termination message. A permanent failure
+(bad checksum, image too large, 404, refused credentials ...) ends the import at once, and nothing
+is downloaded again; a transient one is retried with exponential backoff until the retry budget is
+spent. `storage.pod.restarts` counts the retries, so DataVolume `restartCount` stays meaningful."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api import annotations as ann
+from cdi.api import groups
+from cdi.api.quantity import parse_bytes
+from cdi.api.sizing import required_space, round_up, usable_space
+from cdi.api.views import dig
+from cdi.controller import conditions
+from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, pod_name
+from cdi.controller.probe import scratch_required
+from cdi.controller.runtime import Context, Reconciler
+from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+
+Obj = dict[str, Any]
+Body = Mapping[str, Any]
+RETRY_BUDGET_ANNOTATION = "cdi.kubevirt.io/storage.import.retryBudget"
+
+
+def is_import_claim(pvc: Body) -> bool:
+    annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    return ann.IMPORT_ENDPOINT in annotations or annotations.get(ann.IMPORT_SOURCE) in ("blank", "none")
+
+
+def termination(pod: Body) -> tuple[str, Obj]:
+    """(terminated reason, parsed termination message) of the pod's importer container."""
+    for status in dig(pod, "status", "containerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated")
+        if terminated:
+            text = terminated.get("message") or ""
+            try:
+                message = json.loads(text)
+            except ValueError:
+                message = {"message": text.strip()[-2000:], "reason": "InternalError", "retryable": True}
+            if not isinstance(message, dict):
+                message = {"message": str(message), "reason": "InternalError", "retryable": True}
+            return str(terminated.get("reason") or ""), message
+    return "", {}
+
+
+def _time(seconds_from_now: float) -> str:
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds_from_now)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _seconds_until(stamp: str) -> float:
+    try:
+        moment = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return (moment - datetime.datetime.now(datetime.UTC)).total_seconds()
+
+
+class ImportReconciler(Reconciler):
+    name = "import"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+
+    def _config_status(self) -> Body:
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+        status: Body = config.get("status") or {}
+        return status
+
+    def worker_settings(self) -> WorkerSettings:
+        status = self._config_status()
+        settings = self.ctx.settings
+        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None) or {}
+        return WorkerSettings(
+            importer_image=settings.importer_image, pull_policy=settings.pull_policy,
+            resources=status.get("defaultPodResourceRequirements"), import_proxy=status.get("importProxy"),
+            insecure_registries=tuple(dig(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {},
+                                          "spec", "insecureRegistries") or ()),
+            image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
+            node_placement=dig(cdi, "spec", "workload") or {},
+        )
+
+    def overhead(self, storage_class: str | None) -> str:
+        overhead = self._config_status().get("filesystemOverhead") or {}
+        per_class = overhead.get("storageClass") or {}
+        return str(per_class.get(storage_class or "", overhead.get("global") or "0.06"))
+
+    async def _annotate(self, pvc: Body, changes: Mapping[str, str | None]) -> None:
+        current: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        if all(current.get(k) == v for k, v in changes.items()):
+            return
+        await self.ctx.client.patch(groups.PVCS, str(dig(pvc, "metadata", "name")),
+                                    {"metadata": {"annotations": dict(changes)}},
+                                    str(dig(pvc, "metadata", "namespace")))
+
+    def _dv_of(self, pvc: Body) -> Body | None:
+        for ref in dig(pvc, "metadata", "ownerReferences") or []:
+            if ref.get("kind") == "DataVolume":
+                return self.ctx.cached(groups.DATAVOLUMES, str(ref["name"]), str(dig(pvc, "metadata", "namespace")))
+        return None
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace, name = split_key(key)
+        pvc = self.ctx.cached(groups.PVCS, name, namespace)
+        if pvc is None or dig(pvc, "metadata", "deletionTimestamp") or not is_import_claim(pvc):
+            return None
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        attempt = int(annotations.get(ann.POD_RESTARTS, "0") or 0)
+        current_name = annotations.get(ann.IMPORT_POD_NAME) or pod_name(name, attempt)
+        pod = self.ctx.cached(groups.PODS, current_name, namespace)
+        if annotations.get(ann.POD_PHASE) == "Succeeded" or annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
+            await self._cleanup(pvc, pod, succeeded=annotations.get(ann.POD_PHASE) == "Succeeded")
+            return None
+        if pod is not None:
+            return await self._observe(pvc, pod, attempt)
+        return await self._start(pvc, attempt)
+
+    # -- starting --------------------------------------------------------------------------------------
+
+    async def _start(self, pvc: Body, attempt: int) -> float | None:
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        wait = _seconds_until(annotations.get(ann.IMPORT_NEXT_RETRY, ""))
+        if wait > 0:
+            return wait
+        if dig(pvc, "status", "phase") != "Bound":
+            storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
+            wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
+            immediate = annotations.get(ann.BIND_IMMEDIATE) in ("true", "")
+            if not (wffc and immediate):
+                return None  # the provisioner binds it, or a consumer will
+        in_use = self._used_by_other_pod(pvc)
+        if in_use:
+            dv = self._dv_of(pvc)
+            self.ctx.recorder.record(dv or pvc, NORMAL, "ImportTargetInUse",
+                                     f"pod {in_use} is using PVC {name}; waiting for it to finish")
+            return 5.0
+        source = ImportSource.from_pvc(pvc)
+        if source.source == "none":
+            source = ImportSource(**{**source.__dict__, "source": "blank"})
+        scratch = annotations.get(ann.REQUIRES_SCRATCH)
+        if scratch is None:
+            needed = await scratch_required(self.ctx.client, pvc, source)
+            scratch = "true" if needed else "false"
+            await self._annotate(pvc, {ann.REQUIRES_SCRATCH: scratch})
+        scratch_claim = None
+        if scratch == "true":
+            scratch_claim = await self._ensure_scratch(pvc)
+        dv = self._dv_of(pvc)
+        status = self._config_status()
+        preallocation = annotations.get(ann.PREALLOCATION_REQUESTED)
+        prealloc = preallocation == "true" if preallocation is not None else bool(status.get("preallocation"))
+        pod = importer_pod(
+            pvc, source, self.worker_settings(), attempt=attempt, scratch_claim=scratch_claim,
+            filesystem_overhead=self.overhead(dig(pvc, "spec", "storageClassName")), preallocation=prealloc,
+            priority_class=annotations.get("cdi.kubevirt.io/storage.pod.priorityclassname", ""),
+            service_account=annotations.get("cdi.kubevirt.io/storage.pod.serviceaccountname", ""))
+        try:
+            await self.ctx.client.create(groups.PODS, pod, namespace)
+        except AlreadyExists:
+            return 0.5
+        await self._annotate(pvc, {ann.IMPORT_POD_NAME: pod["metadata"]["name"], ann.POD_PHASE: "Pending",
+                                   ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: "Pending",
+                                   ann.CONDITION_RUNNING_MESSAGE: "", ann.IMPORT_NEXT_RETRY: None})
+        if attempt == 0 and dv is not None:
+            self.ctx.recorder.record(dv, NORMAL, "ImportScheduled", f"Import into {name} scheduled")
+        return None
+
+    def _used_by_other_pod(self, pvc: Body) -> str | None:
+        namespace, name = dig(pvc, "metadata", "namespace"), dig(pvc, "metadata", "name")
+        for pod in self.ctx.cached_list(groups.PODS, str(namespace)):
+            if dig(pod, "status", "phase") in ("Succeeded", "Failed"):
+                continue
+            owners = dig(pod, "metadata", "ownerReferences") or []
+            if any(r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name for r in owners):
+                continue
+            for volume in dig(pod, "spec", "volumes") or []:
+                if dig(volume, "persistentVolumeClaim", "claimName") == name:
+                    return str(dig(pod, "metadata", "name"))
+        return None
+
+    async def _ensure_scratch(self, pvc: Body) -> str:
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        scratch_name = f"{name}-scratch"
+        if self.ctx.cached(groups.PVCS, scratch_name, namespace) is not None:
+            return scratch_name
+        status = self._config_status()
+        target_class = dig(pvc, "spec", "storageClassName")
+        scratch_class = status.get("scratchSpaceStorageClass") or target_class
+        requested = parse_bytes(dig(pvc, "spec", "resources", "requests", "storage") or 0)
+        target_overhead = "0" if dig(pvc, "spec", "volumeMode") == "Block" else self.overhead(target_class)
+        size = round_up(required_space(self.overhead(scratch_class), usable_space(target_overhead, requested)))
+        claim: Obj = {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": scratch_name, "namespace": namespace,
+                         "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true"},
+                         "annotations": {ann.BIND_IMMEDIATE: "true"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": name,
+                                              "uid": dig(pvc, "metadata", "uid"), "controller": True,
+                                              "blockOwnerDeletion": True}]},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                     "resources": {"requests": {"storage": str(size)}}},
+        }
+        if scratch_class:
+            claim["spec"]["storageClassName"] = scratch_class
+        try:
+            await self.ctx.client.create(groups.PVCS, claim, namespace)
+        except AlreadyExists:
+            pass
+        return scratch_name
+
+    # -- observing ------------------------------------------------------------------------------------
+
+    async def _observe(self, pvc: Body, pod: Body, attempt: int) -> float | None:
+        if dig(pod, "metadata", "deletionTimestamp"):
+            return None  # its deletion (a retry or a cleanup) is under way
+        phase = str(dig(pod, "status", "phase") or "Pending")
+        changes: dict[str, str | None] = {ann.POD_PHASE: phase, ann.POD_RESTARTS: str(attempt),
+                                          ann.IMPORT_POD_NAME: str(dig(pod, "metadata", "name"))}
+        statuses = dig(pod, "status", "containerStatuses") or []
+        ready = bool(statuses) and all(s.get("ready") for s in statuses)
+        changes[ann.POD_READY] = "true" if ready else "false"
+        if phase == "Succeeded":
+            return await self._succeeded(pvc, pod, changes)
+        if phase == "Failed":
+            return await self._failed(pvc, pod, attempt, changes)
+        self._running_condition(pod, changes)
+        await self._annotate(pvc, changes)
+        return None
+
+    @staticmethod
+    def _running_condition(pod: Body, changes: dict[str, str | None]) -> None:
+        statuses = dig(pod, "status", "containerStatuses") or []
+        if statuses and all((s.get("state") or {}).get("running") for s in statuses):
+            changes.update({ann.CONDITION_RUNNING: "true", ann.CONDITION_RUNNING_REASON: conditions.POD_RUNNING_REASON,
+                            ann.CONDITION_RUNNING_MESSAGE: ""})
+            return
+        changes[ann.CONDITION_RUNNING] = "false"
+        waiting = next(((s.get("state") or {}).get("waiting") for s in statuses
+                        if (s.get("state") or {}).get("waiting")), None)
+        if waiting:
+            reason = str(waiting.get("reason") or "")
+            if reason in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
+                changes.update({ann.CONDITION_RUNNING_REASON: conditions.IMAGE_PULL_FAILED_REASON,
+                                ann.CONDITION_RUNNING_MESSAGE: f"Failed to pull image: {waiting.get('message', '')}"})
+            else:
+                changes.update({ann.CONDITION_RUNNING_REASON: reason,
+                                ann.CONDITION_RUNNING_MESSAGE: str(waiting.get("message") or "")})
+            return
+        unschedulable = next((c for c in dig(pod, "status", "conditions") or []
+                              if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+        changes[ann.POD_SCHEDULABLE] = "false" if unschedulable else None
+        changes.setdefault(ann.CONDITION_RUNNING_REASON, "Pending")
+
+    async def _succeeded(self, pvc: Body, pod: Body, changes: dict[str, str | None]) -> float | None:
+        _, result = termination(pod)
+        changes.update({ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: "Completed",
+                        ann.CONDITION_RUNNING_MESSAGE: str(result.get("message") or "Import Complete"),
+                        ann.POD_READY: "false", ann.IMPORT_REASON: None})
+        if result.get("preallocationApplied"):
+            changes[ann.PREALLOCATION_APPLIED] = "true"
+        checksum = result.get("checksum")
+        if checksum:
+            changes[ann.IMPORT_CHECKSUM_RESULT] = str(checksum)
+        labels = result.get("labels") or {}
+        patch: Obj = {"metadata": {"annotations": dict(changes)}}
+        if labels:
+            patch["metadata"]["labels"] = {str(k): str(v) for k, v in labels.items()}
+        await self.ctx.client.patch(groups.PVCS, str(dig(pvc, "metadata", "name")), patch,
+                                    str(dig(pvc, "metadata", "namespace")))
+        await self._cleanup(pvc, pod, succeeded=True)
+        return None
+
+    async def _failed(self, pvc: Body, pod: Body, attempt: int, changes: dict[str, str | None]) -> float | None:
+        terminated_reason, result = termination(pod)
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        reason = str(result.get("reason") or terminated_reason or "Error")
+        message = str(result.get("message") or f"importer exited with {terminated_reason or 'an error'}")
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        if result.get("scratchSpaceRequired") and annotations.get(ann.REQUIRES_SCRATCH) != "true":
+            # our up-front probe was wrong (for example, the server answered ranges differently): add scratch
+            await self._annotate(pvc, {ann.REQUIRES_SCRATCH: "true", ann.IMPORT_POD_NAME: None})
+            await self._delete_pod(pod)
+            return None
+        retryable = bool(result.get("retryable", terminated_reason in ("OOMKilled", "Error", "")))
+        budget = int(annotations.get(RETRY_BUDGET_ANNOTATION) or self.ctx.settings.retry_budget)
+        changes.update({ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: reason,
+                        ann.CONDITION_RUNNING_MESSAGE: message, ann.IMPORT_REASON: reason})
+        dv = self._dv_of(pvc)
+        if retryable and attempt < budget:
+            delay = min(self.ctx.settings.retry_max, self.ctx.settings.retry_base * math.pow(2, attempt))
+            changes.update({ann.POD_RESTARTS: str(attempt + 1), ann.IMPORT_NEXT_RETRY: _time(delay),
+                            ann.IMPORT_POD_NAME: pod_name(name, attempt + 1), ann.POD_PHASE: "Pending"})
+            await self._annotate(pvc, changes)
+            self.ctx.metrics.import_retries.inc()
+            self.ctx.recorder.record(dv or pvc, WARNING, reason,
+                                     f"Import attempt {attempt + 1} failed, retrying in {delay:.0f}s "
+                                     f"({attempt + 1}/{budget}): {message}")
+            await self._delete_pod(pod)
+            return delay
+        if retryable:
+            message = f"{message} (gave up after {attempt + 1} attempts)"
+            changes[ann.CONDITION_RUNNING_MESSAGE] = message
+        changes[ann.IMPORT_FATAL_ERROR] = "true"
+        await self._annotate(pvc, changes)
+        self.ctx.metrics.import_failures.labels(reason).inc()
+        self.ctx.recorder.record(dv or pvc, WARNING, "ImportFailed", f"Failed to import into PVC {name}: "
+                                 f"{reason}: {message}")
+        await self._delete_scratch(namespace, name)
+        return None
+
+    # -- cleanup ----------------------------------------------------------------------------------------
+
+    async def _delete_pod(self, pod: Body) -> None:
+        try:
+            await self.ctx.client.delete(groups.PODS, str(dig(pod, "metadata", "name")),
+                                         str(dig(pod, "metadata", "namespace")), grace_period_seconds=0)
+        except NotFound:
+            pass
+
+    async def _delete_scratch(self, namespace: str, name: str) -> None:
+        if self.ctx.cached(groups.PVCS, f"{name}-scratch", namespace) is None:
+            return
+        try:
+            await self.ctx.client.delete(groups.PVCS, f"{name}-scratch", namespace)
+        except NotFound:
+            pass
+
+    async def _cleanup(self, pvc: Body, pod: Body | None, *, succeeded: bool) -> None:
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        await self._delete_scratch(namespace, name)
+        retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true"
+        dv = self._dv_of(pvc)
+        if dv is not None and (dig(dv, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION) == "true":
+            retain = True
+        if pod is not None and succeeded and not retain and not dig(pod, "metadata", "deletionTimestamp"):
+            await self._delete_pod(pod)

@@ -1,0 +1,175 @@
+"""The controller manager: informers for the kinds CDI watches, the reconcilers and the events
+that feed their queues (a Pod, PVC or StorageClass event re-queues the objects that depend on it),
+Lease leader election, and the metrics endpoint. Runs the same against `cdi up` and a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from cdi.api import groups
+from cdi.api.views import dig
+from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
+from cdi.controller.datavolume import DataVolumeReconciler
+from cdi.controller.imports import ImportReconciler, is_import_claim
+from cdi.controller.metrics import ControllerMetrics
+from cdi.controller.runtime import Context, Reconciler, Settings, owner_keys
+from cdi.controller.storageprofile import StorageProfileReconciler
+from cdi.kube import KubeClient, LeaderElectionConfig, LeaderElector, object_key
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
+           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES)
+LEASE_NAME = "cdi-controller-leader-election-helper"
+
+
+class Manager:
+    def __init__(self, client: KubeClient, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.metrics = ControllerMetrics()
+        self.ctx = Context(client, self.settings, self.metrics)
+        self.datavolumes = DataVolumeReconciler(self.ctx)
+        self.imports = ImportReconciler(self.ctx)
+        self.profiles = StorageProfileReconciler(self.ctx)
+        self.config = ConfigReconciler(self.ctx)
+        self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.profiles, self.config]
+        for gvr in WATCHED:
+            self.ctx.informer(gvr)
+        self._wire()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.leading = asyncio.Event()
+
+    # -- event wiring ----------------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        inf = self.ctx.informers
+
+        def on_dv(obj: Obj, *_: Obj) -> None:
+            self.datavolumes.enqueue(object_key(obj))
+
+        def on_pvc(obj: Obj, *rest: Obj) -> None:
+            new = rest[0] if rest else obj
+            key = object_key(new)
+            self.datavolumes.enqueue(key)  # the DataVolume of the same name, owned or not
+            for owner in owner_keys(new, "DataVolume"):
+                self.datavolumes.enqueue(owner)
+            if is_import_claim(new):
+                self.imports.enqueue(key)
+            for owner in owner_keys(new, "PersistentVolumeClaim"):  # scratch claims
+                self.imports.enqueue(owner)
+
+        def on_pod(obj: Obj, *rest: Obj) -> None:
+            new = rest[0] if rest else obj
+            for owner in owner_keys(new, "PersistentVolumeClaim"):
+                self.imports.enqueue(owner)
+                self.datavolumes.enqueue(owner)
+            namespace = dig(new, "metadata", "namespace")
+            for volume in dig(new, "spec", "volumes") or []:
+                claim = dig(volume, "persistentVolumeClaim", "claimName")
+                if claim:
+                    self.imports.enqueue(f"{namespace}/{claim}")
+                    self.datavolumes.enqueue(f"{namespace}/{claim}")
+
+        def on_storage(obj: Obj, *rest: Obj) -> None:
+            self.profiles.enqueue(str(dig(obj, "metadata", "name")))
+            self.config.enqueue(CONFIG_KEY)
+            for key in list(self.datavolumes.pending_on_storage):
+                self.datavolumes.enqueue(key)
+
+        def on_profile(obj: Obj, *rest: Obj) -> None:
+            self.profiles.enqueue(str(dig(obj, "metadata", "name")))
+            for key in list(self.datavolumes.pending_on_storage):
+                self.datavolumes.enqueue(key)
+
+        def on_snapshot_class(obj: Obj, *rest: Obj) -> None:
+            for sc in self.ctx.cached_list(groups.STORAGECLASSES):
+                self.profiles.enqueue(str(dig(sc, "metadata", "name")))
+
+        def on_config(obj: Obj, *rest: Obj) -> None:
+            self.config.enqueue(CONFIG_KEY)
+
+        inf[groups.DATAVOLUMES].add_handler(on_dv, on_dv, on_dv)
+        inf[groups.PVCS].add_handler(on_pvc, on_pvc, on_pvc)
+        inf[groups.PODS].add_handler(on_pod, on_pod, on_pod)
+        inf[groups.STORAGECLASSES].add_handler(on_storage, on_storage, on_storage)
+        inf[groups.STORAGEPROFILES].add_handler(on_profile, on_profile, on_profile)
+        inf[groups.VOLUMESNAPSHOTCLASSES].add_handler(on_snapshot_class, on_snapshot_class, on_snapshot_class)
+        inf[groups.CDICONFIGS].add_handler(on_config, on_config, on_config)
+        inf[groups.CDIS].add_handler(on_config, on_config, on_config)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for informer in self.ctx.informers.values():
+            informer.start()
+        for informer in self.ctx.informers.values():
+            await informer.wait_synced()
+        self.config.enqueue(CONFIG_KEY)
+        if self.settings.leader_election:
+            elector = LeaderElector(
+                self.ctx.client, LeaderElectionConfig(LEASE_NAME, self.settings.namespace, self.settings.identity),
+                on_started_leading=self._lead, recorder=self.ctx.recorder)
+            self._tasks.append(asyncio.create_task(self._elect(elector), name="leader-election"))
+        else:
+            await self._lead()
+
+    async def _elect(self, elector: LeaderElector) -> None:
+        while True:
+            await elector.run()
+            log.warning("lost leadership; stopping reconcilers until it is regained")
+            await self._stop_workers()
+            self.leading.clear()
+
+    async def _lead(self) -> None:
+        if self.leading.is_set():
+            return
+        self.leading.set()
+        workers = self.settings.workers
+        for reconciler in self.reconcilers:
+            self._tasks.append(asyncio.create_task(reconciler.run(workers), name=f"reconcile-{reconciler.name}"))
+
+    async def _stop_workers(self) -> None:
+        for task in [t for t in self._tasks if t.get_name().startswith("reconcile-")]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._tasks.remove(task)
+
+    async def stop(self) -> None:
+        for reconciler in self.reconcilers:
+            reconciler.queue.shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        for informer in self.ctx.informers.values():
+            await informer.stop()
+        await self.datavolumes.close()
+        await self.ctx.recorder.close()
+
+    # -- metrics ---------------------------------------------------------------------------------------
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def metrics_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self.metrics_handler)
+        app.router.add_get("/healthz", lambda _: _ok())
+        app.router.add_get("/readyz", lambda _: _ok())
+        return app
+
+
+async def _ok() -> web.Response:
+    return web.Response(text="ok")
+

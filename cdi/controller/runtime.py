@@ -1,0 +1,132 @@
+"""The controller runtime: the shared context (client, informers, recorder, settings), and a
+level-triggered reconciler that drains a deduplicating, rate-limited work queue of object keys."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdi.api.groups import GVR
+from cdi.controller.metrics import ControllerMetrics
+from cdi.kube import (
+    Conflict,
+    EventRecorder,
+    Informer,
+    KubeClient,
+    NotFound,
+    ShutDown,
+    WorkQueue,
+    default_rate_limiter,
+)
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+@dataclass
+class Settings:
+    """How this controller runs; worker-pod images and retry policy are CDI's knobs plus ours."""
+
+    namespace: str = "cdi"
+    importer_image: str = "cdi-importer"
+    uploadserver_image: str = "cdi-uploadserver"
+    cloner_image: str = "cdi-cloner"
+    pull_policy: str = "IfNotPresent"
+    retry_budget: int = 5
+    retry_base: float = 2.0
+    retry_max: float = 300.0
+    progress_interval: float = 2.0
+    workers: int = 4
+    leader_election: bool = True
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    upload_proxy_url: str = ""
+
+
+class Context:
+    """What every reconciler shares."""
+
+    def __init__(self, client: KubeClient, settings: Settings, metrics: ControllerMetrics) -> None:
+        self.client = client
+        self.settings = settings
+        self.metrics = metrics
+        self.informers: dict[GVR, Informer] = {}
+        self.recorder = EventRecorder(client, "cdi-controller")
+
+    def informer(self, gvr: GVR) -> Informer:
+        if gvr not in self.informers:
+            self.informers[gvr] = Informer(self.client, gvr)
+        return self.informers[gvr]
+
+    def cached(self, gvr: GVR, name: str, namespace: str | None = None) -> Obj | None:
+        return self.informer(gvr).get_by_name(name, namespace)
+
+    def cached_list(self, gvr: GVR, namespace: str | None = None) -> list[Obj]:
+        return self.informer(gvr).list(namespace)
+
+
+class Reconciler:
+    """Subclasses implement `reconcile(key)`; the return value asks for a requeue after that many seconds.
+
+    Errors are retried with per-key exponential backoff; a 409 is retried promptly (the cache is
+    merely behind); a 404 means the object went away while reconciling, which is no error."""
+
+    name = "reconciler"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.queue: WorkQueue[str] = WorkQueue(default_rate_limiter(), name=self.name)
+        self.log = logging.getLogger(f"cdi.controller.{self.name}")
+
+    def enqueue(self, key: str) -> None:
+        self.queue.add(key)
+
+    async def reconcile(self, key: str) -> float | None:
+        raise NotImplementedError  # pragma: no cover - every reconciler overrides it
+
+    async def run(self, workers: int) -> None:
+        await asyncio.gather(*(self._worker() for _ in range(workers)))
+
+    async def _worker(self) -> None:
+        metrics = self.ctx.metrics
+        while True:
+            try:
+                key = await self.queue.get()
+            except ShutDown:
+                return
+            started = time.monotonic()
+            outcome = "success"
+            try:
+                after = await self.reconcile(key)
+                self.queue.forget(key)
+                if after is not None:
+                    self.queue.add_after(key, after)
+            except Conflict:
+                outcome = "conflict"
+                self.queue.add_after(key, 0.05)
+            except NotFound:
+                outcome = "gone"
+                self.queue.forget(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                outcome = "error"
+                self.log.exception("reconciling %s failed", key)
+                self.queue.add_rate_limited(key)
+            finally:
+                self.queue.done(key)
+                metrics.reconciled(self.name, outcome, time.monotonic() - started)
+                metrics.queue_depth.labels(self.name).set(len(self.queue))
+
+
+def owner_keys(obj: Mapping[str, Any], kind: str) -> list[str]:
+    """namespace/name of the owners of `obj` of one kind (how a PVC event finds its DataVolume)."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace", "")
+    return [f"{namespace}/{ref['name']}" if namespace else str(ref["name"])
+            for ref in meta.get("ownerReferences") or [] if ref.get("kind") == kind]

@@ -1,0 +1,78 @@
+"""One StorageProfile per StorageClass, created and deleted with it, its status computed from the
+profile's spec, the class, the known-provisioner table and the snapshot classes present."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api import annotations as ann
+from cdi.api import groups
+from cdi.api.views import dig
+from cdi.controller import conditions
+from cdi.controller.capabilities import capability, profile_status
+from cdi.controller.runtime import Reconciler
+from cdi.kube import AlreadyExists, NotFound
+
+Obj = dict[str, Any]
+
+
+def _merge_conditions(old: list[Mapping[str, Any]], new: list[Mapping[str, Any]]) -> list[Obj]:
+    merged = [dict(c) for c in old]
+    for cond in new:
+        conditions.update(merged, str(cond["type"]), str(cond["status"]), str(cond.get("message", "")),
+                          str(cond.get("reason", "")))
+    return merged
+
+
+class StorageProfileReconciler(Reconciler):
+    name = "storageprofile"
+
+    async def reconcile(self, key: str) -> float | None:
+        storage_class = self.ctx.cached(groups.STORAGECLASSES, key)
+        profile = self.ctx.cached(groups.STORAGEPROFILES, key)
+        if storage_class is None or dig(storage_class, "metadata", "deletionTimestamp"):
+            if profile is not None:
+                try:
+                    await self.ctx.client.delete(groups.STORAGEPROFILES, key)
+                except NotFound:
+                    pass
+            self._drop_metric(key)
+            return None
+        if profile is None:
+            body: Obj = {"apiVersion": groups.CDI_API_VERSION, "kind": "StorageProfile",
+                         "metadata": {"name": key, "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE}}, "spec": {}}
+            known = capability(storage_class)
+            if known is not None and known.minimum_size:
+                body["metadata"]["annotations"] = {ann.MINIMUM_PVC_SIZE: known.minimum_size}
+            try:
+                profile = await self.ctx.client.create(groups.STORAGEPROFILES, body)
+            except AlreadyExists:
+                return 0.2
+        spec = profile.get("spec") or {}
+        status = profile_status(storage_class, spec, self.ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES))
+        status["conditions"] = _merge_conditions((profile.get("status") or {}).get("conditions") or [],
+                                                 status["conditions"])
+        if status != profile.get("status"):
+            await self.ctx.client.patch(groups.STORAGEPROFILES, key, {"status": status}, subresource="status")
+        self._metric(storage_class, status)
+        return None
+
+    def _drop_metric(self, name: str) -> None:
+        gauge = self.ctx.metrics.storageprofile_info
+        for labels in list(getattr(gauge, "_metrics", {})):
+            if labels and labels[0] == name:
+                gauge.remove(*labels)
+
+    def _metric(self, storage_class: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        name = str(dig(storage_class, "metadata", "name"))
+        annotations = dig(storage_class, "metadata", "annotations") or {}
+        sets = status.get("claimPropertySets") or []
+        rwx = any("ReadWriteMany" in (cps.get("accessModes") or []) for cps in sets)
+        smart = status.get("cloneStrategy") in ("snapshot", "csi-clone")
+        self._drop_metric(name)
+        self.ctx.metrics.storageprofile_info.labels(
+            name, str(storage_class.get("provisioner", "")), str(bool(sets)).lower(),
+            str(annotations.get(ann.DEFAULT_STORAGE_CLASS) == "true").lower(),
+            str(annotations.get(ann.DEFAULT_VIRT_STORAGE_CLASS) == "true").lower(),
+            str(rwx).lower(), str(smart).lower(), str(not (rwx and smart)).lower()).set(1)

@@ -1,0 +1,71 @@
+"""`kubectl apply` of invalid DataVolumes is refused by cdi-apiserver's webhook with CDI's words."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.support.cluster import Kubectl
+
+DENIED = 'admission webhook "datavolume-validate.cdi.kubevirt.io" denied the request:  '
+
+
+def manifest(name: str, spec: str) -> str:
+    return f"apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataVolume\nmetadata:\n  name: {name}\nspec:\n" + \
+        textwrap.indent(textwrap.dedent(spec), "  ")
+
+
+STORAGE = """\
+storage:
+  resources:
+    requests:
+      storage: 1Gi
+"""
+PVC = """\
+pvc:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+"""
+HTTP = """\
+source:
+  http:
+    url: http://example.com/disk.img
+"""
+
+
+@pytest.mark.parametrize(("name", "spec", "message"), [
+    ("no-source", STORAGE, "Data volume should have either Source or SourceRef, or be externally populated"),
+    ("two-sources", STORAGE + "source:\n  http:\n    url: http://example.com/a\n  blank: {}\n",
+     "Multiple Data volume sources"),
+    ("both-claims", STORAGE + PVC + HTTP, "Duplicate storage definition, both target storage and target pvc defined"),
+    ("no-claim", HTTP, "Missing Data volume PVC"),
+    ("tiny", "storage:\n  resources:\n    requests:\n      storage: 1Ki\n" + HTTP,
+     "Storage size should be at least 1MiB"),
+    ("bad-checksum", STORAGE + HTTP + "    checksum: sha256:1234\n",
+     "Invalid checksum format: invalid sha256 hash length: expected 64 hex characters, got 4"),
+])
+def test_invalid_datavolumes_are_refused(shared_kubectl: Kubectl, name: str, spec: str, message: str) -> None:
+    result = shared_kubectl("apply", "-f", "-", input=manifest(name, spec), check=False)
+    assert result.returncode != 0
+    assert DENIED + message in result.stderr
+    assert not shared_kubectl.exists("dv", name)
+
+
+def test_spec_changes_after_creation_are_refused(shared_kubectl: Kubectl) -> None:
+    shared_kubectl("apply", "-f", "-", input=manifest("frozen", STORAGE + HTTP))
+    changed = manifest("frozen", STORAGE + HTTP.replace("disk.img", "other.img"))
+    result = shared_kubectl("apply", "-f", "-", input=changed, check=False)
+    assert result.returncode != 0
+    assert DENIED + "Cannot update DataVolume Spec" in result.stderr
+    shared_kubectl("label", "dv", "frozen", "metadata=changes-are-fine")
+
+
+def test_a_claim_not_owned_by_a_datavolume_is_not_taken_over(shared_kubectl: Kubectl) -> None:
+    shared_kubectl.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "users-own"},
+                          "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
+    result = shared_kubectl("apply", "-f", "-", input=manifest("users-own", STORAGE + HTTP), check=False)
+    assert result.returncode != 0
+    assert DENIED + "Destination PVC default/users-own already exists" in result.stderr
