@@ -33,6 +33,8 @@ def register(commands: Any) -> None:
                         help="seconds of the first CrashLoopBackOff delay (doubles up to 300; default 10)")
     parser.add_argument("--shutdown-grace", type=float, default=5.0,
                         help="seconds running containers get to exit when cdi up stops (default 5)")
+    parser.add_argument("--no-cdi", action="store_true",
+                        help="run only the Kubernetes-compatible control plane, without CDI's components")
     add_settings_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -55,16 +57,19 @@ async def serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await cluster.start()
-    stack = CdiStack(cluster.kubeconfig_path, args.data_dir.resolve(), settings_from(args))
+    stack = None if args.no_cdi else CdiStack(cluster.kubeconfig_path, args.data_dir.resolve(), settings_from(args))
     try:
-        await stack.start()
+        if stack is not None:
+            await stack.start()
         print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
         print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
-        print(f"  controller metrics {stack.metrics_url}", flush=True)
+        if stack is not None:
+            print(f"  controller metrics {stack.metrics_url}", flush=True)
         await stop.wait()
     finally:
         print("cdi up: stopping", flush=True)
-        await stack.stop()
+        if stack is not None:
+            await stack.stop()
         await cluster.stop()
         print("cdi up: stopped", flush=True)
 

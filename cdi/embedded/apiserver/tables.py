@@ -189,7 +189,9 @@ _BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
         ("Message", "string", "", 0, lambda o: o.get("message") or o.get("note") or ""),
     ],
     ("storage.k8s.io", "storageclasses"): [
-        _NAME, ("Provisioner", "string", "", 0, lambda o: o.get("provisioner")),
+        ("Name", "string", "name", 0, lambda o: str(_meta(o, "name")) + (
+            " (default)" if (_meta(o, "annotations") or {}).get("storageclass.kubernetes.io/is-default-class")
+            == "true" else "")), ("Provisioner", "string", "", 0, lambda o: o.get("provisioner")),
         ("ReclaimPolicy", "string", "", 0, lambda o: o.get("reclaimPolicy", "Delete")),
         ("VolumeBindingMode", "string", "", 0, lambda o: o.get("volumeBindingMode", "Immediate")),
         ("AllowVolumeExpansion", "string", "", 0, lambda o: str(bool(o.get("allowVolumeExpansion"))).lower()), _AGE,
