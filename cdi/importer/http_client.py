@@ -84,13 +84,21 @@ def redact(url: str) -> str:
 
 @dataclass
 class HttpSettings:
-    ssl_context: ssl.SSLContext = field(default_factory=ssl.create_default_context)
+    cert_dir: Path | None = None
+    insecure: bool = False
     timeout: float = 60.0
     extra_headers: list[tuple[str, str]] = field(default_factory=list)
     basic_auth: tuple[str, str] | None = None
     auth_origin: _Origin | None = None
     proxies: Mapping[str, str] = field(default_factory=urllib.request.getproxies_environment)
     user_agent: str = USER_AGENT
+    _context: ssl.SSLContext | None = field(default=None, init=False, repr=False)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """Built on first use: loading the system trust store costs ~50 ms a plain-HTTP import never needs."""
+        if self._context is None:
+            self._context = make_ssl_context(self.cert_dir, self.insecure, proxy_cert_dir())
+        return self._context
 
 
 def parse_header_lines(lines: Iterable[str]) -> list[tuple[str, str]]:
@@ -242,7 +250,7 @@ class HttpClient:
         if proxy is None:
             if scheme == "https":
                 return http.client.HTTPSConnection(
-                    host, port, timeout=timeout, context=self.settings.ssl_context
+                    host, port, timeout=timeout, context=self.settings.ssl_context()
                 ), False
             return http.client.HTTPConnection(host, port, timeout=timeout), False
         p = urlsplit(proxy)
@@ -252,7 +260,7 @@ class HttpClient:
             proxy_headers["Proxy-Authorization"] = f"Basic {token}"
         if scheme == "https":
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                p.hostname or "", p.port or 80, timeout=timeout, context=self.settings.ssl_context
+                p.hostname or "", p.port or 80, timeout=timeout, context=self.settings.ssl_context()
             )
             conn.set_tunnel(host, port, headers=proxy_headers)
             return conn, False
@@ -327,7 +335,12 @@ class HttpClient:
         self, method: str, url: str, headers: Mapping[str, str] | None = None, follow_redirects: bool = True
     ) -> Response:
         """A request following redirects; `Response.url` is the final URL."""
+        first = origin_of(url)
         for _ in range(MAX_REDIRECTS + 1):
+            if headers and origin_of(url) != first:
+                # a registry token or any Authorization is for the first origin only (a blob store
+                # behind a redirect rejects, or worse, records it)
+                headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             resp = self.send(method, url, headers)
             if not follow_redirects or resp.status not in (301, 302, 303, 307, 308):
                 return resp

@@ -24,10 +24,8 @@ from .http_client import (
     HttpClient,
     HttpSettings,
     ca_files,
-    make_ssl_context,
     origin_of,
     parse_header_lines,
-    proxy_cert_dir,
 )
 from .pipeline import ImportOptions, ImportResult, import_blank, run_import
 from .progress import Progress
@@ -42,7 +40,8 @@ log = logging.getLogger("cdi.importer")
 def http_client(config: ImporterConfig, auth_url: str | None) -> HttpClient:
     auth = (config.access_key, config.secret_key) if config.access_key and config.secret_key else None
     settings = HttpSettings(
-        ssl_context=make_ssl_context(config.cert_dir, config.insecure_tls, proxy_cert_dir()),
+        cert_dir=config.cert_dir,
+        insecure=config.insecure_tls,
         timeout=config.read_timeout,
         extra_headers=parse_header_lines(config.extra_headers),
         basic_auth=auth,

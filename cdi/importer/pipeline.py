@@ -486,7 +486,7 @@ class _Import:
         try:
             writer = self._writer(fd, self.target.known_zero_when_fresh)
             self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
-            self.progress.begin(TRANSFER_DATA_FILE, self.origin.size)
+            self.progress.begin(TRANSFER_DATA_FILE, self.origin.wire_size)
             pos = self._copy(stream, writer, self.usable, "the target")
             if pos == 0:
                 raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} holds no data")
@@ -532,7 +532,7 @@ class _Import:
         self._remove_scratch()
         free = os.statvfs(scratch).f_bavail * os.statvfs(scratch).f_bsize
         self._plan((TRANSFER_SCRATCH, 48), (CONVERT, 48), (RESIZE, 1), (SYNC, 3))
-        self.progress.begin(TRANSFER_SCRATCH, self.origin.size)
+        self.progress.begin(TRANSFER_SCRATCH, self.origin.wire_size)
         fd = os.open(self.scratch_file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             writer = SparseWriter(fd, known_zero=True, what="scratch space")
@@ -599,7 +599,7 @@ class _Import:
             stream = compression.open_stream(stream, kind, _CHUNK)
         archive.clear_directory(root)
         self._plan((TRANSFER_DATA_DIR, 97), (SYNC, 3))
-        self.progress.begin(TRANSFER_DATA_DIR, self.origin.size)
+        self.progress.begin(TRANSFER_DATA_DIR, self.origin.wire_size)
         meter = self.origin.meter
         reader = archive.TarReader(stream, self.origin.name)
         written = archive.extract(reader, root, self.usable, lambda _n: self.progress.update(meter.total))

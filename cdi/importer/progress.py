@@ -28,8 +28,6 @@ from typing import Any
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from cdi.common import pki
-
 log = logging.getLogger(__name__)
 
 # phase names (stable: they appear in metrics and logs)
@@ -194,6 +192,8 @@ class Progress:
             ipaddress.ip_address(pod_ip)
         except ValueError:
             hosts = [pod_ip]
+        from cdi.common import pki  # only pods that serve metrics pay for importing cryptography
+
         pair = pki.issue(None, "cdi-importer", hosts)
         directory = Path(tempfile.mkdtemp(prefix="cdi-importer-metrics-"))
         cert, key = directory / "tls.crt", directory / "tls.key"

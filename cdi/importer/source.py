@@ -62,6 +62,11 @@ class Origin:
         self.labels = {}
         self.meter = ByteMeter()
 
+    @property
+    def wire_size(self) -> int | None:
+        """Bytes the source will send for `stream()` (progress); differs from `size` for registry layers."""
+        return self.size
+
     def stream(self) -> Stream:
         """The whole object, from byte 0, once."""
         raise NotImplementedError

@@ -19,11 +19,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from .errors import ImporterError, Reason, TransientError
 from .formats import HEAD_SIZE
-from .http_client import HttpClient, Response, redact, status_error
+from .http_client import HttpClient, Response, origin_of, redact, status_error
 from .ranges import PrefetchStream
 from .retry import RetryPolicy, transient
 from .source import NbdSpec, Origin
@@ -51,49 +53,34 @@ def _error_detail(resp: Response) -> str:
 class HttpRangeReader:
     """Range GETs of the pinned URL, each retried from where it stopped."""
 
-    def __init__(  # noqa: PLR0917 - built in two places, with every argument named by the reader
-        self,
-        client: HttpClient,
-        url: str,
-        size: int,
-        validators: dict[str, str],
-        retry: RetryPolicy,
-        stop: threading.Event,
-        origin: Origin,
-        extra_headers: dict[str, str],
-    ) -> None:
-        self.client = client
-        self.url = url
-        self.size = size
-        self.validators = validators
-        self.retry = retry
-        self.stop = stop
+    def __init__(self, origin: HttpOrigin, size: int) -> None:
         self.origin = origin
-        self.extra_headers = extra_headers
+        self.size = size
 
     def read_into(self, offset: int, view: memoryview) -> None:
+        origin = self.origin
+        url = origin.url
         if offset + len(view) > self.size:
             raise ImporterError(
                 Reason.INVALID_IMAGE,
-                f"read beyond the end of {redact(self.url)} ({offset + len(view)} > {self.size})",
+                f"read beyond the end of {origin.name} ({offset + len(view)} > {self.size})",
             )
         filled = 0
 
         def attempt() -> None:
             nonlocal filled
             start, end = offset + filled, offset + len(view) - 1
-            headers = dict(self.extra_headers)
-            headers["Range"] = f"bytes={start}-{end}"
-            resp = self.client.request("GET", self.url, headers)
+            resp = origin.client.request("GET", url, origin.headers_for(url, f"bytes={start}-{end}"))
             try:
                 if resp.status != 206:
                     if resp.status == 200:
                         raise ImporterError(
-                            Reason.REQUEST_REJECTED, f"{redact(self.url)} stopped honouring Range requests"
+                            Reason.REQUEST_REJECTED, f"{origin.name} stopped honouring Range requests"
                         )
-                    raise status_error(resp.status, self.url, _error_detail(resp))
-                check_unchanged(resp, self.validators, self.url)
-                resp.on_bytes = self.origin.meter.add
+                    origin.check_auth_expired(resp)
+                    raise status_error(resp.status, url, _error_detail(resp))
+                check_unchanged(resp, origin.validators, url)
+                resp.on_bytes = origin.meter.add
                 try:
                     filled += resp.readinto(view[filled:])
                 except TransientError as exc:
@@ -101,12 +88,12 @@ class HttpRangeReader:
                     raise
                 if filled < len(view):
                     raise transient(
-                        Reason.CONNECTION_FAILED, f"range response from {redact(self.url)} ended early"
+                        Reason.CONNECTION_FAILED, f"range response from {origin.name} ended early"
                     )
             finally:
                 resp.close()
 
-        self.retry.run(attempt, f"GET {redact(self.url)} bytes {offset}-{offset + len(view) - 1}", self.stop)
+        origin.retry.run(attempt, f"GET {origin.name} bytes {offset}-{offset + len(view) - 1}", origin.stop)
 
 
 def validators_of(resp: Response) -> dict[str, str]:
@@ -136,24 +123,27 @@ class _BodyStream:
         self.delivered = 0
 
     def read(self, n: int) -> Chunk:
+        origin = self.origin
+
         def attempt() -> bytes:
             if self.resp is None:
-                self.resp = self.origin.reopen(self.delivered)
+                self.resp = origin.reopen(self.delivered)
             try:
-                return self.resp.read(n)
+                data = self.resp.read(n)
             except TransientError:
                 self.resp = None
                 raise
+            if not data and origin.size is not None and self.delivered < origin.size:
+                self.resp.close()
+                self.resp = None
+                raise transient(
+                    Reason.CONNECTION_FAILED,
+                    f"{origin.name} ended after {self.delivered} of {origin.size} bytes",
+                )
+            return data
 
-        data = self.origin.retry.run(attempt, f"GET {redact(self.origin.url)}", self.origin.stop)
+        data = origin.retry.run(attempt, f"GET {origin.name}", origin.stop)
         self.delivered += len(data)
-        if not data and self.origin.size is not None and self.delivered < self.origin.size:
-            self.resp = None
-            raise ImporterError(
-                Reason.CONNECTION_FAILED,
-                f"{redact(self.origin.url)} ended after {self.delivered} of {self.origin.size} bytes",
-                retryable=True,
-            )
         return data
 
     def close(self) -> None:
@@ -172,25 +162,45 @@ class HttpOrigin(Origin):
         name: str | None = None,
         identity: dict[str, Any] | None = None,
         request_headers: dict[str, str] | None = None,
+        refresh_auth: Callable[[], dict[str, str]] | None = None,
         nbd: NbdSpec | None = None,
         workers: int = 4,
     ) -> None:
         super().__init__()
         self.client = client
         self.endpoint = url
-        self.url = url  # pinned final URL once opened
+        self.url = url  # the final URL after redirects, once opened
         self.retry = retry
         self.stop = stop
         self.name = name or redact(url)
         self.request_headers = request_headers or {}
+        self.refresh_auth = refresh_auth
+        self._last_refresh = 0.0
         self._identity_base = identity
         self._nbd = nbd
         self.workers = workers
+        self.validators: dict[str, str] = {}
         self._peek: PeekStream | None = None
         self._stream_used = False
 
+    def headers_for(self, url: str, range_header: str | None = None) -> dict[str, str]:
+        """Request headers (registry tokens ...) go to the endpoint's own origin only."""
+        headers = dict(self.request_headers) if origin_of(url) == origin_of(self.endpoint) else {}
+        if range_header:
+            headers["Range"] = range_header
+        return headers
+
+    def check_auth_expired(self, resp: Response) -> None:
+        """A 401 on a later request (an expired registry token): renew it once and retry."""
+        if resp.status != 401 or self.refresh_auth is None or time.monotonic() - self._last_refresh < 10:
+            return
+        resp.close()
+        self._last_refresh = time.monotonic()
+        self.request_headers = self.refresh_auth()
+        raise transient(Reason.UNAUTHORIZED, f"{self.name}: the token expired")
+
     def open(self) -> HttpOrigin:
-        resp = self.retry.run(self._probe, f"GET {self.name}", self.stop)
+        resp = self.retry.run(lambda: self._get(f"bytes=0-{HEAD_SIZE - 1}"), f"GET {self.name}", self.stop)
         self.url = resp.url
         if resp.url != self.endpoint:
             log.info("%s redirects to %s; using that URL for every request", self.name, redact(resp.url))
@@ -199,19 +209,9 @@ class HttpOrigin(Origin):
             match = _CONTENT_RANGE.match(resp.header("Content-Range") or "")
             if match and match.group(3) != "*":
                 self.size = int(match.group(3))
+                self.ranges = HttpRangeReader(self, self.size)
                 resp.on_bytes = self.meter.add
                 self.head = self._read_head(resp, int(match.group(2)) - int(match.group(1)) + 1)
-                resp.close()
-                self.ranges = HttpRangeReader(
-                    self.client,
-                    self.url,
-                    self.size,
-                    self.validators,
-                    self.retry,
-                    self.stop,
-                    self,
-                    self.request_headers,
-                )
                 self.identity = self._identity()
                 return self
             resp.close()
@@ -235,20 +235,10 @@ class HttpOrigin(Origin):
             got = resp.readinto(memoryview(buf))
         except TransientError as exc:
             got = getattr(exc, "partial", 0)
-        if got < length:  # finish the head with a plain range read
-            view = memoryview(buf)[got:]
-            reader = HttpRangeReader(
-                self.client,
-                self.url,
-                length,
-                self.validators,
-                self.retry,
-                self.stop,
-                self,
-                self.request_headers,
-            )
-            reader.size = self.size or length
-            reader.read_into(got, view)
+        finally:
+            resp.close()
+        if got < length and self.ranges is not None:  # finish the head with a plain range read
+            self.ranges.read_into(got, memoryview(buf)[got:])
         return bytes(buf)
 
     def _identity(self) -> dict[str, Any]:
@@ -258,16 +248,11 @@ class HttpOrigin(Origin):
         return base
 
     def _get(self, range_header: str | None) -> Response:
-        headers = dict(self.request_headers)
-        if range_header:
-            headers["Range"] = range_header
-        resp = self.client.request("GET", self.url, headers)
+        resp = self.client.request("GET", self.url, self.headers_for(self.url, range_header))
         if resp.status not in (200, 206, 416):
+            self.check_auth_expired(resp)
             raise status_error(resp.status, resp.url, _error_detail(resp))
         return resp
-
-    def _probe(self) -> Response:
-        return self._get(f"bytes=0-{HEAD_SIZE - 1}")
 
     def reopen(self, skip_bytes: int) -> Response:
         """A new GET of the whole object with the first `skip_bytes` already read and discarded."""
@@ -303,6 +288,8 @@ class HttpOrigin(Origin):
             return None
         spec = self._nbd
         spec.url = self.url
+        if origin_of(self.url) != origin_of(self.endpoint):
+            spec.user = spec.password = None  # credentials are for the endpoint, not a redirect target
         return spec
 
     def close(self) -> None:
