@@ -19,7 +19,7 @@ from typing import Any
 
 from cdi.api.sizing import usable_space
 
-from .images import Image, sha256_file
+from .images import COMPRESSIONS, FORMATS, Image, file_name, sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 REQUESTED = 32 << 20
@@ -29,6 +29,29 @@ BLOCK_SIZE = 16 << 20
 USER, PASSWORD = "cdi", "s3cr3t-pw"
 S3_KEY, S3_SECRET = "AKIDCDITEST", "cdi-secret-key"
 GARBAGE = b"\xaa"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One cell of the format x compression x volume mode matrix."""
+
+    fmt: str
+    compression: str
+    mode: str
+
+    @property
+    def name(self) -> str:
+        return file_name(self.fmt, self.compression)
+
+    @property
+    def source_format(self) -> str:
+        return self.fmt.split("-", maxsplit=1)[0] + (f".{self.compression}" if self.compression else "")
+
+    def __str__(self) -> str:
+        return f"{self.fmt}-{self.compression or 'plain'}-{self.mode}"
+
+
+CASES = [Case(f, c, m) for f in FORMATS for c in COMPRESSIONS for m in ("fs", "block")]
 
 
 # -- volumes and the importer -------------------------------------------------------------------------
@@ -111,7 +134,8 @@ def importer_command() -> list[str]:
 
 def read_message(volume: Volume) -> dict[str, Any]:
     text = volume.termination_log.read_text()
-    assert "\n" not in text.strip() and len(text.encode()) <= 4096
+    assert "\n" not in text.strip()
+    assert len(text.encode()) <= 4096
     data: dict[str, Any] = json.loads(text)
     return data
 
@@ -148,9 +172,9 @@ def assert_imported(
 ) -> None:
     assert result.code == 0, result
     msg = result.message
-    assert (
-        msg["reason"] == "Complete" and msg["retryable"] is False and msg["message"] == "Import Complete"
-    ), msg
+    assert msg["reason"] == "Complete", msg
+    assert msg["retryable"] is False
+    assert msg["message"] == "Import Complete"
     assert msg["scratchSpaceRequired"] is False
     assert msg["virtualSize"] == image.virtual_size, msg
     if route is not None:

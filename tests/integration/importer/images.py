@@ -108,7 +108,7 @@ def write_base_disk(path: Path, size: int = VIRTUAL_SIZE, seed: int = 7) -> None
             if kind == 0:
                 data = rng.randbytes(block)
             elif kind in (1, 3, 6):
-                line = f"block {i:05d} of a disk image used by cdi's importer tests {rng.random():.6f}\n".encode()
+                line = f"block {i:05d} of a disk image for cdi's importer tests {rng.random():.6f}\n".encode()
                 data = (line * (block // len(line) + 1))[:block]
             else:
                 continue
@@ -165,7 +165,7 @@ def _build(directory: Path, manifest: Path) -> None:
         digest, size = sha256_file(expected), expected.stat().st_size
         expected.unlink()
         for kind in COMPRESSIONS:
-            jobs.append(pool.submit(_finish, directory, target, fmt, kind, digest, size))
+            jobs.append(pool.submit(_finish, directory, target, fmt, kind, digest=digest, size=size))
     for job in jobs:
         name, entry = job.result()
         entries[name] = entry
@@ -174,7 +174,7 @@ def _build(directory: Path, manifest: Path) -> None:
 
 
 def _finish(
-    directory: Path, target: Path, fmt: str, kind: str, digest: str, size: int
+    directory: Path, target: Path, fmt: str, kind: str, *, digest: str, size: int
 ) -> tuple[str, dict[str, object]]:
     path = target if not kind else directory / file_name(fmt, kind)
     if kind:

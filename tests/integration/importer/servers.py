@@ -84,6 +84,15 @@ class Fault:
 
 
 @dataclass
+class _Body:
+    name: str
+    path: Path
+    start: int
+    length: int
+    fault: Fault | None
+
+
+@dataclass
 class FileServer:
     root: Path
     ssl_context: ssl.SSLContext | None = None
@@ -189,21 +198,13 @@ class FileServer:
         await response.prepare(request)
         if request.method == "HEAD":
             return response
-        await self._send_body(request, response, name, path, start, length, fault)
+        await self._send_body(request, response, _Body(name, path, start, length, fault))
         return response
 
-    async def _send_body(
-        self,
-        request: web.Request,
-        response: web.StreamResponse,
-        name: str,
-        path: Path,
-        start: int,
-        length: int,
-        fault: Fault | None,
-    ) -> None:
+    async def _send_body(self, request: web.Request, response: web.StreamResponse, body: _Body) -> None:
+        name, start, length, fault = body.name, body.start, body.length, body.fault
         sent = 0
-        with open(path, "rb") as f:
+        with body.path.open("rb") as f:  # small local files, in the server's own loop thread
             while sent < length:
                 offset = start + sent
                 gate = self.gate_offset

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from .harness import PASSWORD, USER, Volume, assert_failed, assert_imported, run_importer
-from .images import COMPRESSIONS, FORMATS, Image, file_name
+from .harness import CASES, PASSWORD, USER, Case, Volume, assert_failed, assert_imported, run_importer
+from .images import Image, file_name
 from .servers import Fault, FileServer
 
-MATRIX = [(fmt, comp) for fmt in FORMATS for comp in COMPRESSIONS]
 NATIVE = {
     "raw": "ranges",
     "iso": "ranges",
@@ -42,38 +41,29 @@ def https_env(server: FileServer, name: str, ca_dir: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("mode", ["fs", "block"])
-@pytest.mark.parametrize(("fmt", "compression"), MATRIX)
+@pytest.mark.parametrize("case", CASES, ids=str)
 def test_https_with_ranges(
-    fmt: str,
-    compression: str,
-    mode: str,
+    case: Case,
     images: dict[str, Image],
     https_server: FileServer,
     ca_dir: Path,
     make_volume: Callable[..., Volume],
 ) -> None:
-    image = images[file_name(fmt, compression)]
-    route = expected_route(fmt, compression, ranges=True)
-    volume = make_volume(mode, scratch=route == "scratch-convert")
+    image = images[case.name]
+    route = expected_route(case.fmt, case.compression, ranges=True)
+    volume = make_volume(case.mode, scratch=route == "scratch-convert")
     result = run_importer(volume, https_env(https_server, image.name, ca_dir))
     assert_imported(volume, image, result, route=route)
-    assert result.message["sourceFormat"] == fmt.split("-", maxsplit=1)[0] + (f".{compression}" if compression else "")
+    assert result.message["sourceFormat"] == case.source_format
 
 
-@pytest.mark.parametrize("mode", ["fs", "block"])
-@pytest.mark.parametrize(("fmt", "compression"), MATRIX)
+@pytest.mark.parametrize("case", CASES, ids=str)
 def test_http_without_ranges(
-    fmt: str,
-    compression: str,
-    mode: str,
-    images: dict[str, Image],
-    plain_server: FileServer,
-    make_volume: Callable[..., Volume],
+    case: Case, images: dict[str, Image], plain_server: FileServer, make_volume: Callable[..., Volume]
 ) -> None:
-    image = images[file_name(fmt, compression)]
-    route = expected_route(fmt, compression, ranges=False)
-    volume = make_volume(mode, scratch=route == "scratch-convert")
+    image = images[case.name]
+    route = expected_route(case.fmt, case.compression, ranges=False)
+    volume = make_volume(case.mode, scratch=route == "scratch-convert")
     result = run_importer(
         volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{plain_server.url}/{image.name}"}
     )

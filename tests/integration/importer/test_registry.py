@@ -11,8 +11,8 @@ import pytest
 
 from . import oci
 from .conftest import Registries
-from .harness import PASSWORD, USER, Volume, assert_failed, assert_imported, run_importer
-from .images import COMPRESSIONS, FORMATS, Image, file_name
+from .harness import CASES, PASSWORD, USER, Case, Volume, assert_failed, assert_imported, run_importer
+from .images import Image, file_name
 
 LABEL_ENV = [
     "INSTANCETYPE_KUBEVIRT_IO_DEFAULT_PREFERENCE=fedora",
@@ -48,22 +48,16 @@ def expected_route(fmt: str, compression: str) -> str:
     return "stream" if fmt in ("raw", "iso") else "scratch-convert"
 
 
-@pytest.mark.parametrize("mode", ["fs", "block"])
-@pytest.mark.parametrize(("fmt", "compression"), [(f, c) for f in FORMATS for c in COMPRESSIONS])
+@pytest.mark.parametrize("case", CASES, ids=str)
 def test_registry_import(
-    fmt: str,
-    compression: str,
-    mode: str,
-    images: dict[str, Image],
-    registries: Registries,
-    make_volume: Callable[..., Volume],
+    case: Case, images: dict[str, Image], registries: Registries, make_volume: Callable[..., Volume]
 ) -> None:
     """The disk file itself in every format and compression, in a gzip layer (the usual containerDisk)."""
-    image = images[file_name(fmt, compression)]
-    repo = f"matrix/{fmt}-{compression or 'none'}"
+    image = images[case.name]
+    repo = f"matrix/{case.fmt}-{case.compression or 'none'}"
     endpoint = registries.push(registries.basic, repo, disk_image(image, env=LABEL_ENV))
-    route = expected_route(fmt, compression)
-    volume = make_volume(mode, scratch=route == "scratch-convert")
+    route = expected_route(case.fmt, case.compression)
+    volume = make_volume(case.mode, scratch=route == "scratch-convert")
     result = run_importer(volume, registry_env(endpoint))
     assert_imported(volume, image, result, route=route)
     assert result.message["labels"] == LABELS

@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 
 from .conftest import S3
-from .harness import S3_KEY, S3_SECRET, Volume, assert_failed, assert_imported, run_importer
-from .images import COMPRESSIONS, FORMATS, Image, file_name
+from .harness import CASES, S3_KEY, S3_SECRET, Case, Volume, assert_failed, assert_imported, run_importer
+from .images import Image, file_name
 from .test_http import expected_route
-
-MATRIX = [(fmt, comp) for fmt in FORMATS for comp in COMPRESSIONS]
 
 
 def s3_env(endpoint: str, **extra: str) -> dict[str, str]:
@@ -27,19 +25,11 @@ def s3_env(endpoint: str, **extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("mode", ["fs", "block"])
-@pytest.mark.parametrize(("fmt", "compression"), MATRIX)
-def test_s3_import(
-    fmt: str,
-    compression: str,
-    mode: str,
-    images: dict[str, Image],
-    s3: S3,
-    make_volume: Callable[..., Volume],
-) -> None:
-    image = images[file_name(fmt, compression)]
-    route = expected_route(fmt, compression, ranges=True)
-    volume = make_volume(mode, scratch=route == "scratch-convert")
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_s3_import(case: Case, images: dict[str, Image], s3: S3, make_volume: Callable[..., Volume]) -> None:
+    image = images[case.name]
+    route = expected_route(case.fmt, case.compression, ranges=True)
+    volume = make_volume(case.mode, scratch=route == "scratch-convert")
     result = run_importer(volume, s3_env(s3.endpoint(image.name)))
     assert_imported(volume, image, result, route=route)
     assert result.message["bytesTransferred"] >= image.file_size * 0.9 or route == "nbdkit-convert"
