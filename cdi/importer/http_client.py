@@ -17,6 +17,7 @@ preallocated buffer, with no per-chunk Python objects. What this adds on top of 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import logging
 import os
@@ -144,7 +145,7 @@ class Response:
             data = self.raw.read(n)
         except (OSError, http.client.HTTPException) as exc:
             self._discard()
-            raise classify_network(exc, self.url) from exc
+            raise self._client._failure(exc, self.url) from exc
         if data and self.on_bytes:
             self.on_bytes(len(data))
         return data
@@ -162,7 +163,7 @@ class Response:
             self._discard()
             if total and self.on_bytes:
                 self.on_bytes(total)
-            err = classify_network(exc, self.url)
+            err = self._client._failure(exc, self.url)
             err.partial = total  # type: ignore[attr-defined]
             raise err from exc
         if total and self.on_bytes:
@@ -185,6 +186,7 @@ class Response:
 
     def _discard(self) -> None:
         if self._conn is not None:
+            self._client._forget(self._conn)
             self._conn.close()
             self._conn = None
 
@@ -230,6 +232,8 @@ class HttpClient:
     def __init__(self, settings: HttpSettings) -> None:
         self.settings = settings
         self._idle: dict[_Origin, list[http.client.HTTPConnection]] = {}
+        self._busy: set[http.client.HTTPConnection] = set()
+        self._cancelled = False
         self._lock = threading.Lock()
 
     # -- connections --------------------------------------------------------------------------------
@@ -278,7 +282,35 @@ class HttpClient:
 
     def _release(self, key: _Origin, conn: http.client.HTTPConnection) -> None:
         with self._lock:
-            self._idle.setdefault(key, []).append(conn)
+            self._busy.discard(conn)
+            if not self._cancelled:
+                self._idle.setdefault(key, []).append(conn)
+                return
+        conn.close()
+
+    def _forget(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+
+    def _failure(self, exc: BaseException, url: str) -> ImporterError:
+        if self._cancelled:
+            return ImporterError(Reason.TERMINATED, f"request to {redact(url)} cancelled")
+        return classify_network(exc, url)
+
+    def cancel(self) -> None:
+        """Stop everything: in-flight responses fail at once, new requests are refused.
+
+        Called when an import is stopped or failed while range workers are still blocked reading
+        from a slow (or stalled) server; shutting their sockets down releases them immediately."""
+        with self._lock:
+            self._cancelled = True
+            busy = list(self._busy)
+        for conn in busy:
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        self.close()
 
     def close(self) -> None:
         with self._lock:
@@ -310,8 +342,12 @@ class HttpClient:
             target += "?" + parts.query
         all_headers = self._headers(url, headers)
         for attempt in (0, 1):
+            if self._cancelled:
+                raise ImporterError(Reason.TERMINATED, f"request to {redact(url)} cancelled")
             pooled = self._take(key) if attempt == 0 else None
             conn, absolute = pooled if pooled else self._connect(key)
+            with self._lock:
+                self._busy.add(conn)
             if absolute:
                 conn._cdi_absolute = True  # type: ignore[attr-defined]
                 all_headers.update(getattr(conn, "_cdi_proxy_headers", {}))
@@ -321,12 +357,16 @@ class HttpClient:
                 )
                 raw = conn.getresponse()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                self._forget(conn)
                 conn.close()
                 if pooled is not None:
                     continue  # a keep-alive connection the server had closed: once more on a fresh one
                 raise classify_network(exc, url) from exc
             except (OSError, http.client.HTTPException) as exc:
+                self._forget(conn)
                 conn.close()
+                if self._cancelled:
+                    raise ImporterError(Reason.TERMINATED, f"request to {redact(url)} cancelled") from exc
                 raise classify_network(exc, url) from exc
             return Response(self, key, conn, raw, url)
         raise AssertionError("unreachable")

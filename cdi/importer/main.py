@@ -32,7 +32,7 @@ from .progress import Progress
 from .retry import Terminated
 from .source import NbdSpec, Origin
 from .source_http import HttpOrigin
-from .target import Paths, detect_target
+from .target import FILESYSTEM, Paths, detect_target
 
 log = logging.getLogger("cdi.importer")
 
@@ -81,6 +81,10 @@ def open_origin(config: ImporterConfig, stop: threading.Event) -> Origin:
 def run(config: ImporterConfig, progress: Progress, stop: threading.Event) -> ImportResult:
     target = detect_target(config.paths)
     log.info("target: %s volume at %s", target.kind, target.path)
+    if config.content_type == envnames.CONTENT_ARCHIVE and target.kind != FILESYSTEM:
+        raise ImporterError(
+            Reason.INVALID_CONFIGURATION, "content type archive needs a Filesystem volume, not a Block volume"
+        )
     options = ImportOptions(
         content_type=config.content_type,
         requested_size=config.image_size,

@@ -35,6 +35,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +54,8 @@ from .progress import (
     TRANSFER_SCRATCH,
     Progress,
 )
-from .ranges import PrefetchStream, RangeFetcher, Span, SpanList
+from .ranges import PrefetchStream, RangeFetcher, RangeReader, Span, SpanList
+from .retry import Terminated
 from .source import NbdSpec, Origin, StreamOrigin
 from .sparse_writer import SparseWriter
 from .streams import Chunk, PeekStream, Stream, TapStream, as_bytes
@@ -233,7 +235,7 @@ class _Import:
             return TapStream(stream, hasher.update)
         return stream
 
-    def _fetch(self, offset: int, length: int) -> bytes | None:
+    def _read_at(self, offset: int, length: int) -> bytes | None:
         ranges = self.origin.ranges
         if ranges is None:
             head = self.origin.head
@@ -251,7 +253,7 @@ class _Import:
         kind = compression.detect(head)
         if kind is not None:
             return self._compressed(kind)
-        info = formats.probe(head, self.origin.size, self._fetch)
+        info = formats.probe(head, self.origin.size, self._read_at)
         self.format = info.format
         log.info(
             "%s is %s%s",
@@ -372,8 +374,38 @@ class _Import:
                 return False
         return True
 
-    def _checkpointer(self, writer: SparseWriter, plan: dict[str, object]) -> _Checkpointer:
-        return _Checkpointer(self, writer, plan)
+    def _fetch_spans(
+        self,
+        ranges: RangeReader,
+        spans: Sequence[Span],
+        process: Callable[[Span, bytearray], None],
+        checkpoint: _Checkpointer,
+        done: int,
+    ) -> None:
+        """Fetch and write spans in parallel; hash and checkpoint them in order."""
+        fetcher = RangeFetcher(
+            ranges,
+            spans,
+            workers=self.options.workers,
+            window=self.options.window,
+            process=process,
+            stop=self.stop,
+            on_idle=checkpoint.idle,
+            on_cancel=self.origin.abort,
+        )
+        fetched = done
+        try:
+            for s, buf in fetcher:
+                if self.hasher is not None:
+                    self.hasher.update(memoryview(buf)[: s.length])
+                fetched += s.length
+                self.progress.update(fetched)
+                checkpoint.done(s.index + 1, fetched)
+        except BaseException as exc:
+            if isinstance(exc, Terminated) or (isinstance(exc, ImporterError) and exc.retryable):
+                with contextlib.suppress(Exception):
+                    checkpoint.save()  # keep what is on the target for the next attempt
+            raise
 
     # -- routes ---------------------------------------------------------------------------------------
     def _ranges_raw(self, info: ImageInfo) -> tuple[int, bool]:
@@ -402,20 +434,8 @@ class _Import:
             def process(s: Span, buf: bytearray) -> None:
                 writer.write_at(s.offset, buf, 0, s.length)
 
-            checkpoint = self._checkpointer(writer, plan)
-            fetcher = RangeFetcher(
-                ranges,
-                spans,
-                workers=self.options.workers,
-                window=self.options.window,
-                process=process,
-                stop=self.stop,
-            )
-            for s, buf in fetcher:
-                if self.hasher is not None:
-                    self.hasher.update(memoryview(buf)[: s.length])
-                self.progress.update(s.offset + s.length)
-                checkpoint.done(s.index + 1, s.offset + s.length)
+            checkpoint = _Checkpointer(self, writer, plan, start, done)
+            self._fetch_spans(ranges, spans, process, checkpoint, done)
             writer.sync()
         finally:
             os.close(fd)
@@ -455,24 +475,12 @@ class _Import:
                     workers=self.options.workers,
                     window=self.options.window,
                     stop=self.stop,
+                    on_cancel=self.origin.abort,
                 ):
                     self.hasher.update(memoryview(buf)[: s.length])
             self.progress.update(done)
-            checkpoint = self._checkpointer(writer, plan)
-            fetched = done
-            for s, buf in RangeFetcher(
-                ranges,
-                spans[start:],
-                workers=self.options.workers,
-                window=self.options.window,
-                process=qcow2.ClusterWriter(m, writer),
-                stop=self.stop,
-            ):
-                if self.hasher is not None:
-                    self.hasher.update(memoryview(buf)[: s.length])
-                fetched += s.length
-                self.progress.update(fetched)
-                checkpoint.done(s.index + 1, fetched)
+            checkpoint = _Checkpointer(self, writer, plan, start, done)
+            self._fetch_spans(ranges, spans[start:], qcow2.ClusterWriter(m, writer), checkpoint, done)
             writer.sync()
         finally:
             os.close(fd)
@@ -501,8 +509,6 @@ class _Import:
         meter = self.origin.meter
         while True:
             if self.stop.is_set():
-                from .retry import Terminated
-
                 raise Terminated()
             chunk: Chunk = stream.read(_CHUNK)
             if not chunk:
@@ -617,30 +623,44 @@ class _Import:
 
 
 class _Checkpointer:
-    """fdatasync + resume state every `checkpoint_bytes` or `checkpoint_seconds`."""
+    """fdatasync + resume state every `checkpoint_bytes` or `checkpoint_seconds` (also while stalled,
+    and once more when the importer is stopped), so a new attempt resumes close to where this one was."""
 
-    def __init__(self, imp: _Import, writer: SparseWriter, plan: dict[str, object]) -> None:
+    def __init__(
+        self, imp: _Import, writer: SparseWriter, plan: dict[str, object], spans: int, done: int
+    ) -> None:
         self.imp = imp
         self.writer = writer
         self.plan = plan
-        self.last_bytes = 0
+        self.spans = self.saved_spans = spans
+        self.done_bytes = self.saved_bytes = done
         self.last_time = time.monotonic()
         self.enabled = imp.state_path is not None and imp.origin.identity is not None
 
     def done(self, spans: int, done_bytes: int) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if (
-            done_bytes - self.last_bytes < self.imp.options.checkpoint_bytes
-            and now - self.last_time < self.imp.options.checkpoint_seconds
-        ):
+        self.spans, self.done_bytes = spans, done_bytes
+        if done_bytes - self.saved_bytes >= self.imp.options.checkpoint_bytes or self._due():
+            self.save()
+
+    def idle(self) -> None:
+        if self._due():
+            self.save()
+
+    def _due(self) -> bool:
+        return (
+            self.spans > self.saved_spans
+            and time.monotonic() - self.last_time >= self.imp.options.checkpoint_seconds
+        )
+
+    def save(self) -> None:
+        if not self.enabled or self.spans <= self.saved_spans:
             return
         self.writer.sync()
         identity = self.imp.origin.identity
         assert identity is not None
-        resume.save(self.imp.state_path, resume.ImportState(identity, self.plan, spans, done_bytes))
-        self.last_bytes, self.last_time = done_bytes, now
+        resume.save(self.imp.state_path, resume.ImportState(identity, self.plan, self.spans, self.done_bytes))
+        self.saved_spans, self.saved_bytes, self.last_time = self.spans, self.done_bytes, time.monotonic()
+        log.info("checkpoint: %d bytes durably written", self.done_bytes)
 
 
 class _HashPass:
@@ -657,7 +677,9 @@ class _HashPass:
             ranges = self.imp.origin.ranges
             assert ranges is not None
             assert self.imp.hasher is not None
-            stream = PrefetchStream(ranges, 0, ranges.size, workers=2, stop=self.imp.stop)
+            stream = PrefetchStream(
+                ranges, 0, ranges.size, workers=2, stop=self.imp.stop, on_cancel=self.imp.origin.abort
+            )
             while True:
                 chunk = stream.read(_CHUNK)
                 if not chunk:

@@ -82,6 +82,8 @@ class RangeFetcher:
         process: Process | None = None,
         stop: threading.Event | None = None,
         fetch: Callable[[Span, memoryview], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
+        on_cancel: Callable[[], None] | None = None,
     ) -> None:
         self.reader = reader
         self.spans = spans
@@ -90,6 +92,9 @@ class RangeFetcher:
         self.process = process
         self.fetch = fetch or (lambda span, view: reader.read_into(span.offset, view))
         self.stop = stop or threading.Event()
+        self.on_idle = on_idle
+        self.on_cancel = on_cancel
+        self._complete = False
         self._cond = threading.Condition()
         self._free: list[bytearray] = []
         self._allocated = 0
@@ -156,7 +161,12 @@ class RangeFetcher:
                             raise failed
                         if self.stop.is_set():
                             raise Terminated()
-                        self._cond.wait(0.5)
+                        if not self._cond.wait(0.5) and self.on_idle is not None:
+                            self._cond.release()  # the idle work (an fdatasync) must not block the workers
+                            try:
+                                self.on_idle()
+                            finally:
+                                self._cond.acquire()
                     buf, error = self._results.pop(index)
                 if error is not None:
                     raise error
@@ -164,6 +174,7 @@ class RangeFetcher:
                 with self._cond:
                     self._free.append(buf)
                     self._cond.notify_all()
+            self._complete = True
         finally:
             self.close()
 
@@ -171,6 +182,8 @@ class RangeFetcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if not self._complete and self._threads and self.on_cancel is not None:
+            self.on_cancel()  # workers blocked on a stalled server must not hold up the exit
         for thread in self._threads:
             thread.join()
         self._threads.clear()
@@ -196,9 +209,10 @@ class PrefetchStream:
         workers: int = 4,
         window: int = 8,
         stop: threading.Event | None = None,
+        on_cancel: Callable[[], None] | None = None,
     ) -> None:
         self._fetcher = RangeFetcher(
-            reader, SpanList(start, end, span), workers=workers, window=window, stop=stop
+            reader, SpanList(start, end, span), workers=workers, window=window, stop=stop, on_cancel=on_cancel
         )
         self._iter: Iterator[tuple[Span, bytearray]] | None = None
         self._view = memoryview(b"")

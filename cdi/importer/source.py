@@ -78,6 +78,9 @@ class Origin:
     def finish(self) -> None:
         """Called after the data was consumed: verify what only the end can verify (layer digests)."""
 
+    def abort(self) -> None:
+        """Release requests still in flight (the import stopped or failed)."""
+
     def close(self) -> None:
         pass
 

@@ -277,7 +277,10 @@ class HttpOrigin(Origin):
         if self.ranges is not None and self.size is not None:
             reader, size, head = self.ranges, self.size, self.head
             return ChainStream(
-                head, lambda: PrefetchStream(reader, len(head), size, workers=self.workers, stop=self.stop)
+                head,
+                lambda: PrefetchStream(
+                    reader, len(head), size, workers=self.workers, stop=self.stop, on_cancel=self.abort
+                ),
             )
         if self._peek is not None:
             return self._peek
@@ -291,6 +294,9 @@ class HttpOrigin(Origin):
         if origin_of(self.url) != origin_of(self.endpoint):
             spec.user = spec.password = None  # credentials are for the endpoint, not a redirect target
         return spec
+
+    def abort(self) -> None:
+        self.client.cancel()
 
     def close(self) -> None:
         if self._peek is not None:

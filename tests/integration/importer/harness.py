@@ -168,7 +168,13 @@ def assert_zero_beyond(path: Path, start: int, end: int) -> None:
 
 
 def assert_imported(
-    volume: Volume, image: Image, result: Result, *, route: str | None = None, sparse: bool = True
+    volume: Volume,
+    image: Image,
+    result: Result,
+    *,
+    route: str | None = None,
+    sparse: bool = True,
+    usable: int = USABLE,
 ) -> None:
     assert result.code == 0, result
     msg = result.message
@@ -183,7 +189,7 @@ def assert_imported(
     assert sha256_file(target, image.virtual_size) == image.sha256, "imported bytes differ from qemu-img's"
     st = target.stat()
     if volume.mode == "fs":
-        assert st.st_size == USABLE, f"disk.img is {st.st_size} bytes, the usable size is {USABLE}"
+        assert st.st_size == usable, f"disk.img is {st.st_size} bytes, the usable size is {usable}"
         assert st.st_mode & 0o777 == 0o660
         assert_zero_beyond(target, image.virtual_size, st.st_size)
         if sparse:

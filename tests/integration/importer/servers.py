@@ -18,6 +18,7 @@ import contextlib
 import email.utils
 import hashlib
 import json
+import logging
 import os
 import re
 import socket
@@ -42,6 +43,8 @@ from werkzeug.serving import make_server
 from cdi.common import pki
 
 CHUNK = 256 * 1024
+# importers killed on purpose leave responses half-written: not worth a traceback in the test log
+logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 
 
 def free_port() -> int:
