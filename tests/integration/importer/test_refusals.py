@@ -62,16 +62,15 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(("name", "reason", "fragments"), REFUSALS, ids=[r[0] for r in REFUSALS])
+@pytest.mark.parametrize("refusal", REFUSALS, ids=[r[0] for r in REFUSALS])
 def test_refused_before_writing(
-    name: str,
-    reason: str,
-    fragments: list[str],
+    refusal: tuple[str, str, list[str]],
     bad: Path,
     range_server: FileServer,
     images: dict[str, Image],
     make_volume: Callable[..., Volume],
 ) -> None:
+    name, reason, fragments = refusal
     volume = make_volume("fs", scratch=True)
     result = run_importer(volume, http(range_server, name))
     assert_failed(result, reason, *fragments, retryable=False)
@@ -119,15 +118,15 @@ ARCHIVES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "fragments"), ARCHIVES, ids=[a[0] for a in ARCHIVES])
+@pytest.mark.parametrize("archive", ARCHIVES, ids=[a[0] for a in ARCHIVES])
 def test_unsafe_archives(
-    name: str,
-    fragments: list[str],
+    archive: tuple[str, list[str]],
     bad: Path,
     range_server: FileServer,
     tmp_path: Path,
     make_volume: Callable[..., Volume],
 ) -> None:
+    name, fragments = archive
     volume = make_volume("fs")
     (volume.data_dir / "leftover").write_text("from an earlier attempt")
     result = run_importer(volume, http(range_server, name, IMPORTER_CONTENTTYPE="archive"))
