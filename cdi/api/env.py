@@ -31,6 +31,11 @@ POD_IP: Final = "POD_IP"
 TLS_CIPHERS: Final = "TLS_CIPHERS"
 TLS_MIN_VERSION: Final = "TLS_MIN_VERSION"
 
+# importer tuning (our additions; CDI has no equivalent): seconds a failing request is retried inside
+# the run before the import gives up as retryable, and seconds without data before a read times out
+RETRY_BUDGET: Final = "IMPORTER_RETRY_BUDGET"
+READ_TIMEOUT: Final = "IMPORTER_READ_TIMEOUT"
+
 # path overrides for running a pod program outside a pod (tests, benchmarks)
 DATA_DIR: Final = "IMPORTER_DATA_DIR"
 BLOCK_PATH: Final = "IMPORTER_BLOCK_PATH"

@@ -1,0 +1,172 @@
+"""`cdi-importer`: read the environment, import, write the termination message, exit 0 or 1.
+
+Exit status: 0 when the import completed, 1 otherwise (including ScratchSpaceRequired). In both
+cases /dev/termination-log holds one line of JSON with `reason` and `retryable`, which is all the
+controller needs to decide between done, retry (resuming) and failed (see errors.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from types import FrameType
+
+from cdi.api import env as envnames
+
+from . import termination
+from .config import ImporterConfig
+from .errors import ImporterError, Reason
+from .http_client import (
+    HttpClient,
+    HttpSettings,
+    ca_files,
+    origin_of,
+    parse_header_lines,
+)
+from .pipeline import ImportOptions, ImportResult, import_blank, run_import
+from .progress import Progress
+from .retry import Terminated
+from .source import NbdSpec, Origin
+from .source_http import HttpOrigin
+from .target import FILESYSTEM, Paths, detect_target
+
+log = logging.getLogger("cdi.importer")
+
+
+def http_client(config: ImporterConfig, auth_url: str | None) -> HttpClient:
+    auth = (config.access_key, config.secret_key) if config.access_key and config.secret_key else None
+    settings = HttpSettings(
+        cert_dir=config.cert_dir,
+        insecure=config.insecure_tls,
+        timeout=config.read_timeout,
+        extra_headers=parse_header_lines(config.extra_headers),
+        basic_auth=auth,
+        auth_origin=origin_of(auth_url) if auth_url else None,
+    )
+    return HttpClient(settings)
+
+
+def open_origin(config: ImporterConfig, stop: threading.Event) -> Origin:
+    if config.source == envnames.SOURCE_HTTP:
+        endpoint = config.endpoint
+        if origin_of(endpoint)[0] not in ("http", "https"):
+            raise ImporterError(
+                Reason.INVALID_CONFIGURATION,
+                f"{envnames.ENDPOINT} must be an http or https URL, not {endpoint!r}",
+            )
+        nbd = NbdSpec(
+            url=endpoint,
+            headers=parse_header_lines(config.extra_headers),
+            user=config.access_key or None,
+            password=config.secret_key or None,
+            cainfo=[str(p) for p in ca_files(config.cert_dir)],
+            insecure=config.insecure_tls,
+        )
+        return HttpOrigin(http_client(config, endpoint), endpoint, config.retry, stop, nbd=nbd).open()
+    if config.source == envnames.SOURCE_S3:
+        from .source_s3 import open_s3
+
+        return open_s3(config, stop)
+    if config.source == envnames.SOURCE_REGISTRY:
+        from .source_registry import open_registry
+
+        return open_registry(config, stop)
+    raise ImporterError(Reason.INVALID_CONFIGURATION, f"unknown source {config.source!r}")
+
+
+def run(config: ImporterConfig, progress: Progress, stop: threading.Event) -> ImportResult:
+    target = detect_target(config.paths)
+    log.info("target: %s volume at %s", target.kind, target.path)
+    if config.content_type == envnames.CONTENT_ARCHIVE and target.kind != FILESYSTEM:
+        raise ImporterError(
+            Reason.INVALID_CONFIGURATION, "content type archive needs a Filesystem volume, not a Block volume"
+        )
+    options = ImportOptions(
+        content_type=config.content_type,
+        requested_size=config.image_size,
+        filesystem_overhead=config.filesystem_overhead,
+        preallocation=config.preallocation,
+        checksum=config.checksum,
+        scratch_dir=config.paths.scratch(),
+    )
+    if config.source == envnames.SOURCE_BLANK:
+        return import_blank(target, options, progress)
+    config.retry.listeners.append(progress.retried)
+    origin = open_origin(config, stop)
+    try:
+        return run_import(origin, target, options, progress, stop)
+    finally:
+        origin.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    paths = Paths.from_env(os.environ)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    progress: Progress | None = None
+    try:
+        config = ImporterConfig.from_env()
+        progress = Progress(config.owner_uid)
+        if config.pod_ip:
+            progress.serve(config.pod_ip, envnames.METRICS_PORT)
+        result = run(config, progress, stop)
+        message = termination.TerminationMessage(
+            message=termination.COMPLETE_MESSAGE,
+            reason=Reason.COMPLETE,
+            retryable=False,
+            preallocation_applied=result.preallocation_applied,
+            labels=result.labels,
+            virtual_size=result.virtual_size,
+            checksum=result.checksum,
+            bytes_transferred=result.bytes_transferred,
+            source_format=result.source_format,
+            route=result.route,
+        )
+        code = 0
+    except ImporterError as exc:
+        log.error("import failed: %s", exc)
+        message = termination.TerminationMessage(
+            message=exc.message,
+            reason=exc.reason,
+            retryable=exc.retryable,
+            scratch_space_required=exc.scratch_space_required,
+        )
+        code = 1
+    except Terminated:
+        stop.set()
+        log.error("import stopped by a signal")
+        message = termination.TerminationMessage(
+            message="the importer was stopped by a signal", reason=Reason.TERMINATED, retryable=True
+        )
+        code = 1
+    except Exception as exc:  # a bug: report it like any failure, with the details
+        stop.set()
+        log.error("unexpected error:\n%s", traceback.format_exc())
+        message = termination.TerminationMessage(
+            message=f"internal error: {type(exc).__name__}: {exc}",
+            reason=Reason.INTERNAL_ERROR,
+            retryable=True,
+        )
+        code = 1
+    if progress is not None and code != 0:
+        progress.failed()
+    line = termination.write(paths.termination_log, message)
+    print(line, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

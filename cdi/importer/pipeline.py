@@ -1,0 +1,736 @@
+"""The import pipeline: detection -> validation -> write or convert -> resize -> fsync -> result.
+
+Sources hand over an `Origin` (first bytes, size, optional range reader, sequential stream); the
+pipeline picks the route from what the first bytes say and what the source can do, before a byte
+is written:
+
+=================  ===========================================================  =========  =======
+route              when                                                         scratch    resume
+=================  ===========================================================  =========  =======
+ranges             raw / iso, server serves ranges: parallel Range GETs          no         yes
+                   written in place
+qcow2-ranges       qcow2, server serves ranges: native map, clusters fetched     no         yes
+                   in host order and written at guest offsets
+stream             raw / iso, compressed (gz/xz/zst) or no Range support:        no         no
+                   decompressed and written while downloading
+nbdkit-convert     vmdk/vhd/vhdx/vdi (or an unusual qcow2), server serves       no         no
+                   ranges: qemu-img reads through nbdkit-curl
+scratch-convert    a non-raw image that cannot be range-read (compressed         yes        no
+                   qcow2, server without ranges, registry layer, upload):
+                   stream to scratch, then qemu-img
+archive            content type archive: tar extracted onto the volume          no         no
+=================  ===========================================================  =========  =======
+
+When a route needs scratch and none is mounted, the import stops with `ScratchSpaceRequired`
+after reading only the first MiBs. Checksums are verified over the bytes as the source delivered
+them, before the target is finalized; a mismatch (or any other permanent failure) removes what
+was written, so the next attempt starts clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdi.api import env as envnames
+
+from . import archive, compression, formats, qcow2, qemu, resume
+from .checksum import Checksum, Hasher
+from .errors import ImporterError, Reason
+from .formats import HEAD_SIZE, ImageInfo
+from .progress import (
+    CONVERT,
+    RESIZE,
+    SYNC,
+    TRANSFER_DATA_DIR,
+    TRANSFER_DATA_FILE,
+    TRANSFER_SCRATCH,
+    Progress,
+)
+from .ranges import PrefetchStream, RangeFetcher, RangeReader, Span, SpanList
+from .retry import Terminated
+from .source import NbdSpec, Origin, StreamOrigin
+from .sparse_writer import SparseWriter
+from .streams import Chunk, PeekStream, Stream, TapStream, as_bytes
+from .target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target, fsync_dir, preallocate_block
+
+log = logging.getLogger(__name__)
+
+ROUTE_RANGES = "ranges"
+ROUTE_QCOW2 = "qcow2-ranges"
+ROUTE_STREAM = "stream"
+ROUTE_NBDKIT = "nbdkit-convert"
+ROUTE_SCRATCH = "scratch-convert"
+ROUTE_ARCHIVE = "archive"
+ROUTE_BLANK = "blank"
+
+_CHUNK = 4 << 20
+_PEEK_LIMIT = 8 << 20
+
+
+@dataclass
+class ImportOptions:
+    content_type: str = envnames.CONTENT_KUBEVIRT
+    requested_size: int | None = None  # IMPORTER_IMAGE_SIZE in bytes
+    filesystem_overhead: str = "0"
+    preallocation: bool = False
+    checksum: Checksum | None = None
+    scratch_dir: Path | None = None  # None: no scratch volume mounted
+    workers: int = 4  # parallel range requests
+    span_size: int = 4 << 20  # bytes per range request
+    window: int = 16  # span buffers in flight (memory = window x span_size)
+    checkpoint_bytes: int = 256 << 20  # fdatasync + resume checkpoint every ... bytes
+    checkpoint_seconds: float = 2.0  # ... or seconds, whichever comes first
+    resume: bool = True
+
+
+@dataclass
+class ImportResult:
+    virtual_size: int
+    preallocation_applied: bool
+    source_format: str
+    route: str
+    checksum: str | None = None
+    bytes_transferred: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    resumed_bytes: int = 0
+    scratch_bytes: int = 0
+
+
+def run_import(
+    origin: Origin,
+    target: Target,
+    options: ImportOptions,
+    progress: Progress | None = None,
+    stop: threading.Event | None = None,
+) -> ImportResult:
+    """Import an opened source into the target (the importer's and the upload server's entry point)."""
+    return _Import(origin, target, options, progress or Progress(), stop or threading.Event()).run()
+
+
+def import_stream(
+    stream: Stream,
+    target: Target,
+    options: ImportOptions,
+    progress: Progress | None = None,
+    stop: threading.Event | None = None,
+    *,
+    name: str = "upload",
+    size: int | None = None,
+) -> ImportResult:
+    """Import a plain sequential byte stream (an upload's request body) into the target.
+
+    Same detection, validation, sizing, conversion, preallocation and checksum as an HTTP import;
+    non-raw formats need `options.scratch_dir` (ScratchSpaceRequired otherwise)."""
+    origin = StreamOrigin(stream, name=name, size=size)
+    try:
+        return run_import(origin, target, options, progress, stop)
+    finally:
+        origin.close()
+
+
+def import_blank(target: Target, options: ImportOptions, progress: Progress | None = None) -> ImportResult:
+    """A blank raw disk of the usable size (Filesystem), or an (optionally zeroed) device (Block)."""
+    progress = progress or Progress()
+    if options.content_type != envnames.CONTENT_KUBEVIRT:
+        raise ImporterError(
+            Reason.INVALID_CONFIGURATION, f"a blank disk cannot have content type {options.content_type!r}"
+        )
+    usable = target.usable(options.requested_size, options.filesystem_overhead)
+    progress.plan([(RESIZE, 1)])
+    progress.begin(RESIZE)
+    if target.kind == FILESYSTEM:
+        fd = target.open(True, usable)
+        os.close(fd)
+        applied = target.finalize(usable, usable, options.preallocation)
+    else:
+        if options.preallocation:
+            fd = target.open(False, None)
+            try:
+                preallocate_block(fd, usable)
+            finally:
+                os.close(fd)
+        applied = options.preallocation
+    progress.complete()
+    return ImportResult(
+        virtual_size=usable, preallocation_applied=applied, source_format="raw", route=ROUTE_BLANK
+    )
+
+
+class _Import:
+    def __init__(
+        self,
+        origin: Origin,
+        target: Target,
+        options: ImportOptions,
+        progress: Progress,
+        stop: threading.Event,
+    ) -> None:
+        self.origin = origin
+        self.target = target
+        self.options = options
+        self.progress = progress
+        self.stop = stop
+        self.hasher: Hasher | None = options.checksum.hasher() if options.checksum else None
+        self.usable = target.usable(options.requested_size, options.filesystem_overhead)
+        self.state_path = target.state_path(options.scratch_dir) if options.resume else None
+        self.scratch_file = options.scratch_dir / SCRATCH_FILE_NAME if options.scratch_dir else None
+        self.format = "raw"
+        self.route = ""
+        self.resumed_bytes = 0
+        self.scratch_bytes = 0
+        origin.meter.listeners.append(progress.transferred)
+
+    # -- entry ----------------------------------------------------------------------------------------
+    def run(self) -> ImportResult:
+        try:
+            if self.options.content_type == envnames.CONTENT_ARCHIVE:
+                size = self._archive()
+                image_size, applied = size, False
+            else:
+                image_size, applied = self._kubevirt()
+        except ImporterError as exc:
+            if not exc.retryable:
+                self._discard()
+            raise
+        finally:
+            self._remove_scratch()
+        self.progress.complete()
+        return ImportResult(
+            virtual_size=image_size,
+            preallocation_applied=applied,
+            source_format=self.format,
+            route=self.route,
+            checksum=self.hasher.actual() if self.hasher else None,
+            bytes_transferred=self.origin.meter.total,
+            labels=dict(self.origin.labels),
+            resumed_bytes=self.resumed_bytes,
+            scratch_bytes=self.scratch_bytes,
+        )
+
+    def _discard(self) -> None:
+        log.info("removing the partial import so that the next attempt starts clean")
+        with contextlib.suppress(OSError):
+            self.target.discard()
+        resume.remove(self.state_path)
+
+    def _remove_scratch(self) -> None:
+        if self.scratch_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.scratch_file.unlink()
+
+    # -- detection ------------------------------------------------------------------------------------
+    def _wire(self) -> Stream:
+        """The source's byte stream, hashed as it comes off the wire."""
+        stream = self.origin.stream()
+        if self.hasher is not None:
+            hasher = self.hasher
+            return TapStream(stream, hasher.update)
+        return stream
+
+    def _read_at(self, offset: int, length: int) -> bytes | None:
+        ranges = self.origin.ranges
+        if ranges is None:
+            head = self.origin.head
+            return head[offset : offset + length] if offset + length <= len(head) else None
+        if offset + length > ranges.size:
+            return None
+        buf = bytearray(length)
+        ranges.read_into(offset, memoryview(buf))
+        return bytes(buf)
+
+    def _kubevirt(self) -> tuple[int, bool]:
+        head = self.origin.head
+        if not head:
+            raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} is empty")
+        kind = compression.detect(head)
+        if kind is not None:
+            return self._compressed(kind)
+        info = formats.probe(head, self.origin.size, self._read_at)
+        self.format = info.format
+        log.info(
+            "%s is %s%s",
+            self.origin.name,
+            info.format,
+            f", virtual size {info.virtual_size}" if info.virtual_size is not None else "",
+        )
+        if not info.needs_conversion:
+            if self.origin.ranges is not None:
+                return self._ranges_raw(info)
+            return self._stream_raw(self._wire(), info)
+        self._check_size(info.virtual_size, info.format)
+        if self.origin.ranges is not None:
+            if info.format == formats.QCOW2:
+                try:
+                    return self._qcow2(info)
+                except qcow2.NotNative as exc:
+                    log.info("converting this qcow2 with qemu-img instead: %s", exc)
+            spec = self.origin.nbd()
+            if spec is not None:
+                return self._nbdkit(info, spec)
+        return self._scratch(self._wire(), info, "the source cannot be read by ranges")
+
+    def _compressed(self, kind: str) -> tuple[int, bool]:
+        stream: Stream = self._wire()
+        kinds = []
+        while True:
+            kinds.append(kind)
+            stream = PeekStream(compression.open_stream(stream, kind, _CHUNK))
+            head = stream.peek(HEAD_SIZE)
+            nested = compression.detect(head)
+            if nested is None or len(kinds) >= 3:
+                break
+            kind = nested
+        if not head:
+            raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} decompresses to nothing")
+        peek = stream
+
+        def fetch(offset: int, length: int) -> bytes | None:
+            if offset + length > _PEEK_LIMIT:
+                return None
+            data = peek.peek(offset + length)
+            return data[offset : offset + length] if len(data) >= offset + length else None
+
+        info = formats.probe(head, None, fetch)
+        self.format = f"{info.format}.{'.'.join(reversed(kinds))}"
+        log.info("%s is %s compressed with %s", self.origin.name, info.format, "+".join(kinds))
+        if info.needs_conversion:
+            return self._scratch(
+                peek, info, f"{info.format} compressed with {'+'.join(kinds)} cannot be streamed"
+            )
+        return self._stream_raw(peek, info)
+
+    def _check_size(self, size: int | None, what: str) -> None:
+        if size is not None and size > self.usable:
+            raise ImporterError(
+                Reason.IMAGE_TOO_LARGE,
+                f"the image's virtual size ({size} bytes, {what}) is larger than the usable "
+                f"space of the target ({self.usable} bytes; {self._space_detail()})",
+            )
+
+    def _space_detail(self) -> str:
+        if self.target.kind != FILESYSTEM:
+            return "the block device's size"
+        requested = self.options.requested_size
+        return (
+            f"available {self.target.available(requested)} bytes = min(free space, requested "
+            f"{requested if requested else 'unset'}), filesystem overhead {self.options.filesystem_overhead}"
+        )
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _plan(self, *phases: tuple[str, float]) -> None:
+        plan = list(phases)
+        if self.target.kind != FILESYSTEM:
+            plan = [p for p in plan if p[0] != RESIZE]
+        self.progress.plan(plan)
+
+    def _writer(self, fd: int, known_zero: bool) -> SparseWriter:
+        return SparseWriter(
+            fd,
+            known_zero=known_zero,
+            preallocate=self.options.preallocation,
+            is_block=self.target.kind != FILESYSTEM,
+            what=str(self.target.path),
+        )
+
+    def _finish(self, image_size: int) -> bool:
+        """Verify what only the end can verify, then resize/preallocate/flush the target."""
+        self.origin.finish()
+        if self.hasher is not None:
+            self.hasher.verify(self.origin.name)
+        self.progress.begin(RESIZE)
+        applied = self.target.finalize(image_size, self.usable, self.options.preallocation)
+        self.progress.begin(SYNC)
+        resume.remove(self.state_path)
+        return applied
+
+    def _open_resumable(self, plan: dict[str, object], size: int) -> tuple[int, int, int]:
+        """(first span to fetch, fd, bytes already done) for a resumable route."""
+        identity = self.origin.identity
+        state = resume.load(self.state_path) if identity is not None else None
+        if state is not None and state.matches(identity, plan) and self._target_intact(size):
+            log.info(
+                "resuming: %d bytes (%d spans) are already on the target", state.done_bytes, state.done_spans
+            )
+            self.resumed_bytes = state.done_bytes
+            return state.done_spans, self.target.open(False, size), state.done_bytes
+        if state is not None:
+            log.info("not resuming: the source, the plan or the target changed since the last attempt")
+        resume.remove(self.state_path)
+        return 0, self.target.open(True, size), 0
+
+    def _target_intact(self, size: int) -> bool:
+        if isinstance(self.target, FileTarget):
+            try:
+                return self.target.path.stat().st_size >= size
+            except FileNotFoundError:
+                return False
+        return True
+
+    def _fetch_spans(
+        self,
+        ranges: RangeReader,
+        spans: Sequence[Span],
+        process: Callable[[Span, bytearray], None],
+        checkpoint: _Checkpointer,
+        done: int,
+    ) -> None:
+        """Fetch and write spans in parallel; hash and checkpoint them in order."""
+        fetcher = RangeFetcher(
+            ranges,
+            spans,
+            workers=self.options.workers,
+            window=self.options.window,
+            process=process,
+            stop=self.stop,
+            on_idle=checkpoint.idle,
+            on_cancel=self.origin.abort,
+        )
+        fetched = done
+        try:
+            for s, buf in fetcher:
+                if self.hasher is not None:
+                    self.hasher.update(memoryview(buf)[: s.length])
+                fetched += s.length
+                self.progress.update(fetched)
+                checkpoint.done(s.index + 1, fetched)
+        except BaseException as exc:
+            if isinstance(exc, Terminated) or (isinstance(exc, ImporterError) and exc.retryable):
+                with contextlib.suppress(Exception):
+                    checkpoint.save()  # keep what is on the target for the next attempt
+            raise
+
+    # -- routes ---------------------------------------------------------------------------------------
+    def _ranges_raw(self, info: ImageInfo) -> tuple[int, bool]:
+        self.route = ROUTE_RANGES
+        ranges = self.origin.ranges
+        assert ranges is not None
+        size = ranges.size
+        self._check_size(size, info.format)
+        span = self.options.span_size
+        plan: dict[str, object] = {
+            "route": self.route,
+            "span": span,
+            "size": size,
+            "target": self.target.kind,
+        }
+        start, fd, done = self._open_resumable(plan, size)
+        try:
+            writer = self._writer(fd, self.target.known_zero_when_fresh)
+            if start and self.hasher is not None:
+                _hash_local(fd, start * span, self.hasher)
+            self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
+            self.progress.begin(TRANSFER_DATA_FILE, size)
+            self.progress.update(done)
+            spans = SpanList(start * span, size, span, first_index=start)
+
+            def process(s: Span, buf: bytearray) -> None:
+                writer.write_at(s.offset, buf, 0, s.length)
+
+            checkpoint = _Checkpointer(self, writer, plan, start, done)
+            self._fetch_spans(ranges, spans, process, checkpoint, done)
+            writer.sync()
+        finally:
+            os.close(fd)
+        return size, self._finish(size)
+
+    def _qcow2(self, info: ImageInfo) -> tuple[int, bool]:
+        ranges = self.origin.ranges
+        assert ranges is not None
+        header = info.details["header"]
+        m = qcow2.read_map(ranges, header, workers=self.options.workers)
+        self.route = ROUTE_QCOW2
+        size = header.size
+        cover = self.hasher is not None
+        spans = qcow2.plan_spans(m, self.options.span_size, cover_all=cover)
+        plan: dict[str, object] = {
+            "route": self.route,
+            "span": self.options.span_size,
+            "cover": cover,
+            "spans": len(spans),
+            "size": size,
+            "target": self.target.kind,
+        }
+        log.info("qcow2 map: %d extents, %d bytes of data in %d spans", len(m), m.data_bytes, len(spans))
+        start, fd, done = self._open_resumable(plan, size)
+        total = sum(s.length for s in spans)
+        try:
+            writer = self._writer(fd, self.target.known_zero_when_fresh)
+            self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
+            self.progress.begin(TRANSFER_DATA_FILE, total)
+            if not writer.known_zero:
+                for offset, length in m.zero_ranges():
+                    writer.zero_range(offset, length)
+            if start and self.hasher is not None:  # the qcow2 bytes are not on the target: fetch to hash
+                for s, buf in RangeFetcher(
+                    ranges,
+                    spans[:start],
+                    workers=self.options.workers,
+                    window=self.options.window,
+                    stop=self.stop,
+                    on_cancel=self.origin.abort,
+                ):
+                    self.hasher.update(memoryview(buf)[: s.length])
+            self.progress.update(done)
+            checkpoint = _Checkpointer(self, writer, plan, start, done)
+            self._fetch_spans(ranges, spans[start:], qcow2.ClusterWriter(m, writer), checkpoint, done)
+            writer.sync()
+        finally:
+            os.close(fd)
+        return size, self._finish(size)
+
+    def _stream_raw(self, stream: Stream, info: ImageInfo) -> tuple[int, bool]:
+        self.route = ROUTE_STREAM
+        self._check_size(info.virtual_size, info.format)
+        resume.remove(self.state_path)
+        fd = self.target.open(True, None)
+        try:
+            writer = self._writer(fd, self.target.known_zero_when_fresh)
+            self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
+            self.progress.begin(TRANSFER_DATA_FILE, self.origin.wire_size)
+            pos = self._copy(stream, writer, self.usable, "the target")
+            if pos == 0:
+                raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} holds no data")
+            writer.sync()
+        finally:
+            os.close(fd)
+        return pos, self._finish(pos)
+
+    def _copy(self, stream: Stream, writer: SparseWriter, limit: int, where: str) -> int:
+        """Copy a stream to offset 0.. of the writer, stopping the moment it passes `limit`."""
+        pos = 0
+        meter = self.origin.meter
+        while True:
+            if self.stop.is_set():
+                raise Terminated()
+            chunk: Chunk = stream.read(_CHUNK)
+            if not chunk:
+                return pos
+            if pos + len(chunk) > limit:
+                raise ImporterError(
+                    Reason.IMAGE_TOO_LARGE,
+                    f"the decompressed image is larger than the usable space of {where} "
+                    f"({limit} bytes): stopped after {pos + len(chunk)} bytes",
+                )
+            writer.write_at(pos, as_bytes(chunk))
+            pos += len(chunk)
+            self.progress.update(meter.total)
+
+    def _scratch(self, stream: Stream, info: ImageInfo, why: str) -> tuple[int, bool]:
+        scratch = self.options.scratch_dir
+        if scratch is None or self.scratch_file is None:
+            raise ImporterError(
+                Reason.SCRATCH_SPACE_REQUIRED,
+                f"{self.origin.name} ({why}) must be staged on scratch space before qemu-img "
+                "converts it, and no scratch volume is mounted",
+                scratch_space_required=True,
+            )
+        self.route = ROUTE_SCRATCH
+        self._check_size(info.virtual_size, info.format)
+        resume.remove(self.state_path)
+        self._remove_scratch()
+        free = os.statvfs(scratch).f_bavail * os.statvfs(scratch).f_bsize
+        self._plan((TRANSFER_SCRATCH, 48), (CONVERT, 48), (RESIZE, 1), (SYNC, 3))
+        self.progress.begin(TRANSFER_SCRATCH, self.origin.wire_size)
+        fd = os.open(self.scratch_file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            writer = SparseWriter(fd, known_zero=True, what="scratch space")
+            pos = self._copy(stream, writer, free, "the scratch volume")
+            os.ftruncate(fd, pos)
+            writer.drop_cache()
+            self.scratch_bytes = os.fstat(fd).st_blocks * 512
+        finally:
+            os.close(fd)
+        self.origin.finish()
+        if self.hasher is not None:
+            self.hasher.verify(self.origin.name)
+        qinfo = qemu.info(str(self.scratch_file), info.qemu_format)
+        size = formats.check_qemu_info(qinfo, info)
+        self._check_size(size, info.format)
+        self._convert(str(self.scratch_file), info, size)
+        self._remove_scratch()
+        return size, self._finish(size)
+
+    def _nbdkit(self, info: ImageInfo, spec: NbdSpec) -> tuple[int, bool]:
+        self.route = ROUTE_NBDKIT
+        resume.remove(self.state_path)
+        self._plan((CONVERT, 96), (RESIZE, 1), (SYNC, 3))
+        with qemu.nbdkit(spec) as server:
+            qinfo = qemu.info(server.uri, info.qemu_format)
+            size = formats.check_qemu_info(qinfo, info)
+            self._check_size(size, info.format)
+            hashing = _HashPass(self) if self.hasher is not None else None
+            try:
+                self._convert(server.uri, info, size, extra_error=lambda: f" (nbdkit: {server.log()})")
+            finally:
+                if hashing is not None:
+                    hashing.join()
+        return size, self._finish(size)
+
+    def _convert(self, source: str, info: ImageInfo, size: int, extra_error: object = None) -> None:
+        fd = self.target.open(True, size)
+        os.close(fd)
+        self.progress.begin(CONVERT, size)
+        is_file = self.target.kind == FILESYSTEM
+        qemu.convert(
+            source,
+            info.qemu_format,
+            self.target.path,
+            target_is_zero=is_file,
+            write_zeros=not is_file and self.options.preallocation,
+            on_progress=self.progress.advance_fraction,
+            stop=self.stop,
+            extra_error=extra_error if callable(extra_error) else None,
+        )
+
+    def _archive(self) -> int:
+        self.route = ROUTE_ARCHIVE
+        if not isinstance(self.target, FileTarget):
+            raise ImporterError(
+                Reason.INVALID_CONFIGURATION,
+                "content type archive needs a Filesystem volume, not a Block volume",
+            )
+        root = self.target.data_dir
+        stream: Stream = self._wire()
+        kind = compression.detect(self.origin.head)
+        self.format = "tar" + (f".{kind}" if kind else "")
+        if kind is not None:
+            stream = compression.open_stream(stream, kind, _CHUNK)
+        archive.clear_directory(root)
+        self._plan((TRANSFER_DATA_DIR, 97), (SYNC, 3))
+        self.progress.begin(TRANSFER_DATA_DIR, self.origin.wire_size)
+        meter = self.origin.meter
+        reader = archive.TarReader(stream, self.origin.name)
+        written = archive.extract(reader, root, self.usable, lambda _n: self.progress.update(meter.total))
+        reader.drain()
+        self.origin.finish()
+        if self.hasher is not None:
+            try:
+                self.hasher.verify(self.origin.name)
+            except ImporterError:
+                archive.clear_directory(root)
+                raise
+        self.progress.begin(SYNC)
+        _syncfs(root)
+        return written
+
+
+class _Checkpointer:
+    """fdatasync + resume state every `checkpoint_bytes` or `checkpoint_seconds` (also while stalled,
+    and once more when the importer is stopped), so a new attempt resumes close to where this one was."""
+
+    def __init__(
+        self, imp: _Import, writer: SparseWriter, plan: dict[str, object], spans: int, done: int
+    ) -> None:
+        self.imp = imp
+        self.writer = writer
+        self.plan = plan
+        self.spans = self.saved_spans = spans
+        self.done_bytes = self.saved_bytes = done
+        self.last_time = time.monotonic()
+        self.enabled = imp.state_path is not None and imp.origin.identity is not None
+
+    def done(self, spans: int, done_bytes: int) -> None:
+        self.spans, self.done_bytes = spans, done_bytes
+        if done_bytes - self.saved_bytes >= self.imp.options.checkpoint_bytes or self._due():
+            self.save()
+
+    def idle(self) -> None:
+        if self._due():
+            self.save()
+
+    def _due(self) -> bool:
+        return (
+            self.spans > self.saved_spans
+            and time.monotonic() - self.last_time >= self.imp.options.checkpoint_seconds
+        )
+
+    def save(self) -> None:
+        if not self.enabled or self.spans <= self.saved_spans:
+            return
+        self.writer.sync()
+        identity = self.imp.origin.identity
+        assert identity is not None
+        resume.save(self.imp.state_path, resume.ImportState(identity, self.plan, self.spans, self.done_bytes))
+        self.saved_spans, self.saved_bytes, self.last_time = self.spans, self.done_bytes, time.monotonic()
+        log.info("checkpoint: %d bytes durably written", self.done_bytes)
+
+
+class _HashPass:
+    """Hashes the whole source in order next to a conversion that reads it out of order."""
+
+    def __init__(self, imp: _Import) -> None:
+        self.imp = imp
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="hash-pass", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            ranges = self.imp.origin.ranges
+            assert ranges is not None
+            assert self.imp.hasher is not None
+            stream = PrefetchStream(
+                ranges, 0, ranges.size, workers=2, stop=self.imp.stop, on_cancel=self.imp.origin.abort
+            )
+            while True:
+                chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                self.imp.hasher.update(chunk)
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _hash_local(fd: int, end: int, hasher: Hasher) -> None:
+    """Re-hash the first `end` bytes of the target (a resumed raw import: they are the source's bytes)."""
+    zeros = bytes(1 << 20)
+    offset = 0
+    while offset < end:
+        try:
+            data_at = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError:
+            data_at = end
+        hole = min(data_at, end) - offset
+        while hole > 0:
+            n = min(hole, len(zeros))
+            hasher.update(memoryview(zeros)[:n])
+            hole -= n
+        offset = min(data_at, end)
+        if offset >= end:
+            break
+        try:
+            hole_at = min(os.lseek(fd, offset, os.SEEK_HOLE), end)
+        except OSError:
+            hole_at = end
+        while offset < hole_at:
+            chunk = os.pread(fd, min(_CHUNK, hole_at - offset), offset)
+            if not chunk:
+                raise ImporterError(Reason.INTERNAL_ERROR, "the target is shorter than its resume state says")
+            hasher.update(chunk)
+            offset += len(chunk)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _syncfs(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+    fsync_dir(directory)

@@ -1,0 +1,205 @@
+"""Progress per phase, exported as Prometheus text over HTTPS on $POD_IP:8443/metrics.
+
+CDI's progress counts downloaded bytes only: it reaches 100% before conversion, then sits there
+while qemu-img and the resize run (CDI#3537, CDI#1845). Here every route announces its phases
+with weights up front, the overall percentage moves through each phase by bytes, and it reaches
+100 only after the final fdatasync.
+
+Metrics (registry of their own, no `_created` series):
+
+* `kubevirt_cdi_import_progress_total{ownerUID}`: CDI's counter, holding the overall percentage
+  (monotonic, as CDI's controller expects).
+* `cdi_importer_phase{ownerUID,phase}`: 1 for the current phase, 0 for the others seen.
+* `cdi_importer_phase_bytes_done{ownerUID,phase}` / `cdi_importer_phase_bytes_total{ownerUID,phase}`:
+  byte progress of each phase (total 0 while unknown).
+* `cdi_importer_bytes_transferred_total{ownerUID}`: bytes received from the source.
+* `cdi_importer_retries_total{ownerUID}`: transient failures retried inside the run.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+log = logging.getLogger(__name__)
+
+# phase names (stable: they appear in metrics and logs)
+INFO = "Info"
+TRANSFER_DATA_FILE = "TransferDataFile"
+TRANSFER_DATA_DIR = "TransferDataDir"
+TRANSFER_SCRATCH = "TransferScratch"
+CONVERT = "Convert"
+RESIZE = "Resize"
+SYNC = "Sync"
+COMPLETE = "Complete"
+FAILED = "Failed"
+
+
+class Progress:
+    def __init__(self, owner_uid: str = "") -> None:
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.owner_uid = owner_uid
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["ownerUID"]
+        self._progress = Counter(
+            "kubevirt_cdi_import_progress",
+            "The import progress in percentage",
+            labels,
+            registry=self.registry,
+        ).labels(owner_uid)
+        self._phase = Gauge(
+            "cdi_importer_phase",
+            "1 for the importer's current phase",
+            [*labels, "phase"],
+            registry=self.registry,
+        )
+        self._done = Gauge(
+            "cdi_importer_phase_bytes_done",
+            "Bytes processed in the phase",
+            [*labels, "phase"],
+            registry=self.registry,
+        )
+        self._total = Gauge(
+            "cdi_importer_phase_bytes_total",
+            "Bytes the phase will process (0: unknown)",
+            [*labels, "phase"],
+            registry=self.registry,
+        )
+        self._transferred = Counter(
+            "cdi_importer_bytes_transferred", "Bytes received from the source", labels, registry=self.registry
+        ).labels(owner_uid)
+        self._retries = Counter(
+            "cdi_importer_retries",
+            "Transient failures retried inside the run",
+            labels,
+            registry=self.registry,
+        ).labels(owner_uid)
+        self._lock = threading.Lock()
+        self._plan: list[tuple[str, float]] = [(INFO, 0.0)]
+        self.current = INFO
+        self._current_total = 0
+        self._current_done = 0
+        self._percent = 0.0
+        self._transferred_value = 0
+        self._seen: set[str] = set()
+        self._set_phase(INFO)
+
+    # -- phases -------------------------------------------------------------------------------------
+    def plan(self, phases: list[tuple[str, float]]) -> None:
+        """The phases this import will go through, each with its share of the 100%."""
+        total = sum(w for _, w in phases) or 1.0
+        with self._lock:
+            self._plan = [(name, w / total) for name, w in phases]
+
+    def begin(self, phase: str, total: int | None = None) -> None:
+        with self._lock:
+            self._finish_current()
+            self.current = phase
+            self._current_total = total or 0
+            self._current_done = 0
+            self._set_phase(phase)
+            self._total.labels(self.owner_uid, phase).set(total or 0)
+            self._done.labels(self.owner_uid, phase).set(0)
+            self._update_percent()
+        log.info("phase %s%s", phase, f" ({total} bytes)" if total else "")
+
+    def set_total(self, total: int) -> None:
+        with self._lock:
+            self._current_total = total
+            self._total.labels(self.owner_uid, self.current).set(total)
+
+    def update(self, done: int) -> None:
+        with self._lock:
+            self._current_done = done
+            self._done.labels(self.owner_uid, self.current).set(done)
+            self._update_percent()
+
+    def advance_fraction(self, fraction: float) -> None:
+        """Progress of a phase measured as a fraction (qemu-img's percentage)."""
+        with self._lock:
+            if not self._current_total:
+                self._current_total = 10000
+            self._current_done = int(self._current_total * min(max(fraction, 0.0), 1.0))
+            self._done.labels(self.owner_uid, self.current).set(self._current_done)
+            self._update_percent()
+
+    def complete(self) -> None:
+        with self._lock:
+            self._finish_current()
+            self.current = COMPLETE
+            self._set_phase(COMPLETE)
+            self._raise_to(100.0)
+
+    def failed(self) -> None:
+        with self._lock:
+            self.current = FAILED
+            self._set_phase(FAILED)
+
+    def transferred(self, total: int) -> None:
+        with self._lock:
+            if total > self._transferred_value:
+                self._transferred.inc(total - self._transferred_value)
+                self._transferred_value = total
+
+    def retried(self, _exc: object = None) -> None:
+        self._retries.inc()
+
+    @property
+    def percent(self) -> float:
+        return self._percent
+
+    # -- internals (lock held) ----------------------------------------------------------------------
+    def _set_phase(self, phase: str) -> None:
+        self._seen.add(phase)
+        for name in self._seen:
+            self._phase.labels(self.owner_uid, name).set(1 if name == phase else 0)
+
+    def _finish_current(self) -> None:
+        if self._current_total:
+            self._done.labels(self.owner_uid, self.current).set(self._current_total)
+
+    def _update_percent(self) -> None:
+        before = 0.0
+        share = 0.0
+        for name, weight in self._plan:
+            if name == self.current:
+                share = weight
+                break
+            before += weight
+        else:
+            return
+        fraction = self._current_done / self._current_total if self._current_total else 0.0
+        value = 100.0 * (before + share * min(fraction, 1.0))
+        self._raise_to(min(value, 99.99))
+
+    def _raise_to(self, value: float) -> None:
+        if value > self._percent:
+            self._progress.inc(value - self._percent)
+            self._percent = value
+
+    # -- serving ------------------------------------------------------------------------------------
+    def serve(self, pod_ip: str, port: int) -> Any:
+        """HTTPS /metrics on pod_ip:port with a fresh self-signed certificate (as CDI's importer)."""
+        hosts = [pod_ip]
+        try:
+            ipaddress.ip_address(pod_ip)
+        except ValueError:
+            hosts = [pod_ip]
+        from cdi.common import pki  # only pods that serve metrics pay for importing cryptography
+
+        pair = pki.issue(None, "cdi-importer", hosts)
+        directory = Path(tempfile.mkdtemp(prefix="cdi-importer-metrics-"))
+        cert, key = directory / "tls.crt", directory / "tls.key"
+        pair.write(cert, key)
+        server, _thread = prometheus_client.start_http_server(
+            port, addr=pod_ip, registry=self.registry, certfile=str(cert), keyfile=str(key)
+        )
+        log.info("serving metrics on https://%s:%d/metrics", pod_ip, port)
+        return server

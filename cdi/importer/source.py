@@ -1,0 +1,122 @@
+"""What a source hands to the pipeline: an `Origin`.
+
+An origin is an opened source object: its first bytes (`head`, for format detection), its size
+when known, a `RangeReader` when the server can serve byte ranges (which enables parallel fetch,
+streaming conversion of qcow2 and resume), and in every case a sequential `stream()` of the whole
+object. HTTP, S3 and registry sources produce origins; so does the upload server, from a plain
+request body (`StreamOrigin`), which is what lets both share one pipeline.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .formats import HEAD_SIZE
+from .ranges import RangeReader
+from .streams import PeekStream, Stream
+
+
+class ByteMeter:
+    """Bytes received from the source (thread-safe), reported as bytesTransferred and progress."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._lock = threading.Lock()
+        self.listeners: list[Callable[[int], None]] = []
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.total += n
+            total = self.total
+        for listener in self.listeners:
+            listener(total)
+
+
+@dataclass
+class NbdSpec:
+    """How nbdkit's curl plugin can read the same object (for formats qemu-img converts)."""
+
+    url: str
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    user: str | None = None
+    password: str | None = None
+    cainfo: list[str] = field(default_factory=list)  # PEM files; empty means the system trust
+    insecure: bool = False
+
+
+class Origin:
+    """An opened source object. Subclasses fill in the attributes and override what they support."""
+
+    name: str = "source"
+    size: int | None = None
+    head: bytes = b""
+    ranges: RangeReader | None = None
+    identity: dict[str, Any] | None = None  # what a resumed import must find unchanged
+    labels: dict[str, str]
+    meter: ByteMeter
+
+    def __init__(self) -> None:
+        self.labels = {}
+        self.meter = ByteMeter()
+
+    @property
+    def wire_size(self) -> int | None:
+        """Bytes the source will send for `stream()` (progress); differs from `size` for registry layers."""
+        return self.size
+
+    def stream(self) -> Stream:
+        """The whole object, from byte 0, once."""
+        raise NotImplementedError
+
+    def nbd(self) -> NbdSpec | None:
+        """Parameters for nbdkit-curl, if the object is reachable by plain (ranged) HTTP GETs."""
+        return None
+
+    def finish(self) -> None:
+        """Called after the data was consumed: verify what only the end can verify (layer digests)."""
+
+    def abort(self) -> None:
+        """Release requests still in flight (the import stopped or failed)."""
+
+    def close(self) -> None:
+        pass
+
+
+class StreamOrigin(Origin):
+    """A plain sequential stream (an upload request body): no ranges, no resume."""
+
+    def __init__(self, stream: Stream, name: str = "stream", size: int | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.size = size
+        counted = _CountingStream(stream, self.meter)
+        self._peek = PeekStream(counted)
+        self.head = self._peek.peek(HEAD_SIZE)
+        self._used = False
+
+    def stream(self) -> Stream:
+        if self._used:
+            raise RuntimeError("a stream origin can be read once")
+        self._used = True
+        return self._peek
+
+    def close(self) -> None:
+        self._peek.close()
+
+
+class _CountingStream:
+    def __init__(self, inner: Stream, meter: ByteMeter) -> None:
+        self.inner = inner
+        self.meter = meter
+
+    def read(self, n: int) -> Any:
+        chunk = self.inner.read(n)
+        if chunk:
+            self.meter.add(len(chunk))
+        return chunk
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,416 @@
+"""Real servers for the importer's integration tests, started by the tests themselves.
+
+* `FileServer`: aiohttp serving a directory over HTTP or HTTPS, with basic auth, Range support
+  (or none), counting the bytes it serves, and hooks to make it misbehave on purpose: a gate that
+  holds every byte past an offset until the test opens it, scripted failures (5xx, dropped
+  connections), redirects, and a bandwidth throttle.
+* `TokenServer`: a registry token service (the WWW-Authenticate Bearer flow) issuing JWTs that
+  docker-registry verifies against the test CA.
+* `Registry`: Debian's docker-registry with a config written here (htpasswd, TLS, token auth).
+* `TLSMotoServer`: moto's S3 server behind TLS from the test CA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import email.utils
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jwt
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509 import load_pem_x509_certificate
+from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
+from werkzeug.serving import make_server
+
+from cdi.common import pki
+
+CHUNK = 256 * 1024
+# importers killed on purpose leave responses half-written: not worth a traceback in the test log
+logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll until `predicate()` holds; fail after `timeout` seconds (tests never sleep to wait)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class _LoopThread:
+    """An asyncio loop in a daemon thread, for servers the test process hosts."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@dataclass
+class Fault:
+    """What the next matching request gets instead of a normal answer."""
+
+    status: int = 503
+    drop_after: int | None = None  # send headers and this many body bytes, then drop the connection
+
+
+@dataclass
+class _Body:
+    name: str
+    path: Path
+    start: int
+    length: int
+    fault: Fault | None
+
+
+@dataclass
+class FileServer:
+    root: Path
+    ssl_context: ssl.SSLContext | None = None
+    auth: tuple[str, str] | None = None
+    ranges: bool = True
+    throttle: float | None = None  # bytes per second per response
+    bytes_served: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    faults: dict[str, list[Fault]] = field(default_factory=lambda: defaultdict(list))
+    gate_offset: int | None = None  # bytes at or past this offset wait for `open_gate()`
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._gate = threading.Event()
+        self._loop = _LoopThread()
+        app = web.Application()
+        app.router.add_route("GET", "/redirect/{name:.+}", self._redirect)
+        app.router.add_route("*", "/{name:.+}", self._serve)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run(self._runner.setup())
+        self.port = free_port()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
+        self._loop.run(site.start())
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
+
+    def close(self) -> None:
+        self._gate.set()
+        self._loop.run(self._runner.cleanup())
+        self._loop.stop()
+
+    # -- test controls --------------------------------------------------------------------------------
+    def reset_counters(self) -> None:
+        with self._lock:
+            self.bytes_served.clear()
+            self.requests.clear()
+
+    def served(self, name: str) -> int:
+        with self._lock:
+            return self.bytes_served.get(name, 0)
+
+    def close_gate(self, offset: int) -> None:
+        self._gate.clear()
+        self.gate_offset = offset
+
+    def open_gate(self) -> None:
+        self.gate_offset = None
+        self._gate.set()
+
+    def fail_next(self, name: str, *faults: Fault) -> None:
+        with self._lock:
+            self.faults[name].extend(faults)
+
+    # -- handlers -------------------------------------------------------------------------------------
+    async def _redirect(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.requests.append((request.method, "redirect/" + request.match_info["name"], None))
+        raise web.HTTPFound(f"/{request.match_info['name']}")
+
+    def _authorized(self, request: web.Request) -> bool:
+        if self.auth is None:
+            return True
+        expected = "Basic " + base64.b64encode(f"{self.auth[0]}:{self.auth[1]}".encode()).decode()
+        return request.headers.get("Authorization") == expected
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        with self._lock:
+            self.requests.append((request.method, name, request.headers.get("Range")))
+            fault = self.faults[name].pop(0) if self.faults.get(name) else None
+        if not self._authorized(request):
+            return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="images"'})
+        path = self.root / name
+        if not path.is_file():
+            return web.Response(status=404, text="not found")
+        if fault is not None and fault.drop_after is None:
+            return web.Response(status=fault.status, text="scripted failure")
+        st = path.stat()
+        size = st.st_size
+        headers = {
+            "ETag": f'"{st.st_mtime_ns:x}-{size:x}"',
+            "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
+            "Content-Type": "application/octet-stream",
+        }
+        start, end, status = 0, size - 1, 200
+        range_header = request.headers.get("Range")
+        if self.ranges:
+            headers["Accept-Ranges"] = "bytes"
+            match = re.fullmatch(r"bytes=(\d+)-(\d*)", range_header or "")
+            if match:
+                start = int(match.group(1))
+                end = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
+                if start >= size:
+                    return web.Response(status=416, headers={"Content-Range": f"bytes */{size}"})
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        length = max(0, end - start + 1)
+        headers["Content-Length"] = str(length)
+        response = web.StreamResponse(status=status, headers=headers)
+        await response.prepare(request)
+        if request.method == "HEAD":
+            return response
+        await self._send_body(request, response, _Body(name, path, start, length, fault))
+        return response
+
+    async def _send_body(self, request: web.Request, response: web.StreamResponse, body: _Body) -> None:
+        name, start, length, fault = body.name, body.start, body.length, body.fault
+        sent = 0
+        with body.path.open("rb") as f:  # small local files, in the server's own loop thread
+            while sent < length:
+                offset = start + sent
+                gate = self.gate_offset
+                if gate is not None and offset + CHUNK > gate and not self._gate.is_set():
+                    if offset < gate:
+                        n = gate - offset
+                    else:
+                        while not self._gate.is_set():
+                            await asyncio.sleep(0.02)
+                        continue
+                else:
+                    n = min(CHUNK, length - sent)
+                n = min(n, length - sent)
+                if fault is not None and fault.drop_after is not None and sent + n > fault.drop_after:
+                    n = fault.drop_after - sent
+                    if n > 0:
+                        await response.write(os.pread(f.fileno(), n, offset))
+                        self._count(name, n)
+                    transport = request.transport
+                    if transport is not None:
+                        transport.abort()
+                    return
+                data = os.pread(f.fileno(), n, offset)
+                await response.write(data)
+                self._count(name, len(data))
+                sent += len(data)
+                if self.throttle:
+                    await asyncio.sleep(len(data) / self.throttle)
+
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self.bytes_served[name] += n
+
+
+# -- registry -----------------------------------------------------------------------------------------
+def _key_id(cert_pem: bytes) -> str:
+    """libtrust's key ID of a certificate's public key (how docker-registry names token signing keys)."""
+    public = load_pem_x509_certificate(cert_pem).public_key()
+    der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    digest = base64.b32encode(hashlib.sha256(der).digest()[:30]).decode().rstrip("=")
+    return ":".join(digest[i : i + 4] for i in range(0, len(digest), 4))
+
+
+class TokenServer:
+    """Issues registry bearer tokens for users it knows (the token realm of docker-registry)."""
+
+    def __init__(
+        self,
+        ca: pki.KeyPair,
+        users: dict[str, str],
+        issuer: str = "cdi-test-issuer",
+        service: str = "cdi-test-registry",
+    ) -> None:
+        self.signer = pki.issue(ca, "token-signer", server=False)
+        self.users = users
+        self.issuer = issuer
+        self.service = service
+        self.requests = 0
+        self._loop = _LoopThread()
+        app = web.Application()
+        app.router.add_get("/token", self._token)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run(self._runner.setup())
+        self.port = free_port()
+        self._loop.run(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+
+    @property
+    def realm(self) -> str:
+        return f"http://127.0.0.1:{self.port}/token"
+
+    async def _token(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        header = request.headers.get("Authorization", "")
+        subject = ""
+        if header.startswith("Basic "):
+            user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+            if self.users.get(user) != password:
+                return web.Response(status=401, text="bad credentials")
+            subject = user
+        access = []
+        for scope in request.query.getall("scope", []):
+            kind, _, rest = scope.partition(":")
+            repo, _, actions = rest.rpartition(":")
+            allowed = actions.split(",") if subject else []
+            access.append({"type": kind, "name": repo, "actions": allowed})
+        now = int(time.time())
+        claims = {
+            "iss": self.issuer,
+            "sub": subject,
+            "aud": self.service,
+            "exp": now + 300,
+            "nbf": now - 10,
+            "iat": now,
+            "jti": uuid.uuid4().hex,
+            "access": access,
+        }
+        token = jwt.encode(
+            claims, self.signer.key_pem, algorithm="ES256", headers={"kid": _key_id(self.signer.cert_pem)}
+        )
+        return web.json_response({"token": token, "access_token": token})
+
+    def close(self) -> None:
+        self._loop.run(self._runner.cleanup())
+        self._loop.stop()
+
+
+class Registry:
+    """docker-registry on 127.0.0.1 with storage in a temp dir; htpasswd, TLS and token auth optional."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        htpasswd: Path | None = None,
+        tls: pki.KeyPair | None = None,
+        token: TokenServer | None = None,
+        ca: pki.KeyPair | None = None,
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.tls = tls is not None
+        lines = [
+            "version: 0.1",
+            "log:",
+            "  level: error",
+            "storage:",
+            "  filesystem:",
+            f"    rootdirectory: {workdir / 'data'}",
+            "http:",
+            f"  addr: 127.0.0.1:{self.port}",
+        ]
+        if tls is not None:
+            tls.write(workdir / "tls.crt", workdir / "tls.key")
+            lines += ["  tls:", f"    certificate: {workdir / 'tls.crt'}", f"    key: {workdir / 'tls.key'}"]
+        if htpasswd is not None:
+            lines += ["auth:", "  htpasswd:", "    realm: cdi-test", f"    path: {htpasswd}"]
+        elif token is not None:
+            assert ca is not None
+            (workdir / "token-ca.crt").write_bytes(token.signer.cert_pem + ca.cert_pem)
+            lines += [
+                "auth:",
+                "  token:",
+                f"    realm: {token.realm}",
+                f"    service: {token.service}",
+                f"    issuer: {token.issuer}",
+                f"    rootcertbundle: {workdir / 'token-ca.crt'}",
+            ]
+        (workdir / "config.yml").write_text("\n".join(lines) + "\n")
+        self.log = open(workdir / "registry.log", "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            ["docker-registry", "serve", str(workdir / "config.yml")],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(self._ready, 30, "docker-registry to listen")
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"docker-registry exited: {Path(self.log.name).read_text()}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def htpasswd_file(path: Path, user: str, password: str) -> Path:
+    subprocess.run(["htpasswd", "-B", "-b", "-c", str(path), user, password], check=True, capture_output=True)
+    return path
+
+
+class TLSMotoServer(ThreadedMotoServer):
+    """moto's S3 server over TLS with a certificate from the test CA."""
+
+    def __init__(self, pair: pki.KeyPair, workdir: Path) -> None:
+        super().__init__(ip_address="127.0.0.1", port=free_port(), verbose=False)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self._cert, self._key = workdir / "moto.crt", workdir / "moto.key"
+        pair.write(self._cert, self._key)
+
+    def _server_entry(self) -> None:
+        app = DomainDispatcherApplication(create_backend_app)
+        self._server = make_server(
+            self._ip_address, self._port, app, True, ssl_context=(str(self._cert), str(self._key))
+        )
+        self._server_ready_event.set()
+        self._server.serve_forever()
+
+
+def json_bytes(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def contextual_close(*objs: Any) -> None:
+    for obj in objs:
+        with contextlib.suppress(Exception):
+            obj.close()

@@ -1,0 +1,195 @@
+"""HTTP(S) imports: every format x compression x volume mode, from a range-capable HTTPS server with
+basic auth and a test CA, and from a plain server without Range support."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from .harness import CASES, PASSWORD, USER, Case, Volume, assert_failed, assert_imported, run_importer
+from .images import Image, file_name
+from .servers import Fault, FileServer
+
+NATIVE = {
+    "raw": "ranges",
+    "iso": "ranges",
+    "qcow2": "qcow2-ranges",
+    "qcow2-v2": "qcow2-ranges",
+    "qcow2-compressed": "qcow2-ranges",
+    "qcow2-zstd": "qcow2-ranges",
+}
+
+
+def expected_route(fmt: str, compression: str, ranges: bool) -> str:
+    raw = fmt in ("raw", "iso")
+    if compression:
+        return "stream" if raw else "scratch-convert"
+    if not ranges:
+        return "stream" if raw else "scratch-convert"
+    return NATIVE.get(fmt, "nbdkit-convert")
+
+
+def https_env(server: FileServer, name: str, ca_dir: Path) -> dict[str, str]:
+    return {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": f"{server.url}/{name}",
+        "IMPORTER_CERT_DIR": str(ca_dir),
+        "IMPORTER_ACCESS_KEY_ID": USER,
+        "IMPORTER_SECRET_KEY": PASSWORD,
+    }
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_https_with_ranges(
+    case: Case,
+    images: dict[str, Image],
+    https_server: FileServer,
+    ca_dir: Path,
+    make_volume: Callable[..., Volume],
+) -> None:
+    image = images[case.name]
+    route = expected_route(case.fmt, case.compression, ranges=True)
+    volume = make_volume(case.mode, scratch=route == "scratch-convert")
+    result = run_importer(volume, https_env(https_server, image.name, ca_dir))
+    assert_imported(volume, image, result, route=route)
+    assert result.message["sourceFormat"] == case.source_format
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_http_without_ranges(
+    case: Case, images: dict[str, Image], plain_server: FileServer, make_volume: Callable[..., Volume]
+) -> None:
+    image = images[case.name]
+    route = expected_route(case.fmt, case.compression, ranges=False)
+    volume = make_volume(case.mode, scratch=route == "scratch-convert")
+    result = run_importer(
+        volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{plain_server.url}/{image.name}"}
+    )
+    assert_imported(volume, image, result, route=route)
+
+
+def test_non_raw_without_ranges_needs_scratch_and_says_so_up_front(
+    images: dict[str, Image], plain_server: FileServer, make_volume: Callable[..., Volume]
+) -> None:
+    image = images[file_name("qcow2")]
+    volume = make_volume("fs")
+    plain_server.reset_counters()
+    result = run_importer(
+        volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{plain_server.url}/{image.name}"}
+    )
+    assert_failed(result, "ScratchSpaceRequired", "scratch", retryable=True)
+    assert result.message["scratchSpaceRequired"] is True
+    assert not volume.target.exists()
+    # decided from the first MiBs, not after downloading the image
+    assert plain_server.served(image.name) < image.file_size
+
+
+def test_compressed_qcow2_needs_scratch(
+    images: dict[str, Image], https_server: FileServer, ca_dir: Path, make_volume: Callable[..., Volume]
+) -> None:
+    image = images[file_name("qcow2", "gz")]
+    volume = make_volume("fs")
+    result = run_importer(volume, https_env(https_server, image.name, ca_dir))
+    assert_failed(result, "ScratchSpaceRequired", "qcow2 compressed with gz", retryable=True)
+    assert result.message["scratchSpaceRequired"] is True
+    # the next attempt, with scratch, works
+    volume.scratch_dir.mkdir()
+    assert_imported(volume, image, run_importer(volume, https_env(https_server, image.name, ca_dir)))
+
+
+def test_redirect_is_followed_once_and_pinned(
+    images: dict[str, Image], range_server: FileServer, make_volume: Callable[..., Volume]
+) -> None:
+    image = images[file_name("raw")]
+    volume = make_volume("fs")
+    range_server.reset_counters()
+    result = run_importer(
+        volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{range_server.url}/redirect/{image.name}"}
+    )
+    assert_imported(volume, image, result, route="ranges")
+    redirects = [r for r in range_server.requests if r[1].startswith("redirect/")]
+    ranged = [r for r in range_server.requests if r[1] == image.name]
+    assert len(redirects) == 1
+    assert len(ranged) > 1  # every range went straight to the final URL
+
+
+def test_extra_headers_are_sent(
+    images: dict[str, Image],
+    https_server: FileServer,
+    ca_dir: Path,
+    make_volume: Callable[..., Volume],
+    tmp_path: Path,
+) -> None:
+    image = images[file_name("raw", "gz")]
+    volume = make_volume("block")
+    seen: list[dict[str, str]] = []
+    original = https_server._authorized
+
+    def spy(request):  # type: ignore[no-untyped-def]
+        seen.append(dict(request.headers))
+        return original(request)
+
+    https_server._authorized = spy  # type: ignore[method-assign]
+    try:
+        env = https_env(https_server, image.name, ca_dir)
+        env.update(
+            {"IMPORTER_EXTRA_HEADER_0": "X-Cdi-Test: zero", "IMPORTER_EXTRA_HEADER_1": "X-Another: one"}
+        )
+        assert_imported(volume, image, run_importer(volume, env))
+    finally:
+        https_server._authorized = original  # type: ignore[method-assign]
+    assert seen
+    assert all(h.get("X-Cdi-Test") == "zero" and h.get("X-Another") == "one" for h in seen)
+
+
+def test_insecure_tls_skips_verification(
+    images: dict[str, Image], https_server: FileServer, make_volume: Callable[..., Volume]
+) -> None:
+    image = images[file_name("raw")]
+    volume = make_volume("fs")
+    env = {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": f"{https_server.url}/{image.name}",
+        "INSECURE_TLS": "true",
+        "IMPORTER_ACCESS_KEY_ID": USER,
+        "IMPORTER_SECRET_KEY": PASSWORD,
+    }
+    assert_imported(volume, image, run_importer(volume, env))
+
+
+def test_transient_failures_are_retried_within_the_run(
+    images: dict[str, Image], range_server: FileServer, make_volume: Callable[..., Volume]
+) -> None:
+    image = images[file_name("qcow2")]
+    volume = make_volume("fs")
+    # the probe fails twice, then a range is cut off mid-body, then a 502
+    range_server.fail_next(image.name, Fault(503), Fault(500), Fault(drop_after=1000), Fault(502))
+    result = run_importer(
+        volume,
+        {
+            "IMPORTER_SOURCE": "http",
+            "IMPORTER_ENDPOINT": f"{range_server.url}/{image.name}",
+            "IMPORTER_RETRY_BUDGET": "30",
+        },
+    )
+    assert_imported(volume, image, result, route="qcow2-ranges")
+    assert not range_server.faults[image.name]
+
+
+def test_stream_is_resumed_after_a_dropped_connection(
+    images: dict[str, Image], plain_server: FileServer, make_volume: Callable[..., Volume]
+) -> None:
+    image = images[file_name("raw", "xz")]
+    volume = make_volume("fs")
+    plain_server.fail_next(image.name, Fault(drop_after=image.file_size // 2))
+    result = run_importer(
+        volume,
+        {
+            "IMPORTER_SOURCE": "http",
+            "IMPORTER_ENDPOINT": f"{plain_server.url}/{image.name}",
+            "IMPORTER_RETRY_BUDGET": "30",
+        },
+    )
+    assert_imported(volume, image, result, route="stream")

@@ -1,0 +1,194 @@
+"""Resume: an importer killed half way continues from what it durably wrote.
+
+The server holds every byte past the middle of the image behind a gate, so the importer is
+reliably half way (never by timing): the test waits for the resume checkpoint to cover at least
+40% of the image, kills the importer, opens the gate, and runs it again. The bytes the server sends
+the second time are counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cdi.api.sizing import usable_space
+
+from .harness import OVERHEAD, Volume, assert_imported, base_env, importer_command, read_message, run_importer
+from .images import Image, sha256_file
+from .servers import FileServer, wait_for
+
+BIG = 96 << 20
+USABLE_BIG = usable_space(OVERHEAD, 256 << 20)
+STATE = ".cdi-import-state"
+
+
+@dataclass
+class Big:
+    raw: Image
+    qcow2: Image
+
+
+@pytest.fixture(scope="module")
+def big(served_dir: Path) -> Iterator[Big]:
+    """A 96 MiB disk with data everywhere, as raw and as (uncompressed) qcow2."""
+    rng = random.Random(11)
+    raw = served_dir / "resume-big.img"
+    with open(raw, "wb") as f:
+        for i in range(BIG // (1 << 20)):
+            line = b"resume test line %06d\n" % i
+            f.write(rng.randbytes(1 << 20) if i % 2 else (line * ((1 << 20) // len(line) + 1))[: 1 << 20])
+    qcow2 = served_dir / "resume-big.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(qcow2)], check=True)
+    digest = sha256_file(raw)
+
+    def image(path: Path, fmt: str) -> Image:
+        return Image(path.name, path, fmt, "", digest, BIG, sha256_file(path), path.stat().st_size)
+
+    yield Big(image(raw, "raw"), image(qcow2, "qcow2"))
+    raw.unlink()
+    qcow2.unlink()
+
+
+def start_importer(volume: Volume, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    full = base_env()
+    full.update(volume.env())
+    full.update(env)
+    return subprocess.Popen(
+        importer_command(), env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=volume.root
+    )
+
+
+def state_of(volume: Volume, scratch: bool) -> dict[str, object] | None:
+    path = (volume.scratch_dir if scratch else volume.data_dir) / STATE
+    try:
+        data: dict[str, object] = json.loads(path.read_text())
+        return data
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def checkpointed(volume: Volume, at_least: int, scratch: bool = False) -> Callable[[], bool]:
+    def check() -> bool:
+        state = state_of(volume, scratch)
+        return state is not None and int(state["done_bytes"]) >= at_least  # type: ignore[call-overload]
+
+    return check
+
+
+@pytest.mark.parametrize(("fmt", "mode"), [("raw", "fs"), ("qcow2", "fs"), ("raw", "block")])
+def test_sigkill_half_way_then_resume(
+    fmt: str, mode: str, big: Big, range_server: FileServer, make_volume: Callable[..., Volume]
+) -> None:
+    image = big.raw if fmt == "raw" else big.qcow2
+    volume = make_volume(mode, scratch=mode == "block", block_size=128 << 20)
+    env = {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": f"{range_server.url}/{image.name}",
+        "IMPORTER_IMAGE_SIZE": str(256 << 20),
+        "IMPORTER_CHECKSUM": f"sha256:{image.file_sha256}",
+    }
+    range_server.close_gate(image.file_size // 2)
+    try:
+        proc = start_importer(volume, env)
+        try:
+            wait_for(
+                checkpointed(volume, int(image.file_size * 0.4), scratch=mode == "block"),
+                60,
+                "a checkpoint past 40% of the image",
+            )
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        range_server.open_gate()
+    range_server.reset_counters()
+    result = run_importer(volume, env)
+    assert_imported(
+        volume,
+        image,
+        result,
+        route="ranges" if fmt == "raw" else "qcow2-ranges",
+        sparse=False,
+        usable=USABLE_BIG,
+    )
+    assert result.message["checksum"] == f"sha256:{image.file_sha256}"
+    second = range_server.served(image.name)
+    if fmt == "raw":  # the raw prefix is re-hashed from the target; a qcow2 one is fetched again to hash it
+        assert second < image.file_size * 0.65, (
+            f"the second attempt fetched {second} of {image.file_size} bytes"
+        )
+    assert "resuming" in result.stderr
+    assert state_of(volume, mode == "block") is None
+
+
+def test_sigterm_saves_a_checkpoint_and_resumes(
+    big: Big, range_server: FileServer, make_volume: Callable[..., Volume]
+) -> None:
+    image = big.raw
+    volume = make_volume("fs")
+    env = {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": f"{range_server.url}/{image.name}",
+        "IMPORTER_IMAGE_SIZE": str(256 << 20),
+    }
+    range_server.close_gate(image.file_size // 2)
+    range_server.reset_counters()
+    try:
+        proc = start_importer(volume, env)
+        # wait until the importer holds everything before the gate (the server sent all of it)
+        wait_for(
+            lambda: range_server.served(image.name) >= image.file_size // 2 - (1 << 20), 60, "half the image"
+        )
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        range_server.open_gate()
+    assert proc.returncode == 1
+    message = read_message(volume)
+    assert message["reason"] == "Terminated"
+    assert message["retryable"] is True
+    assert checkpointed(volume, int(image.file_size * 0.3))()
+    range_server.reset_counters()
+    result = run_importer(volume, env)
+    assert_imported(volume, image, result, route="ranges", sparse=False, usable=USABLE_BIG)
+    assert range_server.served(image.name) < image.file_size * 0.75
+
+
+def test_changed_source_starts_over(
+    big: Big, range_server: FileServer, served_dir: Path, make_volume: Callable[..., Volume]
+) -> None:
+    """A checkpoint of another version of the object is ignored, never mixed into the new one."""
+    copy = served_dir / "resume-changing.img"
+    os.link(big.raw.path, copy) if not copy.exists() else None
+    image = Image(copy.name, copy, "raw", "", big.raw.sha256, BIG, big.raw.file_sha256, BIG)
+    volume = make_volume("fs")
+    env = {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": f"{range_server.url}/{copy.name}",
+        "IMPORTER_IMAGE_SIZE": str(256 << 20),
+    }
+    range_server.close_gate(BIG // 2)
+    try:
+        proc = start_importer(volume, env)
+        try:
+            wait_for(checkpointed(volume, int(BIG * 0.4)), 60, "a checkpoint past 40%")
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        range_server.open_gate()
+    os.utime(copy, (1_000_000_000, 1_000_000_000))  # a new Last-Modified / ETag
+    range_server.reset_counters()
+    result = run_importer(volume, env)
+    assert_imported(volume, image, result, route="ranges", sparse=False, usable=USABLE_BIG)
+    assert range_server.served(copy.name) >= BIG
+    assert "not resuming" in result.stderr
+    copy.unlink()
