@@ -177,8 +177,11 @@ class DataVolumeReconciler(Reconciler):
         conditions.update_all(status, pvc, message, reason)
         if status == view.status:
             return requeue
-        await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"status": status}, view.namespace,
-                                    subresource="status")
+        # conditional on the version we computed from: a reconcile working from a stale cache gets a 409 and
+        # runs again, instead of repeating a transition (and its event) another one already made
+        await self.ctx.client.patch(groups.DATAVOLUMES, view.name,
+                                    {"metadata": {"resourceVersion": view.resource_version}, "status": status},
+                                    view.namespace, subresource="status")
         if event is not None and status.get("phase") != old_phase:
             self.ctx.recorder.record(dv, *event)
         self._condition_events(dv, old_conditions, status["conditions"])

@@ -110,8 +110,14 @@ class ImportReconciler(Reconciler):
 
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
-        pvc = self.ctx.cached(groups.PVCS, name, namespace)
-        if pvc is None or dig(pvc, "metadata", "deletionTimestamp") or not is_import_claim(pvc):
+        cached = self.ctx.cached(groups.PVCS, name, namespace)
+        if cached is None or dig(cached, "metadata", "deletionTimestamp") or not is_import_claim(cached):
+            return None
+        # the claim's annotations are this reconciler's memory (attempt, retry time, pod name): read them
+        # fresh, never from a cache that may not have seen our last write yet
+        try:
+            pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
+        except NotFound:
             return None
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         attempt = int(annotations.get(ann.POD_RESTARTS, "0") or 0)
@@ -171,8 +177,6 @@ class ImportReconciler(Reconciler):
         await self._annotate(pvc, {ann.IMPORT_POD_NAME: pod["metadata"]["name"], ann.POD_PHASE: "Pending",
                                    ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: "Pending",
                                    ann.CONDITION_RUNNING_MESSAGE: "", ann.IMPORT_NEXT_RETRY: None})
-        if attempt == 0 and dv is not None:
-            self.ctx.recorder.record(dv, NORMAL, "ImportScheduled", f"Import into {name} scheduled")
         return None
 
     def _used_by_other_pod(self, pvc: Body) -> str | None:

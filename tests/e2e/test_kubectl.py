@@ -205,3 +205,13 @@ def test_acknowledged_writes_survive_kill_9(cdi_up: CdiUp, kubectl: Kubectl) -> 
     cdi_up.start()
     dv = kubectl.get("dv", "durable")
     assert dv["metadata"]["labels"] == {"after": "label"}
+
+
+def test_apply_of_a_list_validates_on_the_client_and_applies_each_item(shared_kubectl: Kubectl, ns: str) -> None:
+    items = [yaml.safe_load(dv_manifest(f"listed-{i}")) for i in range(2)]
+    listing = {"apiVersion": "v1", "kind": "List", "items": items}
+    out = shared_kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(listing)).stdout
+    assert "listed-0 created" in out and "listed-1 created" in out
+    exported = shared_kubectl("get", "dv", "-n", ns, "-o", "yaml").stdout  # a List, as exported
+    out = shared_kubectl("apply", "-n", ns, "-f", "-", input=exported).stdout
+    assert "listed-0 configured" in out and "listed-1 configured" in out

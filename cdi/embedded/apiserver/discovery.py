@@ -95,3 +95,25 @@ def openapi_group_version(registry: Registry, group_name: str, version: str) -> 
         paths[collection] = {"get": {**ops, "parameters": []}, "post": ops}
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": KUBERNETES_VERSION["gitVersion"]},
             "paths": paths, "components": {"schemas": {}}}
+
+
+def _pb_field(number: int, payload: bytes) -> bytes:
+    length, encoded = len(payload), b""
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        encoded += bytes([byte | (0x80 if length else 0)])
+        if not length:
+            break
+    return bytes([number << 3 | 2]) + encoded + payload
+
+
+def openapi_v2(protobuf: bool) -> bytes | dict[str, Any]:
+    """A valid, schema-less OpenAPI v2 document. kubectl reads it (as gnostic protobuf) only to
+    validate `kind: List` files on the client; types it does not find there it does not check, and the
+    server validates each object anyway."""
+    version = KUBERNETES_VERSION["gitVersion"]
+    if not protobuf:
+        return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": version}, "paths": {},
+                "definitions": {}}
+    info = _pb_field(1, b"Kubernetes") + _pb_field(2, version.encode())
+    return _pb_field(1, b"2.0") + _pb_field(2, info) + _pb_field(8, b"") + _pb_field(9, b"")
