@@ -17,10 +17,16 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.quantity import parse_bytes
-from cdi.api.sizing import required_space, round_up, usable_space
 from cdi.api.views import dig
 from cdi.controller import conditions
+from cdi.controller.claims import (
+    annotate,
+    claim_overhead,
+    config_status,
+    delete_if_present,
+    ensure_scratch,
+    preallocation_wanted,
+)
 from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, pod_name
 from cdi.controller.probe import scratch_required
 from cdi.controller.runtime import Context, Reconciler
@@ -71,36 +77,18 @@ class ImportReconciler(Reconciler):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
 
-    def _config_status(self) -> Body:
-        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
-        status: Body = config.get("status") or {}
-        return status
-
     def worker_settings(self) -> WorkerSettings:
-        status = self._config_status()
+        status = config_status(self.ctx)
         settings = self.ctx.settings
         cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None) or {}
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
         return WorkerSettings(
             importer_image=settings.importer_image, pull_policy=settings.pull_policy,
             resources=status.get("defaultPodResourceRequirements"), import_proxy=status.get("importProxy"),
-            insecure_registries=tuple(dig(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {},
-                                          "spec", "insecureRegistries") or ()),
+            insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()),
             image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
             node_placement=dig(cdi, "spec", "workload") or {},
         )
-
-    def overhead(self, storage_class: str | None) -> str:
-        overhead = self._config_status().get("filesystemOverhead") or {}
-        per_class = overhead.get("storageClass") or {}
-        return str(per_class.get(storage_class or "", overhead.get("global") or "0.06"))
-
-    async def _annotate(self, pvc: Body, changes: Mapping[str, str | None]) -> None:
-        current: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        if all(current.get(k) == v for k, v in changes.items()):
-            return
-        await self.ctx.client.patch(groups.PVCS, str(dig(pvc, "metadata", "name")),
-                                    {"metadata": {"annotations": dict(changes)}},
-                                    str(dig(pvc, "metadata", "namespace")))
 
     def _dv_of(self, pvc: Body) -> Body | None:
         for ref in dig(pvc, "metadata", "ownerReferences") or []:
@@ -157,24 +145,18 @@ class ImportReconciler(Reconciler):
         if scratch is None:
             needed = await scratch_required(self.ctx.client, pvc, source)
             scratch = "true" if needed else "false"
-            await self._annotate(pvc, {ann.REQUIRES_SCRATCH: scratch})
-        scratch_claim = None
-        if scratch == "true":
-            scratch_claim = await self._ensure_scratch(pvc)
-        dv = self._dv_of(pvc)
-        status = self._config_status()
-        preallocation = annotations.get(ann.PREALLOCATION_REQUESTED)
-        prealloc = preallocation == "true" if preallocation is not None else bool(status.get("preallocation"))
+            await annotate(self.ctx, pvc, {ann.REQUIRES_SCRATCH: scratch})
+        scratch_claim = await ensure_scratch(self.ctx, pvc) if scratch == "true" else None
         pod = importer_pod(
             pvc, source, self.worker_settings(), attempt=attempt, scratch_claim=scratch_claim,
-            filesystem_overhead=self.overhead(dig(pvc, "spec", "storageClassName")), preallocation=prealloc,
+            filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc),
             priority_class=annotations.get("cdi.kubevirt.io/storage.pod.priorityclassname", ""),
             service_account=annotations.get("cdi.kubevirt.io/storage.pod.serviceaccountname", ""))
         try:
             await self.ctx.client.create(groups.PODS, pod, namespace)
         except AlreadyExists:
             return 0.5
-        await self._annotate(pvc, {ann.IMPORT_POD_NAME: pod["metadata"]["name"], ann.POD_PHASE: "Pending",
+        await annotate(self.ctx, pvc, {ann.IMPORT_POD_NAME: pod["metadata"]["name"], ann.POD_PHASE: "Pending",
                                    ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: "Pending",
                                    ann.CONDITION_RUNNING_MESSAGE: "", ann.IMPORT_NEXT_RETRY: None})
         return None
@@ -192,36 +174,6 @@ class ImportReconciler(Reconciler):
                     return str(dig(pod, "metadata", "name"))
         return None
 
-    async def _ensure_scratch(self, pvc: Body) -> str:
-        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
-        scratch_name = f"{name}-scratch"
-        if self.ctx.cached(groups.PVCS, scratch_name, namespace) is not None:
-            return scratch_name
-        status = self._config_status()
-        target_class = dig(pvc, "spec", "storageClassName")
-        scratch_class = status.get("scratchSpaceStorageClass") or target_class
-        requested = parse_bytes(dig(pvc, "spec", "resources", "requests", "storage") or 0)
-        target_overhead = "0" if dig(pvc, "spec", "volumeMode") == "Block" else self.overhead(target_class)
-        size = round_up(required_space(self.overhead(scratch_class), usable_space(target_overhead, requested)))
-        claim: Obj = {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": scratch_name, "namespace": namespace,
-                         "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true"},
-                         "annotations": {ann.BIND_IMMEDIATE: "true"},
-                         "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": name,
-                                              "uid": dig(pvc, "metadata", "uid"), "controller": True,
-                                              "blockOwnerDeletion": True}]},
-            "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
-                     "resources": {"requests": {"storage": str(size)}}},
-        }
-        if scratch_class:
-            claim["spec"]["storageClassName"] = scratch_class
-        try:
-            await self.ctx.client.create(groups.PVCS, claim, namespace)
-        except AlreadyExists:
-            pass
-        return scratch_name
-
     # -- observing ------------------------------------------------------------------------------------
 
     async def _observe(self, pvc: Body, pod: Body, attempt: int) -> float | None:
@@ -238,7 +190,7 @@ class ImportReconciler(Reconciler):
         if phase == "Failed":
             return await self._failed(pvc, pod, attempt, changes)
         self._running_condition(pod, changes)
-        await self._annotate(pvc, changes)
+        await annotate(self.ctx, pvc, changes)
         return None
 
     @staticmethod
@@ -292,7 +244,7 @@ class ImportReconciler(Reconciler):
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         if result.get("scratchSpaceRequired") and annotations.get(ann.REQUIRES_SCRATCH) != "true":
             # our up-front probe was wrong (for example, the server answered ranges differently): add scratch
-            await self._annotate(pvc, {ann.REQUIRES_SCRATCH: "true", ann.IMPORT_POD_NAME: None})
+            await annotate(self.ctx, pvc, {ann.REQUIRES_SCRATCH: "true", ann.IMPORT_POD_NAME: None})
             await self._delete_pod(pod)
             return None
         retryable = bool(result.get("retryable", terminated_reason in ("OOMKilled", "Error", "")))
@@ -304,7 +256,7 @@ class ImportReconciler(Reconciler):
             delay = min(self.ctx.settings.retry_max, self.ctx.settings.retry_base * math.pow(2, attempt))
             changes.update({ann.POD_RESTARTS: str(attempt + 1), ann.IMPORT_NEXT_RETRY: _time(delay),
                             ann.IMPORT_POD_NAME: pod_name(name, attempt + 1), ann.POD_PHASE: "Pending"})
-            await self._annotate(pvc, changes)
+            await annotate(self.ctx, pvc, changes)
             self.ctx.metrics.import_retries.inc()
             self.ctx.recorder.record(dv or pvc, WARNING, reason,
                                      f"Import attempt {attempt + 1} failed, retrying in {delay:.0f}s "
@@ -315,7 +267,7 @@ class ImportReconciler(Reconciler):
             message = f"{message} (gave up after {attempt + 1} attempts)"
             changes[ann.CONDITION_RUNNING_MESSAGE] = message
         changes[ann.IMPORT_FATAL_ERROR] = "true"
-        await self._annotate(pvc, changes)
+        await annotate(self.ctx, pvc, changes)
         self.ctx.metrics.import_failures.labels(reason).inc()
         self.ctx.recorder.record(dv or pvc, WARNING, "ImportFailed", f"Failed to import into PVC {name}: "
                                  f"{reason}: {message}")
@@ -325,19 +277,11 @@ class ImportReconciler(Reconciler):
     # -- cleanup ----------------------------------------------------------------------------------------
 
     async def _delete_pod(self, pod: Body) -> None:
-        try:
-            await self.ctx.client.delete(groups.PODS, str(dig(pod, "metadata", "name")),
-                                         str(dig(pod, "metadata", "namespace")), grace_period_seconds=0)
-        except NotFound:
-            pass
+        await delete_if_present(self.ctx, groups.PODS, str(dig(pod, "metadata", "name")),
+                                str(dig(pod, "metadata", "namespace")), cached=False, grace_period_seconds=0)
 
     async def _delete_scratch(self, namespace: str, name: str) -> None:
-        if self.ctx.cached(groups.PVCS, f"{name}-scratch", namespace) is None:
-            return
-        try:
-            await self.ctx.client.delete(groups.PVCS, f"{name}-scratch", namespace)
-        except NotFound:
-            pass
+        await delete_if_present(self.ctx, groups.PVCS, f"{name}-scratch", namespace)
 
     async def _cleanup(self, pvc: Body, pod: Body | None, *, succeeded: bool) -> None:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}

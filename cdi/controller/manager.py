@@ -20,6 +20,7 @@ from cdi.controller.imports import ImportReconciler, is_import_claim
 from cdi.controller.metrics import ControllerMetrics
 from cdi.controller.runtime import Context, Reconciler, Settings, owner_keys
 from cdi.controller.storageprofile import StorageProfileReconciler
+from cdi.controller.uploads import UploadReconciler, is_upload_claim
 from cdi.kube import KubeClient, LeaderElectionConfig, LeaderElector, object_key
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,9 @@ class Manager:
         self.imports = ImportReconciler(self.ctx)
         self.profiles = StorageProfileReconciler(self.ctx)
         self.config = ConfigReconciler(self.ctx)
-        self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.profiles, self.config]
+        self.uploads = UploadReconciler(self.ctx)
+        self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.uploads, self.profiles,
+                                              self.config]
         for gvr in WATCHED:
             self.ctx.informer(gvr)
         self._wire()
@@ -62,13 +65,17 @@ class Manager:
                 self.datavolumes.enqueue(owner)
             if is_import_claim(new):
                 self.imports.enqueue(key)
+            if is_upload_claim(new):
+                self.uploads.enqueue(key)
             for owner in owner_keys(new, "PersistentVolumeClaim"):  # scratch claims
                 self.imports.enqueue(owner)
+                self.uploads.enqueue(owner)
 
         def on_pod(obj: Obj, *rest: Obj) -> None:
             new = rest[0] if rest else obj
             for owner in owner_keys(new, "PersistentVolumeClaim"):
                 self.imports.enqueue(owner)
+                self.uploads.enqueue(owner)
                 self.datavolumes.enqueue(owner)
             namespace = dig(new, "metadata", "namespace")
             for volume in dig(new, "spec", "volumes") or []:

@@ -161,7 +161,8 @@ class ApiHandlers:
         return [
             web.get("/version", self.version), web.get("/healthz", self.healthz), web.get("/livez", self.healthz),
             web.get("/readyz", self.healthz), web.get("/api", self.api), web.get("/apis", self.apis),
-            web.get("/openapi/v2", self.openapi_v2), web.get("/openapi/v3", self.openapi_index), web.get("/openapi/v3/{path:.*}", self.openapi_gv),
+            web.get("/openapi/v2", self.openapi_v2), web.get("/openapi/v3", self.openapi_index),
+            web.get("/openapi/v3/{path:.*}", self.openapi_gv),
             web.route("*", "/api/{version}", self.api_version_or_resource),
             web.route("*", "/api/{version}/{rest:.*}", self.resource),
             web.get("/apis/{group}", self.group), web.route("*", "/apis/{group}/{version}", self.group_version),
@@ -213,7 +214,8 @@ class ApiHandlers:
         if "protobuf" in request.headers.get("Accept", ""):
             body = discovery.openapi_v2(protobuf=True)
             assert isinstance(body, bytes)
-            return web.Response(body=body, content_type="application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+            return web.Response(body=body,
+                                content_type="application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
         return _json(discovery.openapi_v2(protobuf=False))
 
     async def openapi_index(self, request: web.Request) -> web.Response:

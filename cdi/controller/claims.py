@@ -1,0 +1,95 @@
+"""What the worker-pod reconcilers (import, upload) do to the claims they serve: keep their memory in
+annotations, read the effective CDIConfig, and create the scratch claim when a pod needs one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api import annotations as ann
+from cdi.api import groups
+from cdi.api.quantity import parse_bytes
+from cdi.api.sizing import required_space, round_up, usable_space
+from cdi.api.views import dig
+from cdi.controller.runtime import Context
+from cdi.kube import AlreadyExists, NotFound
+
+Obj = dict[str, Any]
+Body = Mapping[str, Any]
+
+
+def config_status(ctx: Context) -> Body:
+    status: Body = (ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}).get("status") or {}
+    return status
+
+
+def filesystem_overhead(ctx: Context, storage_class: str | None) -> str:
+    overhead = config_status(ctx).get("filesystemOverhead") or {}
+    return str((overhead.get("storageClass") or {}).get(storage_class or "", overhead.get("global") or "0.06"))
+
+
+def claim_overhead(ctx: Context, pvc: Body) -> str:
+    """The overhead the worker must leave on this claim: none on a Block device."""
+    if dig(pvc, "spec", "volumeMode") == "Block":
+        return "0"
+    return filesystem_overhead(ctx, dig(pvc, "spec", "storageClassName"))
+
+
+def preallocation_wanted(ctx: Context, pvc: Body) -> bool:
+    requested = (dig(pvc, "metadata", "annotations") or {}).get(ann.PREALLOCATION_REQUESTED)
+    return requested == "true" if requested is not None else bool(config_status(ctx).get("preallocation"))
+
+
+def owner_reference(pvc: Body) -> Obj:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": dig(pvc, "metadata", "name"),
+            "uid": dig(pvc, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}
+
+
+async def annotate(ctx: Context, pvc: Body, changes: Mapping[str, str | None]) -> None:
+    """Merge `changes` into the claim's annotations (None removes one); no write when nothing changes."""
+    current: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    if all(current.get(k) == v for k, v in changes.items()):
+        return
+    await ctx.client.patch(groups.PVCS, str(dig(pvc, "metadata", "name")),
+                           {"metadata": {"annotations": dict(changes)}}, str(dig(pvc, "metadata", "namespace")))
+
+
+def scratch_name(pvc: Body) -> str:
+    return f"{dig(pvc, 'metadata', 'name')}-scratch"
+
+
+async def ensure_scratch(ctx: Context, pvc: Body) -> str:
+    """`<pvc>-scratch` as CDI sizes it: room for the target's usable bytes plus the scratch class's
+    overhead; Filesystem, RWO, CDIConfig's scratch class else the target's; owned by the target claim."""
+    namespace, name = str(dig(pvc, "metadata", "namespace")), scratch_name(pvc)
+    if ctx.cached(groups.PVCS, name, namespace) is not None:
+        return name
+    scratch_class = config_status(ctx).get("scratchSpaceStorageClass") or dig(pvc, "spec", "storageClassName")
+    requested = parse_bytes(dig(pvc, "spec", "resources", "requests", "storage") or 0)
+    size = round_up(required_space(filesystem_overhead(ctx, scratch_class),
+                                   usable_space(claim_overhead(ctx, pvc), requested)))
+    claim: Obj = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true"},
+                     "annotations": {ann.BIND_IMMEDIATE: "true"}, "ownerReferences": [owner_reference(pvc)]},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                 "resources": {"requests": {"storage": str(size)}}},
+    }
+    if scratch_class:
+        claim["spec"]["storageClassName"] = scratch_class
+    try:
+        await ctx.client.create(groups.PVCS, claim, namespace)
+    except AlreadyExists:
+        pass
+    return name
+
+
+async def delete_if_present(ctx: Context, gvr: groups.GVR, name: str, namespace: str, *,
+                            cached: bool = True, grace_period_seconds: int | None = None) -> None:
+    if cached and ctx.cached(gvr, name, namespace) is None:
+        return
+    try:
+        await ctx.client.delete(gvr, name, namespace, grace_period_seconds=grace_period_seconds)
+    except NotFound:
+        pass

@@ -1,0 +1,235 @@
+"""The upload reconciler: a PVC annotated `cdi.kubevirt.io/storage.upload.target` (written by the
+DataVolume reconciler for `source: upload`, or by a user for a bare PVC) gets an upload-server pod
+with its own TLS certificate and a `cdi-upload-<pvc>` Service; the pod's readiness becomes
+`storage.pod.ready` (DataVolume phase UploadReady), its successful exit `storage.pod.phase=Succeeded`,
+and then pod, Service, certificate and scratch are removed.
+
+Upload-server pod contract (env, as CDI's): TLS_CERT_FILE / TLS_KEY_FILE (its certificate),
+CLIENT_CERT_FILE (CA of the proxy's client certificate), CLIENT_NAME (the CN the client must have),
+UPLOAD_IMAGE_SIZE, FILESYSTEM_OVERHEAD, PREALLOCATION, DESTINATION (/data/disk.img or
+/dev/cdi-block-volume), CONTENT_TYPE, POD_IP, OWNER_UID; scratch at /scratch when mounted; HTTPS on
+$POD_IP:8443; readiness on GET /healthz."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api import annotations as ann
+from cdi.api import env, groups
+from cdi.api.views import dig
+from cdi.common.imageprobe import needs_scratch
+from cdi.controller.claims import (
+    annotate,
+    claim_overhead,
+    config_status,
+    delete_if_present,
+    ensure_scratch,
+    owner_reference,
+    preallocation_wanted,
+)
+from cdi.controller.importpod import WORKER_UID
+from cdi.controller.imports import termination
+from cdi.controller.runtime import Context, Reconciler
+from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
+from cdi.kube import AlreadyExists, NotFound, split_key
+
+Obj = dict[str, Any]
+Body = Mapping[str, Any]
+
+UPLOAD_PORT = 8443
+UPLOAD_CONTAINER = "cdi-upload-server"
+# our CLI knows the file it is about to send; `raw`, `qcow2+gz`, ... lets the controller skip scratch
+UPLOAD_FORMAT = "cdi.kubevirt.io/storage.upload.format"
+SERVICE_LABEL = "service"
+
+
+def upload_name(pvc_name: str) -> str:
+    return f"cdi-upload-{pvc_name}"[:63].rstrip("-")
+
+
+def is_upload_claim(pvc: Body) -> bool:
+    return ann.UPLOAD_TARGET in (dig(pvc, "metadata", "annotations") or {})
+
+
+def upload_needs_scratch(pvc: Body) -> bool:
+    """Unknown formats get scratch (as in CDI, where every upload has it); a declared raw or compressed
+    raw image streams straight to the target."""
+    declared = (dig(pvc, "metadata", "annotations") or {}).get(UPLOAD_FORMAT)
+    if not declared:
+        return True
+    fmt, _, compression = declared.partition("+")
+    return needs_scratch(fmt, compression or None, ranges=False, sequential_only=True)
+
+
+class UploadReconciler(Reconciler):
+    name = "upload"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._pki: UploadPki | None = None
+
+    async def pki(self) -> UploadPki:
+        if self._pki is None:
+            self._pki = await ensure_upload_pki(self.ctx.client, self.ctx.settings.namespace)
+        return self._pki
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace, name = split_key(key)
+        cached = self.ctx.cached(groups.PVCS, name, namespace)
+        if cached is None or dig(cached, "metadata", "deletionTimestamp") or not is_upload_claim(cached):
+            return None
+        try:
+            pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
+        except NotFound:
+            return None
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        pod = self.ctx.cached(groups.PODS, upload_name(name), namespace)
+        if annotations.get(ann.POD_PHASE) == "Succeeded":
+            await self._cleanup(pvc, pod)
+            return None
+        if dig(pvc, "status", "phase") != "Bound":
+            storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
+            wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
+            if not (wffc and annotations.get(ann.BIND_IMMEDIATE) in ("true", "")):
+                return None
+        if pod is None:
+            await self._create(pvc)
+            return None
+        return await self._observe(pvc, pod)
+
+    async def _create(self, pvc: Body) -> None:
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        service = upload_name(name)
+        owner = [owner_reference(pvc)]
+        labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "cdi-upload-server"}
+        pki_ = await self.pki()
+        pair = pki_.server_certificate(service, namespace)
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": service, "namespace": namespace, "labels": labels, "ownerReferences": owner},
+                  "data": {"tls.crt": base64.b64encode(pair.cert_pem).decode(),
+                           "tls.key": base64.b64encode(pair.key_pem).decode(),
+                           "ca.crt": base64.b64encode(pki_.client_signer.cert_pem).decode()}}
+        svc = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": service, "namespace": namespace, "labels": labels, "ownerReferences": owner},
+               "spec": {"selector": {SERVICE_LABEL: service},
+                        "ports": [{"name": "uploadserver", "port": UPLOAD_PORT, "targetPort": UPLOAD_PORT}]}}
+        scratch = await ensure_scratch(self.ctx, pvc) if upload_needs_scratch(pvc) else None
+        for gvr, body in ((groups.SECRETS, secret), (groups.SERVICES, svc)):
+            try:
+                await self.ctx.client.create(gvr, body, namespace)
+            except AlreadyExists:
+                pass
+        try:
+            await self.ctx.client.create(groups.PODS, self._pod(pvc, service, labels, owner, scratch), namespace)
+        except AlreadyExists:
+            return
+        await annotate(self.ctx, pvc, {ann.POD_PHASE: "Pending", ann.POD_READY: "false",
+                                   ann.UPLOAD_POD_NAME: service, ann.CONDITION_RUNNING: "false",
+                                   ann.CONDITION_RUNNING_REASON: "Pending", ann.CONDITION_RUNNING_MESSAGE: "",
+                                   ann.REQUIRES_SCRATCH: "true" if scratch else "false"})
+
+    def _pod(self, pvc: Body, service: str, labels: Mapping[str, str], owner: list[Obj], scratch: str | None) -> Obj:
+        name = str(dig(pvc, "metadata", "name"))
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        block = dig(pvc, "spec", "volumeMode") == "Block"
+        owners = dig(pvc, "metadata", "ownerReferences") or []
+        owner_uid = owners[0]["uid"] if len(owners) == 1 else dig(pvc, "metadata", "uid")
+        environment = [
+            {"name": "TLS_KEY_FILE", "value": "/etc/tls/tls.key"},
+            {"name": "TLS_CERT_FILE", "value": "/etc/tls/tls.crt"},
+            {"name": "CLIENT_CERT_FILE", "value": "/etc/tls/ca.crt"},
+            {"name": "CLIENT_NAME", "value": CLIENT_NAME},
+            {"name": env.UPLOAD_IMAGE_SIZE, "value": str(dig(pvc, "spec", "resources", "requests", "storage") or "")},
+            {"name": env.FILESYSTEM_OVERHEAD, "value": claim_overhead(self.ctx, pvc)},
+            {"name": env.PREALLOCATION, "value": "true" if preallocation_wanted(self.ctx, pvc) else "false"},
+            {"name": "DESTINATION", "value": env.BLOCK_PATH_DEFAULT if block
+             else f"{env.DATA_DIR_DEFAULT}/{env.DISK_IMAGE_NAME}"},
+            {"name": "CONTENT_TYPE", "value": annotations.get(ann.CONTENT_TYPE) or "kubevirt"},
+            {"name": env.OWNER_UID, "value": str(owner_uid)},
+            {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ]
+        mounts: list[Obj] = [{"name": "tls", "mountPath": "/etc/tls", "readOnly": True}]
+        volumes: list[Obj] = [{"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": name}},
+                              {"name": "tls", "secret": {"secretName": service}}]
+        devices: list[Obj] = []
+        if block:
+            devices.append({"name": "cdi-data-vol", "devicePath": env.BLOCK_PATH_DEFAULT})
+        else:
+            mounts.append({"name": "cdi-data-vol", "mountPath": env.DATA_DIR_DEFAULT})
+        if scratch:
+            volumes.append({"name": "cdi-scratch-vol", "persistentVolumeClaim": {"claimName": scratch}})
+            mounts.append({"name": "cdi-scratch-vol", "mountPath": env.SCRATCH_DIR_DEFAULT})
+        container: Obj = {
+            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image,
+            "imagePullPolicy": self.ctx.settings.pull_policy, "env": environment, "volumeMounts": mounts,
+            "ports": [{"name": "uploadserver", "containerPort": UPLOAD_PORT, "protocol": "TCP"}],
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": UPLOAD_PORT, "scheme": "HTTPS"},
+                               "periodSeconds": 1, "failureThreshold": 3},
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "runAsNonRoot": True, "runAsUser": WORKER_UID},
+        }
+        resources = config_status(self.ctx).get("defaultPodResourceRequirements")
+        if resources:
+            container["resources"] = dict(resources)
+        if devices:
+            container["volumeDevices"] = devices
+        spec: Obj = {"restartPolicy": "OnFailure", "containers": [container], "volumes": volumes,
+                     "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True}}
+        for key, field in (("cdi.kubevirt.io/storage.pod.priorityclassname", "priorityClassName"),
+                           ("cdi.kubevirt.io/storage.pod.serviceaccountname", "serviceAccountName")):
+            if annotations.get(key):
+                spec[field] = annotations[key]
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": service, "namespace": dig(pvc, "metadata", "namespace"),
+                             "labels": {**labels, SERVICE_LABEL: service,
+                                        ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))},
+                             "annotations": {ann.ISTIO_INJECT: "false", ann.LINKERD_INJECT: "disabled"},
+                             "ownerReferences": owner},
+                "spec": spec}
+
+    async def _observe(self, pvc: Body, pod: Body) -> float | None:
+        phase = str(dig(pod, "status", "phase") or "Pending")
+        statuses = dig(pod, "status", "containerStatuses") or []
+        ready = bool(statuses) and all(s.get("ready") for s in statuses)
+        restarts = sum(int(s.get("restartCount") or 0) for s in statuses)
+        changes: dict[str, str | None] = {ann.POD_PHASE: phase, ann.POD_READY: "true" if ready else "false",
+                                          ann.POD_RESTARTS: str(restarts)}
+        running = statuses and all((s.get("state") or {}).get("running") for s in statuses)
+        if running:
+            changes.update({ann.CONDITION_RUNNING: "true", ann.CONDITION_RUNNING_REASON: "Pod is running",
+                            ann.CONDITION_RUNNING_MESSAGE: ""})
+        if phase == "Succeeded":
+            _, result = termination(pod)
+            changes.update({ann.POD_READY: "false", ann.CONDITION_RUNNING: "false",
+                            ann.CONDITION_RUNNING_REASON: "Completed",
+                            ann.CONDITION_RUNNING_MESSAGE: str(result.get("message") or "Upload Complete")})
+            if result.get("preallocationApplied"):
+                changes[ann.PREALLOCATION_APPLIED] = "true"
+            if result.get("checksum"):
+                changes[ann.IMPORT_CHECKSUM_RESULT] = str(result["checksum"])
+            await annotate(self.ctx, pvc, changes)
+            await self._cleanup(pvc, pod)
+            return None
+        if phase == "Failed":
+            _, result = termination(pod)
+            changes.update({ann.IMPORT_FATAL_ERROR: "true", ann.CONDITION_RUNNING: "false",
+                            ann.CONDITION_RUNNING_REASON: str(result.get("reason") or "Error"),
+                            ann.CONDITION_RUNNING_MESSAGE: str(result.get("message") or "upload server failed")})
+        await annotate(self.ctx, pvc, changes)
+        return None
+
+    async def _cleanup(self, pvc: Body, pod: Body | None) -> None:
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        service = upload_name(name)
+        retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true"
+        if not retain and pod is not None:
+            await delete_if_present(self.ctx, groups.PODS, service, namespace)
+        await delete_if_present(self.ctx, groups.SERVICES, service, namespace)
+        await delete_if_present(self.ctx, groups.PVCS, f"{name}-scratch", namespace)
+        if ann.UPLOAD_POD_NAME in annotations:  # secrets are not cached: remember that ours is gone
+            await delete_if_present(self.ctx, groups.SECRETS, service, namespace, cached=False)
+            await annotate(self.ctx, pvc, {ann.UPLOAD_POD_NAME: None})
