@@ -22,11 +22,9 @@ import ipaddress
 import logging
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = logging.getLogger(__name__)
 
@@ -43,44 +41,11 @@ FAILED = "Failed"
 
 
 class Progress:
+    """Phase and byte progress; plain state, turned into metrics only when scraped."""
+
     def __init__(self, owner_uid: str = "") -> None:
-        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
         self.owner_uid = owner_uid
-        self.registry = CollectorRegistry(auto_describe=True)
-        labels = ["ownerUID"]
-        self._progress = Counter(
-            "kubevirt_cdi_import_progress",
-            "The import progress in percentage",
-            labels,
-            registry=self.registry,
-        ).labels(owner_uid)
-        self._phase = Gauge(
-            "cdi_importer_phase",
-            "1 for the importer's current phase",
-            [*labels, "phase"],
-            registry=self.registry,
-        )
-        self._done = Gauge(
-            "cdi_importer_phase_bytes_done",
-            "Bytes processed in the phase",
-            [*labels, "phase"],
-            registry=self.registry,
-        )
-        self._total = Gauge(
-            "cdi_importer_phase_bytes_total",
-            "Bytes the phase will process (0: unknown)",
-            [*labels, "phase"],
-            registry=self.registry,
-        )
-        self._transferred = Counter(
-            "cdi_importer_bytes_transferred", "Bytes received from the source", labels, registry=self.registry
-        ).labels(owner_uid)
-        self._retries = Counter(
-            "cdi_importer_retries",
-            "Transient failures retried inside the run",
-            labels,
-            registry=self.registry,
-        ).labels(owner_uid)
+        self._registry: Any = None
         self._lock = threading.Lock()
         self._plan: list[tuple[str, float]] = [(INFO, 0.0)]
         self.current = INFO
@@ -88,7 +53,8 @@ class Progress:
         self._current_done = 0
         self._percent = 0.0
         self._transferred_value = 0
-        self._seen: set[str] = set()
+        self._retry_count = 0
+        self._phases: dict[str, list[int]] = {}  # phase -> [done, total], in the order seen
         self._set_phase(INFO)
 
     # -- phases -------------------------------------------------------------------------------------
@@ -105,20 +71,19 @@ class Progress:
             self._current_total = total or 0
             self._current_done = 0
             self._set_phase(phase)
-            self._total.labels(self.owner_uid, phase).set(total or 0)
-            self._done.labels(self.owner_uid, phase).set(0)
+            self._phases[phase] = [0, total or 0]
             self._update_percent()
         log.info("phase %s%s", phase, f" ({total} bytes)" if total else "")
 
     def set_total(self, total: int) -> None:
         with self._lock:
             self._current_total = total
-            self._total.labels(self.owner_uid, self.current).set(total)
+            self._phases[self.current][1] = total
 
     def update(self, done: int) -> None:
         with self._lock:
             self._current_done = done
-            self._done.labels(self.owner_uid, self.current).set(done)
+            self._phases[self.current][0] = done
             self._update_percent()
 
     def advance_fraction(self, fraction: float) -> None:
@@ -127,7 +92,7 @@ class Progress:
             if not self._current_total:
                 self._current_total = 10000
             self._current_done = int(self._current_total * min(max(fraction, 0.0), 1.0))
-            self._done.labels(self.owner_uid, self.current).set(self._current_done)
+            self._phases[self.current] = [self._current_done, self._current_total]
             self._update_percent()
 
     def complete(self) -> None:
@@ -144,12 +109,11 @@ class Progress:
 
     def transferred(self, total: int) -> None:
         with self._lock:
-            if total > self._transferred_value:
-                self._transferred.inc(total - self._transferred_value)
-                self._transferred_value = total
+            self._transferred_value = max(self._transferred_value, total)
 
     def retried(self, _exc: object = None) -> None:
-        self._retries.inc()
+        with self._lock:
+            self._retry_count += 1
 
     @property
     def percent(self) -> float:
@@ -157,13 +121,11 @@ class Progress:
 
     # -- internals (lock held) ----------------------------------------------------------------------
     def _set_phase(self, phase: str) -> None:
-        self._seen.add(phase)
-        for name in self._seen:
-            self._phase.labels(self.owner_uid, name).set(1 if name == phase else 0)
+        self._phases.setdefault(phase, [0, 0])
 
     def _finish_current(self) -> None:
         if self._current_total:
-            self._done.labels(self.owner_uid, self.current).set(self._current_total)
+            self._phases[self.current][0] = self._current_total
 
     def _update_percent(self) -> None:
         before = 0.0
@@ -180,9 +142,23 @@ class Progress:
         self._raise_to(min(value, 99.99))
 
     def _raise_to(self, value: float) -> None:
-        if value > self._percent:
-            self._progress.inc(value - self._percent)
-            self._percent = value
+        self._percent = max(self._percent, value)  # a counter: it never goes back
+
+    # -- exposition ---------------------------------------------------------------------------------
+    @property
+    def registry(self) -> Any:
+        """A dedicated CollectorRegistry (prometheus_client is imported only by pods that serve)."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(_Collector(self))
+        return self._registry
+
+    def snapshot(self) -> tuple[float, str, dict[str, list[int]], int, int]:
+        with self._lock:
+            phases = {k: list(v) for k, v in self._phases.items()}
+            return self._percent, self.current, phases, self._transferred_value, self._retry_count
 
     # -- serving ------------------------------------------------------------------------------------
     def serve(self, pod_ip: str, port: int) -> Any:
@@ -198,8 +174,54 @@ class Progress:
         directory = Path(tempfile.mkdtemp(prefix="cdi-importer-metrics-"))
         cert, key = directory / "tls.crt", directory / "tls.key"
         pair.write(cert, key)
+        import prometheus_client
+
         server, _thread = prometheus_client.start_http_server(
             port, addr=pod_ip, registry=self.registry, certfile=str(cert), keyfile=str(key)
         )
         log.info("serving metrics on https://%s:%d/metrics", pod_ip, port)
         return server
+
+
+class _Collector:
+    """Builds the metric families from a Progress snapshot at each scrape (no `_created` series)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        percent, current, phases, transferred, retries = self.progress.snapshot()
+        uid = self.progress.owner_uid
+        counter = CounterMetricFamily(
+            "kubevirt_cdi_import_progress", "The import progress in percentage", labels=["ownerUID"]
+        )
+        counter.add_metric([uid], percent)
+        yield counter
+        phase = GaugeMetricFamily(
+            "cdi_importer_phase", "1 for the importer's current phase", labels=["ownerUID", "phase"]
+        )
+        done = GaugeMetricFamily(
+            "cdi_importer_phase_bytes_done", "Bytes processed in the phase", labels=["ownerUID", "phase"]
+        )
+        total = GaugeMetricFamily(
+            "cdi_importer_phase_bytes_total",
+            "Bytes the phase will process (0: unknown)",
+            labels=["ownerUID", "phase"],
+        )
+        for name, (phase_done, phase_total) in phases.items():
+            phase.add_metric([uid, name], 1 if name == current else 0)
+            done.add_metric([uid, name], phase_done)
+            total.add_metric([uid, name], phase_total)
+        yield from (phase, done, total)
+        sent = CounterMetricFamily(
+            "cdi_importer_bytes_transferred", "Bytes received from the source", labels=["ownerUID"]
+        )
+        sent.add_metric([uid], transferred)
+        yield sent
+        retried = CounterMetricFamily(
+            "cdi_importer_retries", "Transient failures retried inside the run", labels=["ownerUID"]
+        )
+        retried.add_metric([uid], retries)
+        yield retried

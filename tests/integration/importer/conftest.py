@@ -7,6 +7,8 @@ docker-registry). Servers and images are session-scoped; volumes are per test.
 
 from __future__ import annotations
 
+import random
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from cdi.common import pki
 
 from . import oci
 from .harness import BLOCK_SIZE, PASSWORD, S3_KEY, S3_SECRET, USER, Volume
-from .images import Image, build_image_set
+from .images import Image, build_image_set, sha256_file
 from .servers import FileServer, Registry, TLSMotoServer, TokenServer, htpasswd_file
 
 
@@ -57,6 +59,36 @@ def served_dir(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Image
     for name, image in images.items():
         (directory / name).symlink_to(image.path)
     return directory
+
+
+BIG = 96 << 20
+
+
+@dataclass
+class Big:
+    raw: Image
+    qcow2: Image
+
+
+@pytest.fixture(scope="session")
+def big(served_dir: Path) -> Iterator[Big]:
+    """A 96 MiB disk with data everywhere, as raw and as (uncompressed) qcow2."""
+    rng = random.Random(11)
+    raw = served_dir / "resume-big.img"
+    with open(raw, "wb") as f:
+        for i in range(BIG // (1 << 20)):
+            line = b"resume test line %06d\n" % i
+            f.write(rng.randbytes(1 << 20) if i % 2 else (line * ((1 << 20) // len(line) + 1))[: 1 << 20])
+    qcow2 = served_dir / "resume-big.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(qcow2)], check=True)
+    digest = sha256_file(raw)
+
+    def image(path: Path, fmt: str) -> Image:
+        return Image(path.name, path, fmt, "", digest, BIG, sha256_file(path), path.stat().st_size)
+
+    yield Big(image(raw, "raw"), image(qcow2, "qcow2"))
+    raw.unlink()
+    qcow2.unlink()
 
 
 # -- servers --------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ BLOCK_SIZE = 16 << 20
 USER, PASSWORD = "cdi", "s3cr3t-pw"
 S3_KEY, S3_SECRET = "AKIDCDITEST", "cdi-secret-key"
 GARBAGE = b"\xaa"
+GARBAGE_STRIPE = GARBAGE * 4096
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,20 @@ class Volume:
         if self.mode == "fs":
             self.data_dir.mkdir(parents=True)
         else:
-            # a "device" with old contents: zero regions of the image must really be zeroed
+            # a "device" with old contents: zero regions of the image must really be zeroed. A stripe
+            # of garbage in every 64 KiB (the importer's zero-detection block) is enough to tell.
             with open(self.block_path, "wb") as f:
-                f.write(GARBAGE * (13 << 20))
                 f.truncate(self.block_size)
+                for offset in range(0, min(self.block_size, 32 << 20), 64 << 10):
+                    f.seek(offset)
+                    f.write(GARBAGE_STRIPE)
         if self.scratch:
             self.scratch_dir.mkdir(parents=True)
+
+    def untouched(self) -> bool:
+        """Whether the block device still holds its old garbage."""
+        with open(self.block_path, "rb") as f:
+            return all(f.read(64 << 10).startswith(GARBAGE_STRIPE) for _ in range(16))
 
     @property
     def target(self) -> Path:

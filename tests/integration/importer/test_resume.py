@@ -9,51 +9,22 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cdi.api.sizing import usable_space
 
+from .conftest import BIG, Big
 from .harness import OVERHEAD, Volume, assert_imported, base_env, importer_command, read_message, run_importer
-from .images import Image, sha256_file
+from .images import Image
 from .servers import FileServer, wait_for
 
-BIG = 96 << 20
 USABLE_BIG = usable_space(OVERHEAD, 256 << 20)
 STATE = ".cdi-import-state"
-
-
-@dataclass
-class Big:
-    raw: Image
-    qcow2: Image
-
-
-@pytest.fixture(scope="module")
-def big(served_dir: Path) -> Iterator[Big]:
-    """A 96 MiB disk with data everywhere, as raw and as (uncompressed) qcow2."""
-    rng = random.Random(11)
-    raw = served_dir / "resume-big.img"
-    with open(raw, "wb") as f:
-        for i in range(BIG // (1 << 20)):
-            line = b"resume test line %06d\n" % i
-            f.write(rng.randbytes(1 << 20) if i % 2 else (line * ((1 << 20) // len(line) + 1))[: 1 << 20])
-    qcow2 = served_dir / "resume-big.qcow2"
-    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(qcow2)], check=True)
-    digest = sha256_file(raw)
-
-    def image(path: Path, fmt: str) -> Image:
-        return Image(path.name, path, fmt, "", digest, BIG, sha256_file(path), path.stat().st_size)
-
-    yield Big(image(raw, "raw"), image(qcow2, "qcow2"))
-    raw.unlink()
-    qcow2.unlink()
 
 
 def start_importer(volume: Volume, env: dict[str, str]) -> subprocess.Popen[bytes]:
