@@ -12,7 +12,7 @@ from typing import Any
 from cdi.api import groups
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
 from cdi.api.views import dig
-from cdi.controller.runtime import Reconciler
+from cdi.controller.runtime import Reconciler, write_status
 from cdi.kube import AlreadyExists
 
 Obj = dict[str, Any]
@@ -72,13 +72,12 @@ class ConfigReconciler(Reconciler):
         status = effective_status(config.get("spec") or {}, self.ctx.cached_list(groups.STORAGECLASSES),
                                   self.ctx.settings.upload_proxy_url)
         if status != config.get("status"):
-            await self.ctx.client.patch(groups.CDICONFIGS, CONFIG_KEY, {"status": status}, subresource="status")
+            await write_status(self.ctx.client, groups.CDICONFIGS, config, status)
         if cdi is not None and (cdi.get("status") or {}).get("phase") != "Deployed":
-            await self.ctx.client.patch(groups.CDIS, str(dig(cdi, "metadata", "name")), {"status": {
+            await write_status(self.ctx.client, groups.CDIS, cdi, {
                 "phase": "Deployed", "conditions": [
                     {"type": "Available", "status": "True", "reason": "Available", "message": ""},
                     {"type": "Progressing", "status": "False", "reason": "", "message": ""},
                     {"type": "Degraded", "status": "False", "reason": "", "message": ""}],
-                "operatorVersion": "cdi-py", "targetVersion": "cdi-py", "observedVersion": "cdi-py"}},
-                subresource="status")
+                "operatorVersion": "cdi-py", "targetVersion": "cdi-py", "observedVersion": "cdi-py"})
         return None

@@ -17,7 +17,7 @@ from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import ClusterStorage, NoStorageClass, RenderError, render_claim_spec
-from cdi.controller.runtime import Context, Reconciler
+from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
 
@@ -177,11 +177,9 @@ class DataVolumeReconciler(Reconciler):
         conditions.update_all(status, pvc, message, reason)
         if status == view.status:
             return requeue
-        # conditional on the version we computed from: a reconcile working from a stale cache gets a 409 and
-        # runs again, instead of repeating a transition (and its event) another one already made
-        await self.ctx.client.patch(groups.DATAVOLUMES, view.name,
-                                    {"metadata": {"resourceVersion": view.resource_version}, "status": status},
-                                    view.namespace, subresource="status")
+        # conditional on the version we computed from: a reconcile working from a stale cache runs again
+        # instead of repeating a transition (and its event) another one already made
+        await write_status(self.ctx.client, groups.DATAVOLUMES, dv, status)
         if event is not None and status.get("phase") != old_phase:
             self.ctx.recorder.record(dv, *event)
         self._condition_events(dv, old_conditions, status["conditions"])

@@ -224,6 +224,8 @@ class ImportReconciler(Reconciler):
                         ann.POD_READY: "false", ann.IMPORT_REASON: None})
         if result.get("preallocationApplied"):
             changes[ann.PREALLOCATION_APPLIED] = "true"
+        if result.get("retries"):  # transient failures the importer absorbed count as restarts too
+            changes[ann.POD_RESTARTS] = str(int(changes.get(ann.POD_RESTARTS) or 0) + int(result["retries"]))
         checksum = result.get("checksum")
         if checksum:
             changes[ann.IMPORT_CHECKSUM_RESULT] = str(checksum)

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
-           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES)
+           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 

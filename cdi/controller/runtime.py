@@ -124,6 +124,18 @@ class Reconciler:
                 metrics.queue_depth.labels(self.name).set(len(self.queue))
 
 
+async def write_status(client: KubeClient, gvr: GVR, obj: Mapping[str, Any], status: Mapping[str, Any]) -> Obj:
+    """Replace the status subresource as computed from `obj`, only if `obj` is still current: a stale
+    reconcile gets a 409 and runs again. A replacement, not a merge, so fields that went away go."""
+    meta = obj.get("metadata") or {}
+    patch: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
+             {"op": "add", "path": "/status", "value": dict(status)}]
+    result: Obj = await client.patch(gvr, str(meta.get("name")), patch, meta.get("namespace") or None,
+                                     patch_type="json", subresource="status")
+    return result
+
+
 def owner_keys(obj: Mapping[str, Any], kind: str) -> list[str]:
     """namespace/name of the owners of `obj` of one kind (how a PVC event finds its DataVolume)."""
     meta = obj.get("metadata") or {}

@@ -11,7 +11,7 @@ from cdi.api import groups
 from cdi.api.views import dig
 from cdi.controller import conditions
 from cdi.controller.capabilities import capability, profile_status
-from cdi.controller.runtime import Reconciler
+from cdi.controller.runtime import Reconciler, write_status
 from cdi.kube import AlreadyExists, NotFound
 
 Obj = dict[str, Any]
@@ -54,7 +54,7 @@ class StorageProfileReconciler(Reconciler):
         status["conditions"] = _merge_conditions((profile.get("status") or {}).get("conditions") or [],
                                                  status["conditions"])
         if status != profile.get("status"):
-            await self.ctx.client.patch(groups.STORAGEPROFILES, key, {"status": status}, subresource="status")
+            await write_status(self.ctx.client, groups.STORAGEPROFILES, profile, status)
         self._metric(storage_class, status)
         return None
 
@@ -70,9 +70,10 @@ class StorageProfileReconciler(Reconciler):
         sets = status.get("claimPropertySets") or []
         rwx = any("ReadWriteMany" in (cps.get("accessModes") or []) for cps in sets)
         smart = status.get("cloneStrategy") in ("snapshot", "csi-clone")
+        single_node = len(self.ctx.cached_list(groups.NODES)) <= 1  # live migration needs RWX only with peers
         self._drop_metric(name)
         self.ctx.metrics.storageprofile_info.labels(
             name, str(storage_class.get("provisioner", "")), str(bool(sets)).lower(),
             str(annotations.get(ann.DEFAULT_STORAGE_CLASS) == "true").lower(),
             str(annotations.get(ann.DEFAULT_VIRT_STORAGE_CLASS) == "true").lower(),
-            str(rwx).lower(), str(smart).lower(), str(not (rwx and smart)).lower()).set(1)
+            str(rwx).lower(), str(smart).lower(), str(not smart or not (rwx or single_node)).lower()).set(1)

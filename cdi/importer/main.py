@@ -161,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             retryable=True,
         )
         code = 1
-    if progress is not None and code != 0:
-        progress.failed()
+    if progress is not None:
+        message.retries = progress.retries or None  # transient failures this run absorbed, for restartCount
+        if code != 0:
+            progress.failed()
     line = termination.write(paths.termination_log, message)
     print(line, flush=True)
     return code

@@ -116,6 +116,11 @@ class Progress:
             self._retry_count += 1
 
     @property
+    def retries(self) -> int:
+        with self._lock:
+            return self._retry_count
+
+    @property
     def percent(self) -> float:
         return self._percent
 

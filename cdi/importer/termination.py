@@ -32,6 +32,7 @@ class TerminationMessage:
     bytes_transferred: int | None = None
     source_format: str | None = None
     route: str | None = None
+    retries: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -49,6 +50,7 @@ class TerminationMessage:
             "bytesTransferred": self.bytes_transferred,
             "sourceFormat": self.source_format,
             "route": self.route,
+            "retries": self.retries,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         return out

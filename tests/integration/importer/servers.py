@@ -82,7 +82,7 @@ class _LoopThread:
 class Fault:
     """What the next matching request gets instead of a normal answer."""
 
-    status: int = 503
+    status: int = 503  # 200: no failure (lets one request through, to script "then fail")
     drop_after: int | None = None  # send headers and this many body bytes, then drop the connection
 
 
@@ -169,6 +169,8 @@ class FileServer:
         with self._lock:
             self.requests.append((request.method, name, request.headers.get("Range")))
             fault = self.faults[name].pop(0) if self.faults.get(name) else None
+        if fault is not None and fault.status == 200 and fault.drop_after is None:
+            fault = None
         if not self._authorized(request):
             return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="images"'})
         path = self.root / name

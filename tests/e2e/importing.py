@@ -1,0 +1,70 @@
+"""Helpers for end-to-end import tests: DataVolume manifests, waiting on phases, and reading a
+volume's bytes back through a pod, as a user would check them."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from tests.support.cluster import Kubectl, wait_for
+
+
+def datavolume(name: str, source: dict[str, Any], size: str = "64Mi", *, api: str = "storage",
+               volume_mode: str | None = None, storage_class: str | None = None,
+               annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    claim: dict[str, Any] = {"resources": {"requests": {"storage": size}}}
+    if api == "pvc":
+        claim["accessModes"] = ["ReadWriteOnce"]
+    if volume_mode:
+        claim["volumeMode"] = volume_mode
+    if storage_class:
+        claim["storageClassName"] = storage_class
+    meta: dict[str, Any] = {"name": name}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": meta,
+            "spec": {"source": source, api: claim}}
+
+
+def phase(kubectl: Kubectl, name: str, namespace: str = "default") -> str:
+    result = kubectl("get", "dv", name, "-n", namespace, "-o", "jsonpath={.status.phase}", check=False)
+    return result.stdout.strip()
+
+
+def wait_phase(kubectl: Kubectl, name: str, wanted: str, timeout: float = 120.0,
+               namespace: str = "default") -> dict[str, Any]:
+    def reached() -> bool:
+        current = phase(kubectl, name, namespace)
+        if current == "Failed" and wanted != "Failed":
+            raise AssertionError(f"DataVolume {name} failed:\n" +
+                                 kubectl("describe", "dv", name, "-n", namespace).stdout)
+        return current == wanted
+    wait_for(reached, timeout, interval=0.2, message=f"DataVolume {name} {wanted}")
+    dv: dict[str, Any] = kubectl.get("dv", name, namespace)
+    return dv
+
+
+def read_back(kubectl: Kubectl, claim: str, size: int, *, block: bool = False, namespace: str = "default") -> str:
+    """sha256 of the first `size` bytes of the claim's disk (file or device), read inside a pod."""
+    name = f"reader-{uuid.uuid4().hex[:8]}"
+    path = "/dev/disk" if block else "/data/disk.img"
+    container: dict[str, Any] = {"name": "reader", "image": "reader",
+                                 "command": ["sh", "-c", f"head -c {size} {path} | sha256sum"]}
+    if block:
+        container["volumeDevices"] = [{"name": "disk", "devicePath": path}]
+    else:
+        container["volumeMounts"] = [{"name": "disk", "mountPath": "/data"}]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"restartPolicy": "Never", "containers": [container],
+                    "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": claim}}]}}
+    kubectl("apply", "-f", "-", input=json.dumps(pod))
+    wait_for(lambda: kubectl("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}").stdout
+             in ("Succeeded", "Failed"), 60, message=f"reader pod {name}")
+    out = kubectl("logs", name, "-n", namespace).stdout
+    kubectl("delete", "pod", name, "-n", namespace, "--wait=false")
+    return out.split()[0]
+
+
+def condition(dv: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in dv["status"]["conditions"] if c["type"] == type_)

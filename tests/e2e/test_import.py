@@ -1,0 +1,182 @@
+"""DataVolume imports end to end (issue #5): real kubectl against `cdi up` with the controller,
+importer pods on the local node, real HTTP(S), S3 (moto) and registry (docker-registry) servers,
+and the bytes read back through a pod."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdi.common import pki
+from tests.e2e.importing import condition, datavolume, phase, read_back, wait_phase
+from tests.integration.importer import oci
+from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
+from tests.integration.importer.images import Image
+from tests.integration.importer.servers import Fault, FileServer
+from tests.support.cluster import CdiUp, Kubectl, wait_for
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
+    up = CdiUp(tmp_path_factory.mktemp("import") / "cdi", "--retry-backoff", "0.5", "--import-retries", "3")
+    up.start()
+    yield up
+    up.stop()
+
+
+@pytest.fixture(scope="module")
+def k(cluster: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    kubectl = Kubectl(cluster.kubeconfig, tmp_path_factory.mktemp("kc"))
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+              "stringData": {"accessKeyId": USER, "secretKey": PASSWORD}}
+    s3_secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds"},
+                 "stringData": {"accessKeyId": S3_KEY, "secretKey": S3_SECRET}}
+    kubectl.apply(secret)
+    kubectl.apply(s3_secret)
+    return kubectl
+
+
+def expect_bytes(k: Kubectl, name: str, image: Image, *, block: bool = False) -> None:
+    assert read_back(k, name, image.virtual_size, block=block) == image.sha256
+
+
+def test_http_qcow2_into_a_filesystem_volume_with_the_storage_api(
+        k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    image = images["qcow2.qcow2"]
+    k.apply(datavolume("http-qcow2", {"http": {"url": f"{range_server.url}/{image.name}"}}, "64Mi"))
+    dv = wait_phase(k, "http-qcow2", "Succeeded")
+    assert dv["status"]["progress"] == "100.0%" and dv["status"].get("restartCount", 0) == 0
+    assert condition(dv, "Ready")["status"] == "True" and condition(dv, "Bound")["status"] == "True"
+    columns = k("get", "dv", "http-qcow2").stdout.splitlines()
+    assert columns[0].split()[:4] == ["NAME", "PHASE", "PROGRESS", "RESTARTS"]
+    assert columns[1].split()[:4] == ["http-qcow2", "Succeeded", "100.0%", "0"]
+    expect_bytes(k, "http-qcow2", image)
+    pvc = k.get("pvc", "http-qcow2")
+    assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.requiresScratch"] == "false"
+    assert not k.exists("pod", "importer-http-qcow2")  # cleaned up after success
+
+
+def test_https_raw_xz_into_a_block_volume_with_the_pvc_api(
+        k: Kubectl, https_server: FileServer, images: dict[str, Image], ca: pki.KeyPair) -> None:
+    image = images["raw.img.xz"]
+    k.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "test-ca"},
+             "data": {"ca.pem": ca.cert_pem.decode()}})
+    source = {"http": {"url": f"{https_server.url}/{image.name}", "secretRef": "creds", "certConfigMap": "test-ca"}}
+    k.apply(datavolume("https-xz", source, "32Mi", api="pvc", volume_mode="Block"))
+    wait_phase(k, "https-xz", "Succeeded")
+    expect_bytes(k, "https-xz", image, block=True)
+
+
+def test_s3_qcow2_with_credentials(k: Kubectl, s3: Any, images: dict[str, Image]) -> None:
+    image = images["qcow2.qcow2"]
+    k.apply(datavolume("s3-disk", {"s3": {"url": s3.endpoint(image.name), "secretRef": "s3-creds"}}, "64Mi",
+                       api="pvc"))
+    wait_phase(k, "s3-disk", "Succeeded")
+    expect_bytes(k, "s3-disk", image)
+
+
+def test_registry_image_into_a_block_volume(
+        k: Kubectl, registries: Any, images: dict[str, Image]) -> None:
+    image = images["qcow2.qcow2"]
+    registry = registries.basic
+
+    def build(layout: Path) -> None:
+        oci.build(layout, [oci.Layer({f"disk/{image.name}": image.path}, compression="gzip")],
+                  env=["INSTANCETYPE_KUBEVIRT_IO_DEFAULT_PREFERENCE=fedora"])
+
+    url = registries.push(registry, "e2e/disk", build)
+    k("patch", "cdi", "cdi", "--type", "merge",
+      "-p", json.dumps({"spec": {"config": {"insecureRegistries": [registry.host]}}}))
+    wait_for(lambda: registry.host in k("get", "cdiconfig", "config", "-o", "jsonpath={.spec}").stdout, 30,
+             message="CDIConfig picked up insecureRegistries")
+    k.apply(datavolume("from-registry", {"registry": {"url": url, "secretRef": "creds"}}, "64Mi",
+                       volume_mode="Block"))
+    wait_phase(k, "from-registry", "Succeeded")
+    expect_bytes(k, "from-registry", image, block=True)
+    labels = k.get("pvc", "from-registry")["metadata"].get("labels", {})
+    assert labels.get("instancetype.kubevirt.io/default-preference") == "fedora"
+
+
+@pytest.mark.parametrize(("name", "api", "mode"), [("blank-fs", "storage", None), ("blank-block", "pvc", "Block")])
+def test_blank_disks(k: Kubectl, name: str, api: str, mode: str | None) -> None:
+    k.apply(datavolume(name, {"blank": {}}, "16Mi", api=api, volume_mode=mode))
+    wait_phase(k, name, "Succeeded")
+    zeros = "080acf35a507ac9849cfcba47dc2ad83e01b75663a516279c8b9d243b719643e"  # sha256 of 16 MiB of zeros
+    assert read_back(k, name, 16 << 20, block=mode == "Block") == zeros
+
+
+@pytest.mark.parametrize(("name", "source", "size", "reason"), [
+    ("missing", {"http": {"url": "{base}/no-such-file.img"}}, "64Mi", "NotFound"),
+    ("bad-sum", {"http": {"url": "{base}/raw.img", "checksum": "sha256:" + "0" * 64}}, "64Mi", "ChecksumMismatch"),
+    ("too-small", {"http": {"url": "{base}/qcow2.qcow2"}}, "4Mi", "ImageTooLarge"),
+])
+def test_permanent_failures_end_at_once_without_retries(
+        k: Kubectl, range_server: FileServer, name: str, source: dict[str, Any], size: str, reason: str) -> None:
+    source = json.loads(json.dumps(source).replace("{base}", range_server.url))
+    k.apply(datavolume(name, source, size))
+    dv = wait_phase(k, name, "Failed", timeout=30)
+    assert dv["status"].get("restartCount", 0) == 0
+    running = condition(dv, "Running")
+    assert running["reason"] == reason and running["message"]
+    described = k("describe", "dv", name).stdout
+    assert reason in described and "ImportFailed" in described
+    assert phase(k, name) == "Failed"
+
+
+def test_a_server_that_fails_twice_then_recovers(
+        k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    image = images["raw.img"]
+    # the controller's first look (the scratch probe) gets through; the importer then meets two 503s
+    range_server.fail_next(image.name, Fault(200), Fault(503), Fault(503))
+    k.apply(datavolume("flaky", {"http": {"url": f"{range_server.url}/{image.name}"}}, "64Mi"))
+    dv = wait_phase(k, "flaky", "Succeeded")
+    assert dv["status"]["restartCount"] == 2
+    expect_bytes(k, "flaky", image)
+
+
+def test_scratch_only_where_the_format_needs_it(
+        k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    compressed_qcow2, raw_gz = images["qcow2.qcow2.gz"], images["raw.img.gz"]
+    k.apply(datavolume("needs-scratch", {"http": {"url": f"{range_server.url}/{compressed_qcow2.name}"}}, "64Mi"))
+    k.apply(datavolume("no-scratch", {"http": {"url": f"{range_server.url}/{raw_gz.name}"}}, "64Mi"))
+    wait_phase(k, "needs-scratch", "Succeeded")
+    wait_phase(k, "no-scratch", "Succeeded")
+    expect_bytes(k, "needs-scratch", compressed_qcow2)
+    expect_bytes(k, "no-scratch", raw_gz)
+    annotation = "cdi.kubevirt.io/storage.import.requiresScratch"
+    assert k.get("pvc", "needs-scratch")["metadata"]["annotations"][annotation] == "true"
+    assert k.get("pvc", "no-scratch")["metadata"]["annotations"][annotation] == "false"
+    events = k("get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim",
+               "-o", "jsonpath={.items[*].involvedObject.name}").stdout.split()
+    assert "needs-scratch-scratch" in events and "no-scratch-scratch" not in events
+    wait_for(lambda: not k.exists("pvc", "needs-scratch-scratch"), 30, message="scratch claim removed")
+
+
+def test_wait_for_first_consumer(k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    image = images["raw.img"]
+    url = f"{range_server.url}/{image.name}"
+    k.apply(datavolume("wffc-waits", {"http": {"url": url}}, "64Mi", storage_class="local-wffc"))
+    k.apply(datavolume("wffc-now", {"http": {"url": url}}, "64Mi", storage_class="local-wffc",
+                       annotations={"cdi.kubevirt.io/storage.bind.immediate.requested": "true"}))
+    wait_phase(k, "wffc-now", "Succeeded")
+    assert phase(k, "wffc-waits") == "WaitForFirstConsumer"
+    assert k.get("pvc", "wffc-waits")["status"]["phase"] == "Pending"
+    consumer = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "first-consumer"},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "c", "command": ["true"]}],
+                         "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "wffc-waits"}}]}}
+    k.apply(consumer)
+    wait_phase(k, "wffc-waits", "Succeeded")
+    expect_bytes(k, "wffc-waits", image)
+
+
+def test_secret_passed_as_base64_works_too(k: Kubectl) -> None:
+    """Credentials secrets written by hand are base64 in `data` (the common case in CDI's docs)."""
+    encoded = {"accessKeyId": base64.b64encode(USER.encode()).decode(),
+               "secretKey": base64.b64encode(PASSWORD.encode()).decode()}
+    k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds-b64"}, "data": encoded})
+    assert k.get("secret", "creds-b64")["data"]["accessKeyId"] == encoded["accessKeyId"]
