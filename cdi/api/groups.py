@@ -69,6 +69,7 @@ CSIDRIVERS: Final = GVR("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False
 LEASES: Final = GVR("coordination.k8s.io", "v1", "leases", "Lease", True)
 CRDS: Final = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
 APISERVICES: Final = GVR("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)
+SUBJECTACCESSREVIEWS: Final = GVR("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False)
 VALIDATING_WEBHOOKS: Final = GVR(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
     "ValidatingWebhookConfiguration", False,

@@ -1,10 +1,16 @@
-"""The cdi-apiserver process: an HTTPS server for admission webhooks (and, from issue #6, the
-upload token API), plus what registers it with the cluster it serves."""
+"""The cdi-apiserver process: an HTTPS server for admission webhooks and the upload token API
+(an aggregated API), plus what registers both with the cluster it serves.
+
+TLS: its own serving certificate (CA kept in the state directory, published as the webhooks' and the
+APIService's caBundle); client certificates are *optional* and, when given, must chain to the
+aggregation layer's request-header CA, so that one listener serves webhook calls (no client
+certificate) and front-proxied token requests (the front proxy's certificate)."""
 
 from __future__ import annotations
 
 import base64
 import logging
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +18,15 @@ from aiohttp import web
 
 from cdi.api import groups
 from cdi.apiserver.admission import Admission
+from cdi.apiserver.frontproxy import RequestHeaderConfig
+from cdi.apiserver.signingkey import ensure_signing_key
+from cdi.apiserver.uploadtokens import UploadTokenApi
 from cdi.common import pki
 from cdi.kube import AlreadyExists, KubeClient, NotFound
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "cdi-api"
+UPLOAD_APISERVICE = f"{groups.UPLOAD_VERSION}.{groups.UPLOAD_GROUP}"
 Obj = dict[str, Any]
 
 
@@ -29,10 +39,21 @@ class CdiApiServer:
         self.ca: pki.KeyPair | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self._signing_key: bytes | None = None
+        self.request_headers = RequestHeaderConfig()
+        self.tokens = UploadTokenApi(client, self.signing_key, self._request_header_config)
+
+    def signing_key(self) -> bytes:
+        assert self._signing_key is not None, "start() loads the signing key"
+        return self._signing_key
+
+    async def _request_header_config(self) -> RequestHeaderConfig:
+        return self.request_headers
 
     def app(self) -> web.Application:
         app = web.Application()
         app.add_routes(self.admission.routes())
+        app.add_routes(self.tokens.routes())
         app.router.add_get("/healthz", _healthz)
         return app
 
@@ -48,7 +69,12 @@ class CdiApiServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         names = [host, SERVICE_NAME, f"{SERVICE_NAME}.{self.namespace}", f"{SERVICE_NAME}.{self.namespace}.svc"]
+        self._signing_key = await ensure_signing_key(self.client, self.namespace)
+        self.request_headers = await RequestHeaderConfig.load(self.client)
         context = pki.server_context(self._certificates(names), self.dir / "serving")
+        if self.request_headers.client_ca:
+            context.verify_mode = ssl.CERT_OPTIONAL
+            context.load_verify_locations(cadata=self.request_headers.client_ca)
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=context)
@@ -85,6 +111,7 @@ class CdiApiServer:
             self.namespace)
         bundle = base64.b64encode(self.ca.cert_pem).decode()
         await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
+        await self._apply(groups.APISERVICES, upload_apiservice(self.namespace, bundle))
 
 
 def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
@@ -99,6 +126,15 @@ def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
             "metadata": {"name": "cdi-api-datavolume-validate", "labels": {"cdi.kubevirt.io": ""}},
             "webhooks": [hook("datavolume-validate.cdi.kubevirt.io", "/datavolume-validate", "datavolumes",
                               ["CREATE", "UPDATE"])]}
+
+
+def upload_apiservice(namespace: str, ca_bundle: str) -> Obj:
+    """The APIService that makes the aggregation layer send upload.cdi.kubevirt.io here (as CDI's)."""
+    return {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+            "metadata": {"name": UPLOAD_APISERVICE, "labels": {"cdi.kubevirt.io": ""}},
+            "spec": {"group": groups.UPLOAD_GROUP, "version": groups.UPLOAD_VERSION, "groupPriorityMinimum": 1000,
+                     "versionPriority": 15, "caBundle": ca_bundle,
+                     "service": {"namespace": namespace, "name": SERVICE_NAME, "port": 443}}}
 
 
 async def _healthz(_: web.Request) -> web.Response:

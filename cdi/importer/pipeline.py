@@ -110,9 +110,13 @@ def run_import(
     options: ImportOptions,
     progress: Progress | None = None,
     stop: threading.Event | None = None,
+    *,
+    resume_offset: int = 0,
 ) -> ImportResult:
     """Import an opened source into the target (the importer's and the upload server's entry point)."""
-    return _Import(origin, target, options, progress or Progress(), stop or threading.Event()).run()
+    return _Import(
+        origin, target, options, progress or Progress(), stop or threading.Event(), resume_offset
+    ).run()
 
 
 def import_stream(
@@ -124,14 +128,22 @@ def import_stream(
     *,
     name: str = "upload",
     size: int | None = None,
+    resume_offset: int = 0,
 ) -> ImportResult:
     """Import a plain sequential byte stream (an upload's request body) into the target.
 
     Same detection, validation, sizing, conversion, preallocation and checksum as an HTTP import;
-    non-raw formats need `options.scratch_dir` (ScratchSpaceRequired otherwise)."""
+    non-raw formats need `options.scratch_dir` (ScratchSpaceRequired otherwise).
+
+    Resuming (the upload server's resumable uploads): a raw image (raw or iso, uncompressed) goes
+    through the `stream` route, which writes every chunk it reads at its offset before it reads the
+    next, so when the stream fails (the client went away) the target holds exactly the bytes read
+    from it so far, and a retryable failure leaves them there. `resume_offset=N` continues such an
+    import: the stream starts at byte N of the image, the first N bytes are taken as already on the
+    target (whatever a file target holds beyond N is cut off), and there is no format detection."""
     origin = StreamOrigin(stream, name=name, size=size)
     try:
-        return run_import(origin, target, options, progress, stop)
+        return run_import(origin, target, options, progress, stop, resume_offset=resume_offset)
     finally:
         origin.close()
 
@@ -172,8 +184,10 @@ class _Import:
         options: ImportOptions,
         progress: Progress,
         stop: threading.Event,
+        resume_offset: int = 0,
     ) -> None:
         self.origin = origin
+        self.resume_offset = resume_offset
         self.target = target
         self.options = options
         self.progress = progress
@@ -247,6 +261,8 @@ class _Import:
         return bytes(buf)
 
     def _kubevirt(self) -> tuple[int, bool]:
+        if self.resume_offset:
+            return self._stream_raw(self._wire(), ImageInfo(formats.RAW, None), start=self.resume_offset)
         head = self.origin.head
         if not head:
             raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} is empty")
@@ -486,16 +502,18 @@ class _Import:
             os.close(fd)
         return size, self._finish(size)
 
-    def _stream_raw(self, stream: Stream, info: ImageInfo) -> tuple[int, bool]:
+    def _stream_raw(self, stream: Stream, info: ImageInfo, start: int = 0) -> tuple[int, bool]:
         self.route = ROUTE_STREAM
         self._check_size(info.virtual_size, info.format)
         resume.remove(self.state_path)
-        fd = self.target.open(True, None)
+        fd = self._open_continued(start) if start else self.target.open(True, None)
         try:
             writer = self._writer(fd, self.target.known_zero_when_fresh)
+            if start and self.hasher is not None:
+                _hash_local(fd, start, self.hasher)
             self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
             self.progress.begin(TRANSFER_DATA_FILE, self.origin.wire_size)
-            pos = self._copy(stream, writer, self.usable, "the target")
+            pos = self._copy(stream, writer, self.usable, "the target", start)
             if pos == 0:
                 raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} holds no data")
             writer.sync()
@@ -503,9 +521,25 @@ class _Import:
             os.close(fd)
         return pos, self._finish(pos)
 
-    def _copy(self, stream: Stream, writer: SparseWriter, limit: int, where: str) -> int:
-        """Copy a stream to offset 0.. of the writer, stopping the moment it passes `limit`."""
-        pos = 0
+    def _open_continued(self, start: int) -> int:
+        """The target of a resumed raw stream, holding exactly its first `start` bytes."""
+        if isinstance(self.target, FileTarget) and not self.target.path.exists():
+            raise ImporterError(Reason.INTERNAL_ERROR, f"cannot resume at byte {start}: {self.target.path} is gone")
+        if start > self.usable:
+            raise ImporterError(
+                Reason.IMAGE_TOO_LARGE,
+                f"cannot resume at byte {start}: the usable space of the target is {self.usable} bytes",
+            )
+        fd = self.target.open(False, None)
+        if self.target.kind == FILESYSTEM:
+            os.ftruncate(fd, start)  # beyond `start` reads as zeros again, as a fresh file would
+        self.resumed_bytes = start
+        log.info("resuming a raw stream at byte %d", start)
+        return fd
+
+    def _copy(self, stream: Stream, writer: SparseWriter, limit: int, where: str, start: int = 0) -> int:
+        """Copy a stream to offset start.. of the writer, stopping the moment it passes `limit`."""
+        pos = start
         meter = self.origin.meter
         while True:
             if self.stop.is_set():

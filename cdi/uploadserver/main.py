@@ -1,0 +1,79 @@
+"""`cdi-uploadserver`: serve one upload, then exit.
+
+Exit 0 with the termination message `{"message": "Upload Complete", "reason": "Complete", ...}` once
+the image is durable. Exit 1 with the failure's reason (and `retryable`) when processing failed after
+an async upload was accepted, or when the server cannot run at all (bad configuration): the
+controller reads the reason from the termination message (`/dev/termination-log`, or `$TERMINATION_LOG`
+outside a pod). SIGTERM stops the server; an upload in progress is abandoned (exit 1, `Terminated`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from cdi.api import env as envnames
+from cdi.importer import ImporterError, Reason
+from cdi.importer import termination as term
+from cdi.uploadserver.config import UploadServerConfig
+from cdi.uploadserver.server import UploadServer
+
+log = logging.getLogger("cdi.uploadserver")
+COMPLETE_MESSAGE = "Upload Complete"
+
+
+async def serve(config: UploadServerConfig) -> term.TerminationMessage:
+    server = UploadServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    finished = asyncio.ensure_future(server.session.finished.wait())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+        await server.wait_idle(1.0 if stop.is_set() else 10.0)
+    finally:
+        finished.cancel()
+        stopped.cancel()
+        await server.stop()
+    session = server.session
+    if session.result is not None:
+        result = session.result
+        return term.TerminationMessage(
+            message=COMPLETE_MESSAGE, reason=Reason.COMPLETE, retryable=False,
+            preallocation_applied=result.preallocation_applied, virtual_size=result.virtual_size,
+            checksum=result.checksum, bytes_transferred=session.bytes_received, source_format=result.source_format,
+            route=result.route)
+    if session.fatal is not None:
+        return term.TerminationMessage(message=session.fatal.message, reason=session.fatal.reason,
+                                       retryable=session.fatal.retryable)
+    return term.TerminationMessage(message="the upload server was stopped before an upload completed",
+                                   reason=Reason.TERMINATED, retryable=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_path = Path(os.environ.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT)
+    try:
+        config = UploadServerConfig.from_env()
+        message = asyncio.run(serve(config))
+    except ImporterError as exc:
+        log.error("the upload server cannot run: %s", exc)
+        message = term.TerminationMessage(message=exc.message, reason=exc.reason, retryable=exc.retryable)
+    except OSError as exc:
+        log.error("the upload server cannot run: %s", exc)
+        message = term.TerminationMessage(message=f"cannot serve uploads: {exc}", reason=Reason.INTERNAL_ERROR,
+                                          retryable=True)
+    line = term.write(log_path, message)
+    print(line, flush=True)
+    return 0 if message.reason == Reason.COMPLETE else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

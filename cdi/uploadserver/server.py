@@ -1,0 +1,203 @@
+"""The upload server's HTTPS endpoints (CDI's paths and status codes, `cdi.api.upload`).
+
+| request | answer |
+|---|---|
+| `GET /healthz` | 200 `OK` (readiness; no client certificate needed) |
+| `POST` sync paths (`/v1beta1/upload`, form, archive) | 200 once the image is converted, resized and flushed |
+| `POST` async paths (`/v1beta1/upload-async`, form-async) | 200 once the body is received and validated |
+| `HEAD` any upload path | 200 with `Upload-Offset` / `Upload-State` (async paths: CDI's capability probe) |
+| any other method | 404, as CDI |
+| without the proxy's client certificate (CN `CLIENT_NAME`) | 401 |
+| while another upload is received or processed | 503 |
+| after the upload completed | 409 |
+| image larger than the volume | 400 `effective image size is larger than the reported available storage: ...` |
+| image the importer refuses (corrupt, unsupported, backing file) | 400 `Saving stream failed: <reason>: ...` |
+| unexpected failure | 500 `Saving stream failed: ...` |
+
+TLS: the server's certificate from `TLS_CERT_FILE`/`TLS_KEY_FILE`; client certificates are optional
+at the TLS layer (the kubelet's readiness probe has none) and, when presented, must chain to
+`CLIENT_CERT_FILE`; upload requests then require one whose CN is `CLIENT_NAME` (CDI's
+`VerifyClientCertIfGiven` plus its CN check).
+
+Form uploads read the multipart body part by part (`request.multipart()`) and stream the part named
+`file`; nothing is buffered whole. The `x-cdi-content-type` clone streams of host-assisted clone are
+not accepted by this server yet (400)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import BodyPartReader, web
+
+from cdi.api import upload as names
+from cdi.uploadserver.config import UploadServerConfig
+from cdi.uploadserver.session import Refusal, UploadSession
+
+log = logging.getLogger(__name__)
+
+READ_BUFSIZE = 4 << 20  # aiohttp buffers up to twice this per connection before pausing the socket
+FORM_CHUNK = 1 << 20
+LINGER_SECONDS = 1.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def ssl_context(config: UploadServerConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.cert_file, config.key_file)
+    if config.client_ca_file is not None:
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(cafile=str(config.client_ca_file))
+    return context
+
+
+class UploadServer:
+    def __init__(self, config: UploadServerConfig, session: UploadSession | None = None) -> None:
+        self.config = config
+        self.session = session or UploadSession(config)
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # -- app ------------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._track], client_max_size=1 << 20)
+        app.router.add_get(names.HEALTHZ_PATH, self.healthz)
+        for paths, form, archive, wait in ((names.SYNC_PATHS, False, False, True),
+                                           (names.ASYNC_PATHS, False, False, False),
+                                           (names.FORM_SYNC_PATHS, True, False, True),
+                                           (names.FORM_ASYNC_PATHS, True, False, False),
+                                           (names.ARCHIVE_PATHS, False, True, True)):
+            for path in paths:
+                app.router.add_route("*", path, self._upload_handler(form, archive, wait))
+        return app
+
+    @web.middleware
+    async def _track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no request is being answered (so the last answer goes out before the server exits)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("requests still in flight after %.0fs; exiting anyway", timeout)
+
+    async def start(self) -> None:
+        # lingering: after refusing a request (503, 409, 400) keep reading its body only briefly, so that
+        # the client sees the answer, then close the connection, as Go's server does
+        self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
+                                     handler_cancellation=False, lingering_time=LINGER_SECONDS)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.listen_host, self.config.listen_port,
+                           ssl_context=ssl_context(self.config), backlog=16)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("upload server listening on https://%s:%d", self.config.listen_host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- handlers -------------------------------------------------------------------------------------
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="OK")
+
+    def _authorized(self, request: web.Request) -> bool:
+        peer: Any = request.transport.get_extra_info("peercert") if request.transport else None
+        if not peer:
+            return False
+        subject = dict(item[0] for item in peer.get("subject", ()))
+        return bool(subject.get("commonName") == self.config.client_name)
+
+    def _upload_handler(self, form: bool, archive: bool, wait: bool) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self.upload(request, form=form, archive=archive, wait_for_durable=wait)
+        return handle
+
+    async def upload(self, request: web.Request, *, form: bool, archive: bool,
+                     wait_for_durable: bool) -> web.StreamResponse:
+        if request.method == "HEAD":
+            if not self._authorized(request):
+                return web.Response(status=401)
+            return web.Response(status=200, headers=self.session.describe())
+        if request.method != "POST":
+            return web.Response(status=404)
+        if not self._authorized(request):
+            log.warning("refused an upload without the proxy's client certificate")
+            return web.Response(status=401, text="a client certificate for "
+                                                 f"{self.config.client_name} is required")
+        if request.headers.get(names.CONTENT_TYPE_HEADER):
+            return web.Response(status=400, text=f"{names.CONTENT_TYPE_HEADER} "
+                                                 f"{request.headers[names.CONTENT_TYPE_HEADER]!r} (a clone stream) "
+                                                 "is not supported by this upload server")
+        try:
+            offset = int(request.headers.get(names.OFFSET_HEADER) or 0)
+        except ValueError:
+            return web.Response(status=400, text=f"{names.OFFSET_HEADER} must be a number of bytes")
+        if offset < 0 or (offset and (form or archive)):
+            return web.Response(status=400, text=f"{names.OFFSET_HEADER} {offset} cannot be used here: only raw "
+                                                 "uploads to the upload and upload-async paths resume")
+        try:
+            self.session.admit(offset)
+        except Refusal as refusal:
+            log.warning("refused an upload request: %s", refusal.message)
+            return web.Response(status=refusal.status, text=refusal.message, headers=refusal.headers)
+        try:
+            if form:
+                try:
+                    part = await _form_file(request)
+                except ValueError as exc:
+                    self.session.state = "idle"
+                    return web.Response(status=400, text=str(exc))
+                chunks: AsyncIterator[bytes] = _part_chunks(part)
+                length = None
+            else:
+                chunks = request.content.iter_any()
+                length = request.content_length
+            outcome = await self.session.receive(chunks, archive=archive, wait_for_durable=wait_for_durable,
+                                                 offset=offset, length=length)
+        except BaseException:
+            if self.session.state == "uploading":
+                self.session.state = "idle"
+            raise
+        return web.Response(status=outcome.status, text=outcome.message, headers=outcome.headers)
+
+
+async def _form_file(request: web.Request) -> BodyPartReader:
+    """The multipart part named `file` (parts before it are skipped, as CDI does)."""
+    try:
+        reader = await request.multipart()
+        while True:
+            part = await reader.next()
+            if part is None:
+                raise ValueError(f"the form has no part named {names.FORM_FIELD!r}")
+            if isinstance(part, BodyPartReader) and part.name == names.FORM_FIELD:
+                return part
+            log.info("ignoring form part %r", getattr(part, "name", None))
+            if isinstance(part, BodyPartReader):
+                await part.release()
+    except (AssertionError, KeyError, RuntimeError) as exc:
+        raise ValueError(f"the request is not a multipart form: {exc}") from None
+
+
+async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
+    """The part's contents, streamed."""
+    while True:
+        chunk = await part.read_chunk(FORM_CHUNK)
+        if not chunk:
+            return
+        yield chunk

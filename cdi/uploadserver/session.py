@@ -1,0 +1,321 @@
+"""One upload into one volume: the upload server's state machine, and the bridge from an HTTP request
+body (asyncio) to the importer's pipeline (a thread).
+
+States, as CDI's server keeps them: `idle` (ready for an upload), `uploading` (a request body is
+being received), `processing` (an async upload was answered and is being converted or flushed),
+`done` (the image is durable on the volume; the server exits). A request while `uploading` or
+`processing` gets 503, one after `done` gets 409.
+
+The body goes through the importer (`cdi.importer.import_stream`): one implementation of formats,
+validation, conversion, sizing, preallocation and checksums for imports and uploads. It is fed
+through a bounded `QueueStream` (`QUEUE_BYTES`), so a client faster than the disk waits instead of
+filling memory (TCP backpressure reaches the client through the proxy).
+
+Sync uploads are answered once the import finished (data converted, resized and fdatasync'ed). Async
+uploads are answered when the importer leaves its transfer phase, that is once the whole body was
+received and validated (raw: written; other formats: staged on scratch and checked by qemu-img); the
+rest (conversion, resize, flush) continues and ends the server. A failure after that answer can no
+longer be told to the client: it ends the server with a non-zero exit and a termination message
+carrying the reason, which the controller turns into the DataVolume's condition (and `Failed` when
+the reason is permanent).
+
+Resuming (our extension, see `cdi.api.upload`): an uncompressed raw or ISO image is written in place
+as it arrives, each chunk before the next is read. When the client goes away in the middle, the
+bytes the pipeline had read are exactly the bytes on the volume; they are flushed (fdatasync) and
+that count becomes the resumable offset. A later request with `Upload-Offset` equal to it sends the
+rest. The offset lives in this process only: if the pod restarts, the next upload starts over (never
+wrong, only slower). Other formats and archives restart from 0: their bytes are not where they will
+end up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from cdi.api import env as envnames
+from cdi.api import upload as names
+from cdi.common.imageprobe import HEAD_BYTES, ISO, RAW, sniff
+from cdi.importer import (
+    ImporterError,
+    ImportOptions,
+    ImportResult,
+    Progress,
+    QueueStream,
+    Reason,
+    import_stream,
+)
+from cdi.uploadserver.config import UploadServerConfig
+
+log = logging.getLogger(__name__)
+
+IDLE, UPLOADING, PROCESSING, DONE = "idle", "uploading", "processing", "done"
+QUEUE_BYTES = 32 << 20
+_TRANSFER_PHASES = frozenset({"Info", "TransferDataFile", "TransferScratch", "TransferDataDir"})
+_SPACE_REASONS = frozenset({Reason.IMAGE_TOO_LARGE, Reason.NO_SPACE_LEFT})
+TOO_LARGE_PREFIX = "effective image size is larger than the reported available storage"
+
+
+class Refusal(Exception):
+    """A request this upload server will not take now (status, message, extra headers)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+@dataclass
+class Outcome:
+    """What to answer the request that carried the body."""
+
+    status: int
+    message: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class _Progress(Progress):
+    """The importer's progress, also telling the event loop when the body has been validated (the
+    importer left its transfer phases) and which transfer route it took."""
+
+    def __init__(self, owner_uid: str, loop: asyncio.AbstractEventLoop, validated: asyncio.Event) -> None:
+        super().__init__(owner_uid)
+        self._loop = loop
+        self._validated = validated
+        self.phases_seen: list[str] = []
+
+    def begin(self, phase: str, total: int | None = None) -> None:
+        super().begin(phase, total)
+        self.phases_seen.append(phase)
+        if phase not in _TRANSFER_PHASES:
+            self._loop.call_soon_threadsafe(self._validated.set)
+
+
+class _Counted:
+    """The pipeline's view of the body, counting what it has consumed (the resumable offset)."""
+
+    def __init__(self, inner: QueueStream) -> None:
+        self.inner = inner
+        self.consumed = 0
+
+    def read(self, n: int) -> memoryview | bytes | bytearray:
+        chunk = self.inner.read(n)
+        self.consumed += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class UploadSession:
+    def __init__(self, config: UploadServerConfig, *, queue_bytes: int = QUEUE_BYTES) -> None:
+        self.config = config
+        self.queue_bytes = queue_bytes
+        self.state = IDLE
+        self.offset = 0  # durable, resumable bytes of a raw upload that was cut off
+        self.result: ImportResult | None = None
+        self.fatal: ImporterError | None = None  # a failure after an async answer: the server must exit
+        self.finished = asyncio.Event()  # done, or fatal: time to exit
+        self.bytes_received = 0
+        self._background: asyncio.Task[None] | None = None
+
+    # -- admission ------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, str]:
+        """Headers answering a HEAD (our resume extension)."""
+        return {names.OFFSET_HEADER: str(self.offset if self.state == IDLE else 0), names.STATE_HEADER: self.state}
+
+    def admit(self, offset: int) -> None:
+        """Take the request (state becomes `uploading`) or refuse it as CDI's server does."""
+        if self.state in (UPLOADING, PROCESSING):
+            raise Refusal(503, "another upload is in progress on this upload server; try again when it ends",
+                          self.describe())
+        if self.state == DONE:
+            raise Refusal(409, "the upload is already complete", self.describe())
+        if offset and offset != self.offset:
+            raise Refusal(409, f"cannot continue the upload at byte {offset}: the upload server holds "
+                               f"{self.offset} resumable bytes (send {names.OFFSET_HEADER}: {self.offset}, "
+                               "or start over without the header)", self.describe())
+        self.state = UPLOADING
+
+    # -- receiving ------------------------------------------------------------------------------------
+    async def receive(self, chunks: AsyncIterator[bytes], *, archive: bool, wait_for_durable: bool,
+                      offset: int = 0, length: int | None = None) -> Outcome:
+        """Feed one request body through the importer; the state must be `uploading` (see `admit`)."""
+        loop = asyncio.get_running_loop()
+        validated = asyncio.Event()
+        progress = _Progress(self.config.owner_uid, loop, validated)
+        queue = QueueStream(max_bytes=self.queue_bytes)
+        body = _Counted(queue)
+        options = ImportOptions(
+            content_type=envnames.CONTENT_ARCHIVE if archive else envnames.CONTENT_KUBEVIRT,
+            requested_size=self.config.image_size, filesystem_overhead=self.config.filesystem_overhead,
+            preallocation=self.config.preallocation, scratch_dir=self.config.scratch_dir)
+        target = self.config.target()
+        stop = threading.Event()
+        done: asyncio.Future[ImportResult] = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = import_stream(body, target, options, progress, stop, size=length,
+                                       resume_offset=offset)
+            except BaseException as exc:  # handed to the event loop, which decides what it means
+                loop.call_soon_threadsafe(_settle, done, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, done, result, None)
+
+        started = time.monotonic()
+        threading.Thread(target=run, name="upload-import", daemon=True).start()
+        head = bytearray()
+        received = 0
+        client_error: BaseException | None = None
+
+        async def pump() -> None:
+            nonlocal received, client_error
+            try:
+                async for chunk in chunks:
+                    if offset == 0 and len(head) < HEAD_BYTES:
+                        head.extend(chunk[: HEAD_BYTES - len(head)])
+                    received += len(chunk)
+                    self.bytes_received += len(chunk)
+                    if not await _feed(queue, chunk):
+                        return  # the pipeline stopped early: its error is the answer
+                queue.finish()
+            except asyncio.CancelledError:
+                queue.fail(ImporterError(Reason.CONNECTION_FAILED, "the upload was interrupted", retryable=True))
+                raise
+            except Exception as exc:  # the client went away, or sent a broken body
+                client_error = exc
+                queue.fail(ImporterError(Reason.CONNECTION_FAILED, f"the client went away after {received} "
+                                         f"bytes: {exc or type(exc).__name__}", retryable=True))
+
+        feeder = asyncio.ensure_future(pump())
+        try:
+            await asyncio.wait([feeder, done], return_when=asyncio.FIRST_COMPLETED)
+            if not feeder.done():
+                if done.exception() is not None:  # refused early (too large, bad image): stop reading
+                    feeder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feeder
+            if client_error is None and not wait_for_durable:
+                waiter = asyncio.ensure_future(validated.wait())
+                await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if not done.done():
+                    self.state = PROCESSING
+                    self._background = asyncio.ensure_future(self._finish_in_background(done))
+                    log.info("received and validated %d bytes in %.1fs; processing continues in the background",
+                             received, time.monotonic() - started)
+                    return Outcome(200, "")
+            result = await asyncio.shield(done)
+        except asyncio.CancelledError:
+            stop.set()
+            feeder.cancel()
+            raise
+        except ImporterError as exc:
+            return await self._failed(exc, bytes(head), progress, body, offset, client_error)
+        except Exception as exc:
+            log.exception("the upload failed unexpectedly")
+            self._reset()
+            return Outcome(500, f"Saving stream failed: internal error: {type(exc).__name__}: {exc}")
+        self._completed(result, received, time.monotonic() - started)
+        return Outcome(200, "")
+
+    async def _finish_in_background(self, done: asyncio.Future[ImportResult]) -> None:
+        try:
+            result = await done
+        except ImporterError as exc:
+            log.error("processing the upload failed after it was accepted: %s", exc)
+            self.fatal = exc
+            self.finished.set()
+            return
+        except Exception as exc:
+            log.exception("processing the upload failed after it was accepted")
+            self.fatal = ImporterError(Reason.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}")
+            self.finished.set()
+            return
+        self._completed(result, self.bytes_received, 0.0)
+
+    def _completed(self, result: ImportResult, received: int, seconds: float) -> None:
+        self.result = result
+        self.state = DONE
+        self.offset = 0
+        log.info("upload complete: %s image, %d bytes received%s, virtual size %d, route %s", result.source_format,
+                 received, f" in {seconds:.1f}s" if seconds else "", result.virtual_size, result.route)
+        self.finished.set()
+
+    async def _failed(self, exc: ImporterError, head: bytes, progress: _Progress, body: _Counted, offset: int,
+                      client_error: BaseException | None) -> Outcome:
+        if client_error is not None and exc.reason == Reason.CONNECTION_FAILED:
+            resumable = offset > 0 or _raw_stream(head, progress)
+            self.offset = await asyncio.to_thread(self._durable, offset + body.consumed) if resumable else 0
+            self.state = IDLE
+            log.warning("%s; %s", exc.message,
+                        f"{self.offset} bytes are kept for a resumed upload" if self.offset else "nothing to resume")
+            return Outcome(400, f"Saving stream failed: {exc.message}", self.describe())
+        self._reset()
+        log.error("upload refused: %s", exc)
+        if exc.reason in _SPACE_REASONS:
+            return Outcome(400, f"{TOO_LARGE_PREFIX}: {exc.message}")
+        status = 500 if exc.retryable else 400
+        return Outcome(status, f"Saving stream failed: {exc.reason}: {exc.message}")
+
+    def _durable(self, offset: int) -> int:
+        """fdatasync the target so that `offset` bytes survive; 0 when that fails."""
+        try:
+            fd = os.open(self.config.destination, os.O_RDWR)
+        except OSError as exc:
+            log.warning("cannot keep the partial upload (%s)", exc)
+            return 0
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            log.warning("cannot flush the partial upload (%s)", exc)
+            return 0
+        finally:
+            os.close(fd)
+        return offset
+
+    def _reset(self) -> None:
+        self.state = IDLE
+        self.offset = 0
+
+
+def _settle(future: asyncio.Future[ImportResult], result: ImportResult | None, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        assert result is not None
+        future.set_result(result)
+
+
+async def _feed(queue: QueueStream, chunk: bytes) -> bool:
+    """Hand a chunk to the pipeline without blocking the event loop; False once the pipeline stopped."""
+    try:
+        queue.feed(chunk, timeout=0)
+        return True
+    except TimeoutError:
+        pass  # the queue is full: wait for the pipeline in a worker thread (backpressure)
+    except BrokenPipeError:
+        return False
+    try:
+        await asyncio.to_thread(queue.feed, chunk)
+    except BrokenPipeError:
+        return False
+    return True
+
+
+def _raw_stream(head: bytes, progress: _Progress) -> bool:
+    """Whether the image was written in place as it arrived (uncompressed raw or ISO on the stream route)."""
+    if not head or "TransferDataFile" not in progress.phases_seen:
+        return False
+    compression, fmt = sniff(bytes(head))
+    return compression is None and fmt in (RAW, ISO)
+
