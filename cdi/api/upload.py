@@ -45,6 +45,12 @@ ENV_CONTENT_TYPE: Final = "CONTENT_TYPE"
 ENV_LISTEN_ADDRESS: Final = "LISTEN_ADDRESS"
 ENV_LISTEN_PORT: Final = "LISTEN_PORT"
 
+
+def upload_resource_name(pvc: str) -> str:
+    """The name of a PVC's upload-server pod, Service and Secret: `cdi-upload-<pvc>` (63 characters at most)."""
+    return f"cdi-upload-{pvc}"[:63].rstrip("-")
+
+
 # the CLI tells the controller what it is about to send ("raw", "qcow2+gz", ...), so that formats that
 # stream get no scratch volume
 FORMAT_ANNOTATION: Final = "cdi.kubevirt.io/storage.upload.format"

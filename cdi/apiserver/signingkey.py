@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from typing import Any
 
 from cdi.api import groups
 from cdi.common import uploadtoken
@@ -32,7 +33,7 @@ async def ensure_signing_key(client: KubeClient, namespace: str) -> bytes:
     """The private key (PEM), created with its Secret and public ConfigMap when missing."""
     private = await _ensure_secret(client, namespace)
     public = uploadtoken.public_key_pem(private)
-    body = {"apiVersion": "v1", "kind": "ConfigMap",
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": PUBLIC_KEY_CONFIGMAP, "namespace": namespace, "labels": LABELS},
             "data": {PUBLIC_KEY_FILE: public.decode()}}
     try:

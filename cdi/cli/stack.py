@@ -1,10 +1,18 @@
 """CDI's own components on top of a cluster, in one process: what `cdi up` and `cdi demo` run on
 the embedded control plane (on a real cluster each is a Deployment of its own). They reach the API
-server only through its kubeconfig, as they would anywhere."""
+server only through its kubeconfig, as they would anywhere.
+
+The upload proxy listens on 127.0.0.1 (the port of the previous run when it is free, else any), with
+a certificate from a CA kept in `<data-dir>/uploadproxy/`; its URL becomes CDIConfig
+`status.uploadProxyURL`, and its CA is written next to the kubeconfig (`uploadproxy-ca.crt`) and
+published in ConfigMap `cdi/cdi-uploadproxy-ca`, which is how `cdi image-upload` trusts it without
+flags."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 from pathlib import Path
 
 from aiohttp import web
@@ -14,6 +22,8 @@ from cdi.apiserver.server import CdiApiServer
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
 from cdi.kube import AlreadyExists, KubeClient
+from cdi.uploadproxy import serving
+from cdi.uploadproxy.server import UploadProxy
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +38,9 @@ class CdiStack:
         self.apiserver: CdiApiServer | None = None
         self._metrics: web.AppRunner | None = None
         self.metrics_url = ""
+        self.uploadproxy: UploadProxy | None = None
+        self.uploadproxy_url = ""
+        self.uploadproxy_ca = kubeconfig.parent / serving.CA_FILE_NEXT_TO_KUBECONFIG
 
     async def _bootstrap(self, client: KubeClient) -> None:
         """What installing CDI creates: its namespace and the CDI resource."""
@@ -49,6 +62,8 @@ class CdiStack:
         self.apiserver = CdiApiServer(self.client, self.settings.namespace, self.state_dir / "cdi-apiserver")
         await self.apiserver.start()
         await self.apiserver.register()
+        await self._start_uploadproxy(self.client)
+        self.settings.upload_proxy_url = self.uploadproxy_url
         self.manager = Manager(self.client, self.settings)
         self._metrics = web.AppRunner(self.manager.metrics_app(), access_log=None)
         await self._metrics.setup()
@@ -58,7 +73,22 @@ class CdiStack:
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
         await self.manager.start()
 
+    async def _start_uploadproxy(self, client: KubeClient) -> None:
+        directory = self.state_dir / "uploadproxy"
+        namespace = self.settings.namespace
+        context, ca = serving.self_managed(directory, serving.default_hosts(namespace))
+        self.uploadproxy = UploadProxy(client, namespace)
+        port_file = directory / "port"
+        previous = int(port_file.read_text()) if port_file.exists() and port_file.read_text().isdigit() else 0
+        await self.uploadproxy.start("127.0.0.1", previous if previous and _free(previous) else 0, context)
+        port_file.write_text(str(self.uploadproxy.port))
+        self.uploadproxy_url = f"https://127.0.0.1:{self.uploadproxy.port}"
+        self.uploadproxy_ca.write_bytes(ca.cert_pem)
+        await serving.publish_ca(client, namespace, ca.cert_pem)
+
     async def stop(self) -> None:
+        if self.uploadproxy is not None:
+            await self.uploadproxy.stop()
         if self.manager is not None:
             await self.manager.stop()
         if self._metrics is not None:
@@ -67,3 +97,11 @@ class CdiStack:
             await self.apiserver.stop()
         if self.client is not None:
             await self.client.close()
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock, contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        return True
+    return False

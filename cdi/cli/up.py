@@ -65,6 +65,7 @@ async def serve(args: argparse.Namespace) -> None:
         print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
         if stack is not None:
             print(f"  controller metrics {stack.metrics_url}", flush=True)
+            print(f"  upload proxy {stack.uploadproxy_url} (CA {stack.uploadproxy_ca})", flush=True)
         await stop.wait()
     finally:
         print("cdi up: stopping", flush=True)

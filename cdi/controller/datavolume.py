@@ -13,6 +13,7 @@ import aiohttp
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
+from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions
 from cdi.controller.progress import format_progress, scrape
@@ -28,7 +29,8 @@ Event = tuple[EventType, str, str]
 IMPORT_SOURCES = {"http", "s3", "gcs", "registry", "blank"}
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
-                       ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED)
+                       ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
+                       FORMAT_ANNOTATION)
 PRIORITY_CLASS = "cdi.kubevirt.io/storage.pod.priorityclassname"
 SERVICE_ACCOUNT = "cdi.kubevirt.io/storage.pod.serviceaccountname"
 

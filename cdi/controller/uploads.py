@@ -8,16 +8,26 @@ Upload-server pod contract (env, as CDI's): TLS_CERT_FILE / TLS_KEY_FILE (its ce
 CLIENT_CERT_FILE (CA of the proxy's client certificate), CLIENT_NAME (the CN the client must have),
 UPLOAD_IMAGE_SIZE, FILESYSTEM_OVERHEAD, PREALLOCATION, DESTINATION (/data/disk.img or
 /dev/cdi-block-volume), CONTENT_TYPE, POD_IP, OWNER_UID; scratch at /scratch when mounted; HTTPS on
-$POD_IP:8443; readiness on GET /healthz."""
+$POD_IP:8443; readiness on GET /healthz.
+
+Failures: an upload the server refuses (too large, bad image) is answered to the client and leaves
+the server ready for another attempt, so the DataVolume stays `UploadReady`. A failure after an
+async upload was accepted ends the server with a non-zero exit and a termination message carrying
+`reason` and `retryable`: a permanent one (`retryable: false`, e.g. ConversionFailed) ends the
+DataVolume in `Failed` with that reason (pod, Service and scratch removed, nothing restarted); a
+transient one shows in the Running condition while the pod restarts (`restartPolicy: OnFailure`)
+and waits for a new upload."""
 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import env, groups
+from cdi.api.upload import FORMAT_ANNOTATION, upload_resource_name
 from cdi.api.views import dig
 from cdi.common.imageprobe import needs_scratch
 from cdi.controller.claims import (
@@ -33,7 +43,7 @@ from cdi.controller.importpod import WORKER_UID
 from cdi.controller.imports import termination
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
-from cdi.kube import AlreadyExists, NotFound, split_key
+from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -41,12 +51,12 @@ Body = Mapping[str, Any]
 UPLOAD_PORT = 8443
 UPLOAD_CONTAINER = "cdi-upload-server"
 # our CLI knows the file it is about to send; `raw`, `qcow2+gz`, ... lets the controller skip scratch
-UPLOAD_FORMAT = "cdi.kubevirt.io/storage.upload.format"
+UPLOAD_FORMAT = FORMAT_ANNOTATION
 SERVICE_LABEL = "service"
 
 
 def upload_name(pvc_name: str) -> str:
-    return f"cdi-upload-{pvc_name}"[:63].rstrip("-")
+    return upload_resource_name(pvc_name)
 
 
 def is_upload_claim(pvc: Body) -> bool:
@@ -86,7 +96,7 @@ class UploadReconciler(Reconciler):
             return None
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         pod = self.ctx.cached(groups.PODS, upload_name(name), namespace)
-        if annotations.get(ann.POD_PHASE) == "Succeeded":
+        if annotations.get(ann.POD_PHASE) == "Succeeded" or annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             await self._cleanup(pvc, pod)
             return None
         if dig(pvc, "status", "phase") != "Bound":
@@ -213,19 +223,33 @@ class UploadReconciler(Reconciler):
             await annotate(self.ctx, pvc, changes)
             await self._cleanup(pvc, pod)
             return None
-        if phase == "Failed":
-            _, result = termination(pod)
-            changes.update({ann.IMPORT_FATAL_ERROR: "true", ann.CONDITION_RUNNING: "false",
-                            ann.CONDITION_RUNNING_REASON: str(result.get("reason") or "Error"),
-                            ann.CONDITION_RUNNING_MESSAGE: str(result.get("message") or "upload server failed")})
+        failure = last_failure(pod)
+        if phase == "Failed" or (failure is not None and not failure.get("retryable", True)):
+            result = failure if failure is not None else termination(pod)[1]
+            reason = str(result.get("reason") or "Error")
+            message = str(result.get("message") or "upload server failed")
+            changes.update({ann.IMPORT_FATAL_ERROR: "true", ann.POD_PHASE: "Failed", ann.POD_READY: "false",
+                            ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: reason,
+                            ann.CONDITION_RUNNING_MESSAGE: message})
+            await annotate(self.ctx, pvc, changes)
+            self.ctx.recorder.record(pvc, WARNING, "UploadFailed", f"Upload into PVC {dig(pvc, 'metadata', 'name')} "
+                                     f"failed: {reason}: {message}")
+            await self._cleanup(pvc, pod)
+            return None
+        if failure is not None and not running:
+            changes.update({ann.CONDITION_RUNNING: "false",
+                            ann.CONDITION_RUNNING_REASON: str(failure.get("reason") or "Error"),
+                            ann.CONDITION_RUNNING_MESSAGE: str(failure.get("message") or "upload server failed")})
         await annotate(self.ctx, pvc, changes)
         return None
 
     async def _cleanup(self, pvc: Body, pod: Body | None) -> None:
+        """Remove what served the upload: pod (unless retained after success), Service, Secret, scratch."""
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         service = upload_name(name)
-        retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true"
+        succeeded = annotations.get(ann.POD_PHASE) == "Succeeded"
+        retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true" and succeeded
         if not retain and pod is not None:
             await delete_if_present(self.ctx, groups.PODS, service, namespace)
         await delete_if_present(self.ctx, groups.SERVICES, service, namespace)
@@ -233,3 +257,21 @@ class UploadReconciler(Reconciler):
         if ann.UPLOAD_POD_NAME in annotations:  # secrets are not cached: remember that ours is gone
             await delete_if_present(self.ctx, groups.SECRETS, service, namespace, cached=False)
             await annotate(self.ctx, pvc, {ann.UPLOAD_POD_NAME: None})
+
+
+def last_failure(pod: Body) -> Obj | None:
+    """The termination message of the upload server's last non-zero exit (current or previous run)."""
+    for status in dig(pod, "status", "containerStatuses") or []:
+        for state in (status.get("state") or {}, status.get("lastState") or {}):
+            terminated = state.get("terminated")
+            if terminated and int(terminated.get("exitCode") or 0) != 0:
+                text = terminated.get("message") or ""
+                try:
+                    message = json.loads(text)
+                except ValueError:
+                    message = None
+                if not isinstance(message, dict):
+                    message = {"message": text.strip()[-2000:] or f"exit code {terminated.get('exitCode')}",
+                               "reason": str(terminated.get("reason") or "Error"), "retryable": True}
+                return message
+    return None

@@ -196,7 +196,7 @@ class UploadSession:
 
         feeder = asyncio.ensure_future(pump())
         try:
-            await asyncio.wait([feeder, done], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([feeder, done], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
             if not feeder.done():
                 if done.exception() is not None:  # refused early (too large, bad image): stop reading
                     feeder.cancel()
@@ -204,7 +204,7 @@ class UploadSession:
                     await feeder
             if client_error is None and not wait_for_durable:
                 waiter = asyncio.ensure_future(validated.wait())
-                await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
                 waiter.cancel()
                 if not done.done():
                     self.state = PROCESSING

@@ -1,5 +1,6 @@
 """Fixtures of the upload tests: the upload PKI, an in-process upload server on temp-dir volumes, and
-the importer tests' image set (session-scoped, shared)."""
+the importer tests' image set (built once per session, in a directory of its own per builder version,
+so that worktrees with another version of the image builder never rebuild it under our feet)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from cdi.api import upload as names
 from cdi.common import pki
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.server import UploadServer
-from tests.integration.importer.conftest import images  # noqa: F401 - re-exported fixture
+from tests.integration.importer.images import BUILDER_VERSION, Image, build_image_set
 
 VOLUME = 32 << 20
 OVERHEAD = "0.055"
@@ -39,6 +40,11 @@ class UploadPki:
             chosen.write(path / "tls.crt", path / "tls.key")
             context.load_cert_chain(path / "tls.crt", path / "tls.key")
         return context
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
+    return build_image_set(tmp_path_factory.getbasetemp().parent / f"cdi-upload-images-v{BUILDER_VERSION}")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,268 @@
+"""Sending the image to the upload proxy, resuming after a dropped connection.
+
+The body is sent with plain blocking `http.client` over an `ssl` socket, 1 MiB per write: OpenSSL
+encrypts a whole write in one call, with the GIL released, which is several times cheaper than an
+asyncio transport for a single bulk stream (the CLI runs this in a worker thread).
+
+Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
+
+1. `HEAD /v1beta1/upload-async` with the token: 200 means the async endpoint exists (as virtctl
+   probes it); otherwise the sync endpoint is used.
+2. `POST` the file with `Content-Length`, `Authorization: Bearer <token>` and
+   `X-CDI-Upload-Target: <namespace>/<pvc>` (the proxy refuses a token for another PVC).
+3. When the connection breaks before an answer: `HEAD` the same path until the upload server
+   reports `Upload-State: idle` (it may take a moment to notice the break), read `Upload-Offset`,
+   and `POST` the rest of the file with `Upload-Offset: N`. An offset of 0 (an image that cannot
+   resume, or a server without the extension) sends the whole file again. At most `attempts`
+   connections are tried. A token older than 4 minutes is replaced before a new request (tokens
+   live 5 minutes and are only checked when a request starts).
+4. An answer other than 200 is final: it is the server's verdict on the image (too large, corrupt)
+   or on the request (token, readiness), and sending again would not change it. A 503 "already
+   finished uploading" after a break means the first attempt did get through."""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from cdi.api import upload as names
+from cdi.cli.imageupload.progress import Progress, human
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+SEND_TIMEOUT = 120.0  # seconds without progress while sending before the connection counts as dropped
+TOKEN_MAX_AGE = 240.0
+SETTLE_TIMEOUT = 120.0  # how long to wait for the upload server to notice a dropped connection
+ASYNC_PATH = "/v1beta1/upload-async"
+SYNC_PATH = "/v1beta1/upload"
+FINISHED_MARK = "already finished uploading"
+
+
+class UploadFailed(Exception):
+    """The upload cannot succeed (the message says why)."""
+
+
+@dataclass
+class Attempt:
+    offset: int
+    sent: int = 0
+    error: str = ""
+
+
+@dataclass
+class TransferStats:
+    size: int
+    seconds: float = 0.0
+    attempts: list[Attempt] = field(default_factory=list)
+    path: str = ""
+
+    @property
+    def sent(self) -> int:
+        return sum(a.sent for a in self.attempts)
+
+    @property
+    def resumed_at(self) -> int:
+        """The offset the last attempt started at (0: nothing was resumed)."""
+        return self.attempts[-1].offset if self.attempts else 0
+
+
+class TokenSource:
+    """Upload tokens, renewed before they get old (`fetch` creates an UploadTokenRequest)."""
+
+    def __init__(self, fetch: Callable[[], str]) -> None:
+        self._fetch = fetch
+        self._token = ""
+        self._at = 0.0
+
+    def get(self, *, fresh: bool = False) -> str:
+        if fresh or not self._token or time.monotonic() - self._at > TOKEN_MAX_AGE:
+            self._token = self._fetch()
+            self._at = time.monotonic()
+        return self._token
+
+
+class Transfer:
+    def __init__(self, url: str, context: ssl.SSLContext, tokens: TokenSource, target: str, path: str,
+                 progress: Progress, *, attempts: int = 5) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "https" or not parts.hostname:
+            raise UploadFailed(f"the upload proxy URL must be https://HOST[:PORT], not {url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 443
+        self.prefix = parts.path.rstrip("/")
+        self.context = context
+        self.tokens = tokens
+        self.target = target
+        self.file = path
+        self.size = os.path.getsize(path) if os.path.isfile(path) else _device_size(path)
+        self.progress = progress
+        self.max_attempts = max(1, attempts)
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def _connect(self, timeout: float | None) -> http.client.HTTPSConnection:
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
+        try:
+            conn.connect()
+        except ssl.SSLCertVerificationError as exc:
+            raise UploadFailed(f"cannot verify the certificate of the upload proxy https://{self.host}:{self.port} "
+                               f"({exc.verify_message}); give its CA with --uploadproxy-ca, or use --insecure "
+                               "(not recommended)") from None
+        assert conn.sock is not None
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        return conn
+
+    def _headers(self, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens.get()}", names.TARGET_HEADER: self.target, **extra}
+
+    def _head(self, path: str) -> tuple[int, dict[str, str], str]:
+        conn = self._connect(30.0)
+        try:
+            conn.request("HEAD", self.prefix + path, headers=self._headers())
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.reason
+        finally:
+            conn.close()
+
+    def choose_path(self) -> str:
+        """The async endpoint when the proxy has it (CDI's HEAD probe), else the sync one."""
+        try:
+            status, _, _ = self._head(ASYNC_PATH)
+        except (OSError, http.client.HTTPException):
+            return SYNC_PATH
+        if status == 401:
+            self.tokens.get(fresh=True)
+        return ASYNC_PATH if status == 200 else SYNC_PATH
+
+    def _post(self, path: str, offset: int, attempt: Attempt) -> tuple[int, str]:
+        headers = self._headers(**{"Content-Type": "application/octet-stream",
+                                   "Content-Length": str(self.size - offset)})
+        if offset:
+            headers[names.OFFSET_HEADER] = str(offset)
+        conn = self._connect(SEND_TIMEOUT)
+        try:
+            conn.putrequest("POST", self.prefix + path, skip_accept_encoding=True)
+            for key, value in headers.items():
+                conn.putheader(key, value)
+            conn.endheaders()
+            try:
+                self._send_body(conn, offset, attempt)
+            except OSError as exc:
+                early = _early_answer(conn)  # the server may have answered (and closed) before the end
+                if early is not None:
+                    return early
+                raise ConnectionError(f"the connection broke after {human(offset + attempt.sent)}: {exc}") from exc
+            assert conn.sock is not None
+            conn.sock.settimeout(None)  # a sync upload answers only once the image is converted
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode(errors="replace").strip()
+        finally:
+            conn.close()
+
+    def _send_body(self, conn: http.client.HTTPSConnection, offset: int, attempt: Attempt) -> None:
+        assert conn.sock is not None
+        sock = conn.sock
+        buffer = bytearray(CHUNK)
+        view = memoryview(buffer)
+        with open(self.file, "rb", buffering=0) as f:
+            f.seek(offset)
+            remaining = self.size - offset
+            while remaining > 0:
+                n = f.readinto(view[:min(CHUNK, remaining)])
+                if not n:
+                    raise UploadFailed(f"{self.file} became shorter while it was being uploaded")
+                sock.sendall(view[:n])
+                remaining -= n
+                attempt.sent += n
+                self.progress.add(n)
+
+    def _resume_offset(self, path: str) -> int | None:
+        """Where the upload server can continue (None: it already has the whole image)."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            try:
+                status, headers, reason = self._head(path)
+            except (OSError, http.client.HTTPException) as exc:
+                if time.monotonic() > deadline:
+                    raise UploadFailed(f"the upload proxy is unreachable: {exc}") from exc
+                time.sleep(1.0)
+                continue
+            if status == 401:
+                self.tokens.get(fresh=True)
+            elif status == 200:
+                state = headers.get(names.STATE_HEADER.lower(), "idle")
+                if state in ("processing", "done"):
+                    return None
+                if state == "idle":
+                    return int(headers.get(names.OFFSET_HEADER.lower(), "0") or 0)
+            elif status != 503:  # 503: the upload server is restarting or not ready yet, or finished
+                raise UploadFailed(f"the upload proxy answered {status} {reason} when asked where to resume")
+            if time.monotonic() > deadline:
+                raise UploadFailed("the upload server did not become ready for a resumed upload within "
+                                   f"{SETTLE_TIMEOUT:.0f}s")
+            time.sleep(0.2)
+
+    # -- the whole transfer -------------------------------------------------------------------------------
+    def run(self) -> TransferStats:
+        stats = TransferStats(self.size)
+        started = time.monotonic()
+        stats.path = path = self.choose_path()
+        offset = 0
+        while True:
+            attempt = Attempt(offset)
+            stats.attempts.append(attempt)
+            try:
+                status, body = self._post(path, offset, attempt)
+            except (OSError, http.client.HTTPException) as exc:
+                attempt.error = str(exc)
+                if isinstance(exc, ConnectionRefusedError) and not attempt.sent and len(stats.attempts) == 1:
+                    raise UploadFailed(f"cannot connect to the upload proxy https://{self.host}:{self.port}: "
+                                       f"{exc}") from None
+                if len(stats.attempts) >= self.max_attempts:
+                    raise UploadFailed(f"{exc}; giving up after {len(stats.attempts)} attempts") from None
+                self.progress.restart_at(self.progress.done, f"{exc}; asking the upload server where to resume")
+                resume = self._resume_offset(path)
+                if resume is None:
+                    break  # everything had arrived before the connection broke
+                offset = resume
+                what = f"resuming at {human(offset)} ({offset} bytes)" if offset else "starting over"
+                self.progress.restart_at(offset, f"{what}, attempt {len(stats.attempts) + 1} of {self.max_attempts}")
+                continue
+            if status == 200:
+                break
+            if status == 503 and FINISHED_MARK in body and len(stats.attempts) > 1:
+                break  # a retried request found the upload done
+            if status == 401 and "expired" in body and len(stats.attempts) < self.max_attempts:
+                self.tokens.get(fresh=True)
+                offset = self._resume_offset(path) or 0
+                continue
+            raise UploadFailed(f"the upload was refused: {status} {body or http.client.responses.get(status, '')}")
+        self.progress.finish()
+        stats.seconds = time.monotonic() - started
+        return stats
+
+
+def _early_answer(conn: http.client.HTTPSConnection) -> tuple[int, str] | None:
+    try:
+        assert conn.sock is not None
+        conn.sock.settimeout(5.0)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(errors="replace").strip()
+    except (OSError, http.client.HTTPException, AssertionError):
+        return None
+
+
+def _device_size(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)

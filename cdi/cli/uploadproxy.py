@@ -1,0 +1,63 @@
+"""`cdi uploadproxy`: the upload proxy for a real cluster (in `cdi up` it runs in-process).
+
+It needs to read PVCs and Services in every namespace, and in CDI's namespace the Secret
+`cdi-uploadserver-client-cert` and the ConfigMaps `cdi-uploadserver-signer-bundle` and
+`cdi-api-public-key` (or the key in `$APISERVER_PUBLIC_KEY`, as CDI's proxy takes it).
+
+TLS: `--tls-cert/--tls-key` (a certificate for the names clients use: bring your own or cert-manager's),
+else a CA kept in `--state-dir` issues one for `--host` names and is published in ConfigMap
+`cdi-uploadproxy-ca`, where `cdi image-upload` finds it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from cdi.kube import KubeClient
+from cdi.uploadproxy import serving
+from cdi.uploadproxy.server import UploadProxy
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("uploadproxy", help="run the upload proxy against a cluster")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, then in-cluster)")
+    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "cdi"), help="CDI's namespace")
+    parser.add_argument("--listen", default="0.0.0.0:8443", help="HOST:PORT to serve on (default 0.0.0.0:8443)")
+    parser.add_argument("--tls-cert", type=Path, default=None, help="serving certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    parser.add_argument("--state-dir", type=Path, default=Path("/var/run/cdi-uploadproxy"),
+                        help="where the self-managed CA lives when no certificate is given")
+    parser.add_argument("--host", action="append", default=[],
+                        help="extra host name for the self-managed certificate (repeatable)")
+    parser.set_defaults(run=run)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    host, _, port = args.listen.rpartition(":")
+    async with await KubeClient.connect(args.kubeconfig) as client:
+        if args.tls_cert and args.tls_key:
+            context = serving.brought(args.tls_cert, args.tls_key)
+        else:
+            context, ca = serving.self_managed(args.state_dir, serving.default_hosts(args.namespace, args.host))
+            await serving.publish_ca(client, args.namespace, ca.cert_pem)
+        public_key = os.environ.get("APISERVER_PUBLIC_KEY", "").encode() or None
+        proxy = UploadProxy(client, args.namespace, public_key=public_key)
+        await proxy.start(host.strip("[]") or "0.0.0.0", int(port), context)
+        print(f"cdi uploadproxy: serving on https://{host or '0.0.0.0'}:{proxy.port}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await proxy.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    asyncio.run(serve(args))
+    return 0

@@ -1,0 +1,174 @@
+"""The upload proxy's HTTPS server: CDI's public upload endpoints, forwarding each upload to the upload
+server of the PVC its token names.
+
+| path | |
+|---|---|
+| `/v1beta1/upload`, `/v1alpha1/upload` | sync raw body |
+| `/v1beta1/upload-async`, `/v1alpha1/upload-async` | async raw body (HEAD: capability probe) |
+| `/v1beta1/upload-form`, `/v1beta1/upload-form-async` (and alpha) | multipart, part `file` |
+| `/healthz` | `OK` |
+
+Each request: token (`auth.py`; checked once, when the request starts, so a long upload is never cut
+off by the token's 5 minutes), then the PVC's readiness and the upload server's address
+(`routing.py`), then the request is streamed to the upload server and its answer streamed back. No
+body is buffered: chunks go through as they come (aiohttp's flow control on both connections turns a
+slow disk into a slow client), and a client that goes away aborts the upstream connection at once,
+which is what lets the upload server keep the bytes for a resumed upload. Headers of our resume
+extension (`Upload-Offset`, `Upload-State`) pass both ways.
+
+CORS allows every origin, as CDI's (a browser uploading with the form endpoints)."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+
+from cdi.api import upload as names
+from cdi.kube import KubeClient
+from cdi.uploadproxy.auth import Denied, PublicKey, authorize
+from cdi.uploadproxy.routing import NotReady, UpstreamTls, upload_path, upstream_for, wait_until_ready
+
+log = logging.getLogger(__name__)
+
+READ_BUFSIZE = 4 << 20
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                         "transfer-encoding", "upgrade", "host", "content-length"})
+_NOT_FORWARDED = _HOP_BY_HOP | {"authorization"}
+_EXPOSED = ", ".join((names.OFFSET_HEADER, names.STATE_HEADER))
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ClientGone(Exception):
+    """The client's connection broke while its body was being forwarded."""
+
+
+class UploadProxy:
+    def __init__(self, client: KubeClient, namespace: str = "cdi", *, public_key: bytes | None = None,
+                 upstream_tls: UpstreamTls | None = None, ready_timeout: float = 10.0) -> None:
+        self.client = client
+        self.key = PublicKey(client, namespace, public_key)
+        self.tls = upstream_tls or UpstreamTls(client, namespace)
+        self.ready_timeout = ready_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_cors])
+        app.router.add_get(names.HEALTHZ_PATH, _healthz)
+        for path in names.PROXY_PATHS:
+            app.router.add_route("*", path, self.handle)
+        return app
+
+    async def start(self, host: str, port: int, context: ssl.SSLContext | None) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True, limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
+        # lingering: after the upload server refused a request early, read the rest of the client's body only
+        # briefly before closing, so the client sees the answer but does not keep sending
+        self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
+                                     handler_cancellation=False, lingering_time=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=context)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            token = await authorize(request.headers.get("Authorization"), request.headers.get(names.TARGET_HEADER),
+                                    self.key)
+        except Denied as denied:
+            log.info("refused an upload request: %s", denied.message)
+            return web.Response(status=denied.status, text=denied.message)
+        try:
+            pvc = await wait_until_ready(self.client, token.namespace, token.name, timeout=self.ready_timeout)
+            upstream = await upstream_for(self.client, token.namespace, token.name, upload_path(pvc, request.path))
+            context = await self.tls.context()
+        except NotReady as exc:
+            log.info("upload into %s/%s not possible now: %s", token.namespace, token.name, exc)
+            return web.Response(status=503, text=str(exc))
+        return await self._forward(request, upstream.url, upstream.server_hostname, context)
+
+    async def _forward(self, request: web.Request, url: str, server_hostname: str,
+                       context: ssl.SSLContext) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        body: AsyncIterator[bytes] | None = None
+        if request.body_exists:
+            body = _body(request)
+            if request.content_length is not None:
+                headers["Content-Length"] = str(request.content_length)
+        if request.query_string:
+            url = f"{url}?{request.query_string}"
+        try:
+            async with self._session.request(request.method, url, headers=headers, data=body, ssl=context,
+                                             server_hostname=server_hostname) as upstream:
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers={
+                    k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP})
+                if upstream.content_length is not None:
+                    response.content_length = upstream.content_length
+                if request.headers.get("Origin"):
+                    _allow(response)
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except ClientGone:
+            log.info("the client went away during an upload to %s; the upload server was told", server_hostname)
+            return web.Response(status=499)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            if isinstance(exc.__cause__, ClientGone) or isinstance(exc.__context__, ClientGone):
+                return web.Response(status=499)
+            log.warning("forwarding to %s failed: %s", server_hostname, exc)
+            return web.Response(status=502, text=f"error in upload-proxy: {exc}")
+
+
+async def _body(request: web.Request) -> AsyncIterator[bytes]:
+    """The client's body as it arrives; a broken client connection aborts the upstream request."""
+    try:
+        async for chunk in request.content.iter_any():
+            yield chunk
+    except (ConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+        raise ClientGone(str(exc)) from exc
+
+
+@web.middleware
+async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """CORS for every origin (CDI's proxy uses rs/cors AllowAll)."""
+    origin = request.headers.get("Origin")
+    if request.method == "OPTIONS" and origin and request.headers.get("Access-Control-Request-Method"):
+        headers = {"Access-Control-Allow-Origin": "*",
+                   "Access-Control-Allow-Methods": request.headers["Access-Control-Request-Method"].upper(),
+                   "Vary": "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"}
+        wanted = request.headers.get("Access-Control-Request-Headers")
+        if wanted:
+            headers["Access-Control-Allow-Headers"] = wanted
+        return web.Response(status=204, headers=headers)
+    response = await handler(request)
+    if origin:
+        _allow(response)
+    return response
+
+
+def _allow(response: web.StreamResponse) -> None:
+    if response.prepared:
+        return  # a streamed answer already carries the upload server's headers
+    response.headers["Access-Control-Allow-Origin"] = "*"
+    response.headers["Access-Control-Expose-Headers"] = _EXPOSED
+    response.headers["Vary"] = "Origin"
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="OK")
+
