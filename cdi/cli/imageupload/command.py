@@ -37,7 +37,7 @@ from cdi.cli.imageupload.preflight import (
     check_fits,
     inspect,
 )
-from cdi.cli.imageupload.progress import Progress, duration, human
+from cdi.cli.imageupload.progress import Progress, human
 from cdi.cli.imageupload.transfer import TokenSource, Transfer, TransferStats, UploadFailed
 from cdi.kube import ApiError, KubeClient
 from cdi.kube.config import ConfigError, find_kubeconfig
@@ -227,13 +227,13 @@ def summary(request: Request, image: ImageFacts, stats: TransferStats, phase: st
     lines = [
         "Summary:",
         f"  image      {image.path} ({image.describe()})",
-        f"  sent       {human(stats.sent)} ({stats.sent} bytes) in {duration(stats.seconds)} ({human(rate)}/s), "
+        f"  sent       {human(stats.sent)} ({stats.sent} bytes) in {stats.seconds:.1f}s ({human(rate)}/s), "
         f"{len(stats.attempts)} attempt{'s' if len(stats.attempts) != 1 else ''}, endpoint {stats.path}",
     ]
     if len(stats.attempts) > 1:
         last = stats.attempts[-1]
         lines.append(f"  resumed    at {human(last.offset)} ({last.offset} bytes); the last attempt sent "
                      f"{human(last.sent)} ({last.sent} bytes)")
-    lines.append(f"  processing {duration(processing)} after the upload")
+    lines.append(f"  processing {processing:.1f}s after the upload")
     lines.append(f"  result     {what} {request.key} {phase}")
     say("\n".join(lines))
