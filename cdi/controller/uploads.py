@@ -252,9 +252,9 @@ class UploadReconciler(Reconciler):
         retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true" and succeeded
         if not retain and pod is not None:
             await delete_if_present(self.ctx, groups.PODS, service, namespace)
-        await delete_if_present(self.ctx, groups.SERVICES, service, namespace)
         await delete_if_present(self.ctx, groups.PVCS, f"{name}-scratch", namespace)
-        if ann.UPLOAD_POD_NAME in annotations:  # secrets are not cached: remember that ours is gone
+        if ann.UPLOAD_POD_NAME in annotations:  # services and secrets are not cached: remember that ours are gone
+            await delete_if_present(self.ctx, groups.SERVICES, service, namespace, cached=False)
             await delete_if_present(self.ctx, groups.SECRETS, service, namespace, cached=False)
             await annotate(self.ctx, pvc, {ann.UPLOAD_POD_NAME: None})
 

@@ -1,9 +1,9 @@
 """Where an upload goes: the PVC's readiness, the upload server's path, address and TLS identity.
 
 * Readiness (CDI's `uploadReady`): the PVC must exist and carry `cdi.kubevirt.io/storage.upload.target`;
-  a PVC whose upload already finished (`storage.pod.phase: Succeeded`) or failed for good is refused;
-  otherwise the proxy waits up to 10 seconds for `storage.pod.ready: "true"`. Every refusal is a 503
-  whose body says why.
+  a PVC whose upload already finished (`storage.pod.phase: Succeeded`, 409) or failed for good is
+  refused; otherwise the proxy waits up to 10 seconds for `storage.pod.ready: "true"`. Every other
+  refusal is a 503 whose body says why.
 * Path: as requested, except that an `archive` PVC gets `/v1beta1/upload-archive` (CDI's rewrite).
 * Address: the `cdi-upload-<pvc>` Service read from the API, never a DNS name, so the proxy works
   where cluster DNS does not reach (outside the cluster, or `cdi up`): the Service's ready endpoint
@@ -46,6 +46,15 @@ _TLS_RECHECK_SECONDS = 30.0
 class NotReady(Exception):
     """The upload cannot be forwarded now (answered 503 with this message)."""
 
+    status = 503
+
+
+class AlreadyDone(NotReady):
+    """The PVC's upload finished: 409, like the upload server's own answer after completion. (CDI's proxy
+    answers 503 here, which tells clients to try again later, the one thing that cannot help.)"""
+
+    status = 409
+
 
 @dataclass(frozen=True)
 class Upstream:
@@ -72,7 +81,7 @@ async def wait_until_ready(client: KubeClient, namespace: str, name: str, *,
         if ann.UPLOAD_TARGET not in annotations:
             raise NotReady(f"PVC {name} is not an upload target")
         if annotations.get(ann.POD_PHASE) == "Succeeded":
-            raise NotReady(f"rejecting Upload Request for PVC {name} that already finished uploading")
+            raise AlreadyDone(f"rejecting Upload Request for PVC {name} that already finished uploading")
         if annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             reason = annotations.get(ann.CONDITION_RUNNING_REASON, "")
             message = annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")

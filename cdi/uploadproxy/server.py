@@ -97,7 +97,7 @@ class UploadProxy:
             context = await self.tls.context()
         except NotReady as exc:
             log.info("upload into %s/%s not possible now: %s", token.namespace, token.name, exc)
-            return web.Response(status=503, text=str(exc))
+            return web.Response(status=exc.status, text=str(exc))
         return await self._forward(request, upstream.url, upstream.server_hostname, context)
 
     async def _forward(self, request: web.Request, url: str, server_hostname: str,

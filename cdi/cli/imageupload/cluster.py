@@ -290,6 +290,18 @@ class Cluster:
             raise ClusterError("the UploadTokenRequest came back without a token")
         return str(token)
 
+    async def failure(self, request: Request) -> str | None:
+        """Why the upload failed for good (DataVolume Failed, or the PVC's fatal-error annotation), if it did."""
+        try:
+            pvc = await self.client.get(groups.PVCS, request.name, request.namespace)
+        except ApiError:
+            return None
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        if annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
+            return (f"the upload into {request.key} failed: {annotations.get(ann.CONDITION_RUNNING_REASON)}: "
+                    f"{annotations.get(ann.CONDITION_RUNNING_MESSAGE)}")
+        return None
+
     async def wait_done(self, request: Request, timeout: float) -> str:
         """The final phase (`Succeeded`), or ClusterError with the failure's reason."""
         deadline = time.monotonic() + timeout

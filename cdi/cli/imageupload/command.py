@@ -206,11 +206,15 @@ async def _upload(args: argparse.Namespace, request: Request, image: ImageFacts,
     def fetch_token() -> str:
         return asyncio.run_coroutine_threadsafe(cluster.token(request), loop).result(60)
 
+    def failed() -> str | None:
+        return asyncio.run_coroutine_threadsafe(cluster.failure(request), loop).result(60)
+
     tokens = TokenSource(fetch_token)
     await asyncio.to_thread(tokens.get)
     say(f"Uploading {image.path} ({image.describe()})")
     progress = Progress(image.size)
-    transfer = Transfer(url, context, tokens, request.key, str(image.path), progress, attempts=max(1, args.retry))
+    transfer = Transfer(url, context, tokens, request.key, str(image.path), progress, attempts=max(1, args.retry),
+                        failed=failed)
     stats = await asyncio.to_thread(transfer.run)
     say("Uploading data completed successfully, waiting for processing to complete, you can hit ctrl-c without "
         "interrupting the progress")

@@ -17,7 +17,7 @@ Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
    connections are tried. A token older than 4 minutes is replaced before a new request (tokens
    live 5 minutes and are only checked when a request starts).
 4. An answer other than 200 is final: it is the server's verdict on the image (too large, corrupt)
-   or on the request (token, readiness), and sending again would not change it. A 503 "already
+   or on the request (token, readiness), and sending again would not change it. A 409 "already
    finished uploading" after a break means the first attempt did get through."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class TokenSource:
 
 class Transfer:
     def __init__(self, url: str, context: ssl.SSLContext, tokens: TokenSource, target: str, path: str,
-                 progress: Progress, *, attempts: int = 5) -> None:
+                 progress: Progress, *, attempts: int = 5, failed: Callable[[], str | None] | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme != "https" or not parts.hostname:
             raise UploadFailed(f"the upload proxy URL must be https://HOST[:PORT], not {url!r}")
@@ -105,6 +105,7 @@ class Transfer:
         self.size = os.path.getsize(path) if os.path.isfile(path) else _device_size(path)
         self.progress = progress
         self.max_attempts = max(1, attempts)
+        self.failed = failed or (lambda: None)  # the reason the upload failed for good, if it did
 
     # -- requests ---------------------------------------------------------------------------------------
     def _connect(self, timeout: float | None) -> http.client.HTTPSConnection:
@@ -203,8 +204,14 @@ class Transfer:
                     return None
                 if state == "idle":
                     return int(headers.get(names.OFFSET_HEADER.lower(), "0") or 0)
-            elif status != 503:  # 503: the upload server is restarting or not ready yet, or finished
+            elif status == 409:
+                return None  # the upload finished (the proxy found the PVC Succeeded)
+            elif status != 503:  # 503: the upload server is restarting or not ready yet
                 raise UploadFailed(f"the upload proxy answered {status} {reason} when asked where to resume")
+            else:
+                failure = self.failed()
+                if failure:
+                    raise UploadFailed(failure)
             if time.monotonic() > deadline:
                 raise UploadFailed("the upload server did not become ready for a resumed upload within "
                                    f"{SETTLE_TIMEOUT:.0f}s")
@@ -238,7 +245,7 @@ class Transfer:
                 continue
             if status == 200:
                 break
-            if status == 503 and FINISHED_MARK in body and len(stats.attempts) > 1:
+            if status in (409, 503) and FINISHED_MARK in body and len(stats.attempts) > 1:
                 break  # a retried request found the upload done
             if status == 401 and "expired" in body and len(stats.attempts) < self.max_attempts:
                 self.tokens.get(fresh=True)
