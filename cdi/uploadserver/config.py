@@ -21,6 +21,20 @@ from cdi.api.sizing import overhead_fraction
 from cdi.importer import BlockTarget, FileTarget, ImporterError, Reason, Target
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+IDLE_TIMEOUT = "UPLOAD_IDLE_TIMEOUT"  # ours: seconds without body data before an upload counts as cut off
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={text!r} must be positive")
+    return value
 
 
 class ConfigError(ImporterError):
@@ -44,6 +58,7 @@ class UploadServerConfig:
     owner_uid: str
     scratch_dir: Path | None
     termination_log: Path
+    idle_timeout: float = 120.0  # seconds a request body may stay silent before it counts as cut off
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> UploadServerConfig:
@@ -88,6 +103,7 @@ class UploadServerConfig:
             owner_uid=env.get(envnames.OWNER_UID, ""),
             scratch_dir=scratch if scratch.is_dir() else None,
             termination_log=Path(env.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT),
+            idle_timeout=_positive(env, IDLE_TIMEOUT, 120.0),
         )
 
     @property

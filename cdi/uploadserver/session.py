@@ -175,10 +175,20 @@ class UploadSession:
         received = 0
         client_error: BaseException | None = None
 
+        waiting_since: float | None = None  # when the body last went quiet (None: busy feeding the pipeline)
+        stalled = False
+
         async def pump() -> None:
-            nonlocal received, client_error
+            nonlocal received, client_error, waiting_since
+            iterator = chunks.__aiter__()
             try:
-                async for chunk in chunks:
+                while True:
+                    waiting_since = time.monotonic()
+                    try:
+                        chunk = await iterator.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    waiting_since = None
                     if offset == 0 and len(head) < HEAD_BYTES:
                         head.extend(chunk[: HEAD_BYTES - len(head)])
                     received += len(chunk)
@@ -187,14 +197,31 @@ class UploadSession:
                         return  # the pipeline stopped early: its error is the answer
                 queue.finish()
             except asyncio.CancelledError:
-                queue.fail(ImporterError(Reason.CONNECTION_FAILED, "the upload was interrupted", retryable=True))
-                raise
+                if not stalled:
+                    queue.fail(ImporterError(Reason.CONNECTION_FAILED, "the upload was interrupted", retryable=True))
+                    raise
+                client_error = TimeoutError(f"no data for {self.config.idle_timeout:.0f}s")
+                queue.fail(ImporterError(Reason.CONNECTION_FAILED, f"the upload stalled after {received} bytes: "
+                                         f"{client_error}", retryable=True))
             except Exception as exc:  # the client went away, or sent a broken body
                 client_error = exc
                 queue.fail(ImporterError(Reason.CONNECTION_FAILED, f"the client went away after {received} "
                                          f"bytes: {exc or type(exc).__name__}", retryable=True))
 
+        async def watchdog() -> None:
+            """A connection that goes silent without closing (a vanished client, a NAT that forgot it) would
+            hold the server in `uploading` forever and block the resume: give it up after `idle_timeout`."""
+            nonlocal stalled
+            limit = self.config.idle_timeout
+            while not feeder.done():
+                await asyncio.sleep(min(5.0, limit / 4))
+                if waiting_since is not None and time.monotonic() - waiting_since > limit:
+                    stalled = True
+                    feeder.cancel()
+                    return
+
         feeder = asyncio.ensure_future(pump())
+        guard = asyncio.ensure_future(watchdog())
         try:
             await asyncio.wait([feeder, done], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
             if not feeder.done():
@@ -223,6 +250,8 @@ class UploadSession:
             log.exception("the upload failed unexpectedly")
             self._reset()
             return Outcome(500, f"Saving stream failed: internal error: {type(exc).__name__}: {exc}")
+        finally:
+            guard.cancel()
         self._completed(result, received, time.monotonic() - started)
         return Outcome(200, "")
 

@@ -86,14 +86,14 @@ def make_volumes(root: Path, *, block: bool = False, scratch: bool = True, size:
 
 
 def server_config(upload_pki: UploadPki, volumes: Volumes, *, size: int = VOLUME, content_type: str = "kubevirt",
-                  preallocation: bool = False) -> UploadServerConfig:
+                  preallocation: bool = False, idle_timeout: float = 120.0) -> UploadServerConfig:
     return UploadServerConfig(
         listen_host="127.0.0.1", listen_port=0, cert_file=upload_pki.directory / "tls.crt",
         key_file=upload_pki.directory / "tls.key", client_ca_file=upload_pki.directory / "ca.crt",
         client_name=names.CLIENT_NAME, destination=volumes.block or volumes.data / "disk.img", image_size=size,
         filesystem_overhead="0" if volumes.block else OVERHEAD, preallocation=preallocation,
         content_type=content_type, owner_uid="uid-1", scratch_dir=volumes.scratch,
-        termination_log=volumes.termination_log)
+        termination_log=volumes.termination_log, idle_timeout=idle_timeout)
 
 
 @dataclass

@@ -265,3 +265,36 @@ async def test_a_cut_qcow2_upload_starts_over(upload_server: Running, images: di
     assert await offset_when_idle(upload_server) == 0
     status, _, _ = await post(upload_server, "/v1beta1/upload", images[file_name("qcow2")].path)
     assert status == 200
+
+
+async def test_a_silent_connection_is_given_up_and_can_be_resumed(upload_pki: UploadPki, tmp_path: Path) -> None:
+    running = await start_server(upload_pki, make_volumes(tmp_path), idle_timeout=0.5)
+    data = disk_bytes(3, 6 << 20)
+    sent = 2_000_000
+    forever = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield data[:sent]
+        await forever.wait()  # the connection stays open and says nothing more
+
+    try:
+        hanging = asyncio.ensure_future(running.session.post(running.url + "/v1beta1/upload", data=body(),
+                                                             headers={"Content-Length": str(len(data))}))
+        offset = 0
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if running.server.session.state == "idle" and running.server.session.offset:
+                offset = running.server.session.offset
+                break
+        assert offset == sent
+        response = await hanging  # the server answered the silent request and closed it
+        assert response.status == 400 and "stalled" in await response.text()
+        response.release()
+        async with running.session.post(running.url + "/v1beta1/upload", data=data[offset:],
+                                        headers={"Upload-Offset": str(offset)}) as resp:
+            assert resp.status == 200, await resp.text()
+        assert running.volumes.image.read_bytes()[:len(data)] == data
+    finally:
+        forever.set()
+        await running.session.close()
+        await running.server.stop()
