@@ -18,8 +18,14 @@ from cdi.common import uploadtoken
 from tests.e2e.importing import condition, phase, read_back, wait_phase
 from tests.e2e.uploading import curl, image_upload, proxy_url, token, upload_dv, wait_ready
 from tests.integration.importer.images import Image, file_name
-from tests.integration.upload.conftest import images  # noqa: F401 - this module's image set
+from tests.integration.upload.conftest import upload_image_set
 from tests.support.cluster import CdiUp, Kubectl, wait_for
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
+    """The importer tests' image set, in a directory of its own (see tests/integration/upload/conftest.py)."""
+    return upload_image_set(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

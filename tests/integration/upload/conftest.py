@@ -42,9 +42,13 @@ class UploadPki:
         return context
 
 
+def upload_image_set(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
+    return build_image_set(tmp_path_factory.getbasetemp().parent / f"cdi-upload-images-v{BUILDER_VERSION}")
+
+
 @pytest.fixture(scope="session")
 def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
-    return build_image_set(tmp_path_factory.getbasetemp().parent / f"cdi-upload-images-v{BUILDER_VERSION}")
+    return upload_image_set(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
