@@ -8,8 +8,8 @@ being received), `processing` (an async upload was answered and is being convert
 
 The body goes through the importer (`cdi.importer.import_stream`): one implementation of formats,
 validation, conversion, sizing, preallocation and checksums for imports and uploads. It is fed
-through a bounded `QueueStream` (`QUEUE_BYTES`), so a client faster than the disk waits instead of
-filling memory (TCP backpressure reaches the client through the proxy).
+through a bounded queue (`feed.FedStream`, `QUEUE_BYTES`), so a client faster than the disk waits
+instead of filling memory (TCP backpressure reaches the client through the proxy).
 
 Sync uploads are answered once the import finished (data converted, resized and fdatasync'ed). Async
 uploads are answered when the importer leaves its transfer phase, that is once the whole body was
@@ -46,11 +46,11 @@ from cdi.importer import (
     ImportOptions,
     ImportResult,
     Progress,
-    QueueStream,
     Reason,
     import_stream,
 )
 from cdi.uploadserver.config import UploadServerConfig
+from cdi.uploadserver.feed import FedStream
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class _Progress(Progress):
 class _Counted:
     """The pipeline's view of the body, counting what it has consumed (the resumable offset)."""
 
-    def __init__(self, inner: QueueStream) -> None:
+    def __init__(self, inner: FedStream) -> None:
         self.inner = inner
         self.consumed = 0
 
@@ -150,7 +150,7 @@ class UploadSession:
         loop = asyncio.get_running_loop()
         validated = asyncio.Event()
         progress = _Progress(self.config.owner_uid, loop, validated)
-        queue = QueueStream(max_bytes=self.queue_bytes)
+        queue = FedStream(loop, self.queue_bytes)
         body = _Counted(queue)
         options = ImportOptions(
             content_type=envnames.CONTENT_ARCHIVE if archive else envnames.CONTENT_KUBEVIRT,
@@ -193,7 +193,7 @@ class UploadSession:
                         head.extend(chunk[: HEAD_BYTES - len(head)])
                     received += len(chunk)
                     self.bytes_received += len(chunk)
-                    if not await _feed(queue, chunk):
+                    if not await queue.put(chunk):
                         return  # the pipeline stopped early: its error is the answer
                 queue.finish()
             except asyncio.CancelledError:
@@ -323,22 +323,6 @@ def _settle(future: asyncio.Future[ImportResult], result: ImportResult | None, e
     else:
         assert result is not None
         future.set_result(result)
-
-
-async def _feed(queue: QueueStream, chunk: bytes) -> bool:
-    """Hand a chunk to the pipeline without blocking the event loop; False once the pipeline stopped."""
-    try:
-        queue.feed(chunk, timeout=0)
-        return True
-    except TimeoutError:
-        pass  # the queue is full: wait for the pipeline in a worker thread (backpressure)
-    except BrokenPipeError:
-        return False
-    try:
-        await asyncio.to_thread(queue.feed, chunk)
-    except BrokenPipeError:
-        return False
-    return True
 
 
 def _raw_stream(head: bytes, progress: _Progress) -> bool:

@@ -1,0 +1,93 @@
+"""The bridge from the event loop (the request body) to the importer's thread (the pipeline).
+
+The importer reads a blocking `Stream` (`read(n)`); the body arrives in an asyncio handler. The
+importer's own `QueueStream` makes the producer block on a full queue, which an event loop can only
+do through a worker thread per chunk. This queue is the same idea with an asyncio producer side: a
+full queue makes `put` await a future that the consumer completes (once, when it frees space), so
+backpressure costs no thread hand-off per chunk. Memory stays bounded by `max_bytes` (plus one
+chunk). Chunks are handed to the pipeline whole when they fit its read, without copying."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+
+Chunk = bytes | bytearray | memoryview
+
+
+class FedStream:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int) -> None:
+        self._loop = loop
+        self._max = max_bytes
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._done = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._space: asyncio.Future[None] | None = None  # the producer waits on it while the queue is full
+        self._current = memoryview(b"")
+
+    # -- producer (event loop) ------------------------------------------------------------------------
+    async def put(self, chunk: bytes) -> bool:
+        """Queue a chunk, waiting while the queue is full; False once the consumer has gone."""
+        while True:
+            with self._cond:
+                if self._closed:
+                    return False
+                if self._size < self._max:
+                    self._chunks.append(chunk)
+                    self._size += len(chunk)
+                    self._cond.notify()
+                    return True
+                self._space = self._loop.create_future()
+                space = self._space
+            await space
+
+    def finish(self) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._error = exc
+            self._done = True
+            self._cond.notify_all()
+
+    # -- consumer (the pipeline's thread) -------------------------------------------------------------
+    def read(self, n: int) -> Chunk:
+        if not self._current:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._chunks) or self._done)
+                if self._error is not None:
+                    raise self._error
+                if not self._chunks:
+                    return b""
+                data = self._chunks.popleft()
+                self._size -= len(data)
+                self._wake_producer()
+            if len(data) <= n:
+                return data
+            self._current = memoryview(data)
+        out, self._current = self._current[:n], self._current[n:]
+        return out
+
+    def close(self) -> None:
+        """The consumer is done (or failed): the producer's `put` returns False from now on."""
+        with self._cond:
+            self._closed = self._done = True
+            self._chunks.clear()
+            self._size = 0
+            self._wake_producer()
+
+    def _wake_producer(self) -> None:  # with the lock held
+        if self._space is not None and (self._size < self._max or self._closed):
+            space, self._space = self._space, None
+            self._loop.call_soon_threadsafe(_set, space)
+
+
+def _set(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
