@@ -125,14 +125,12 @@ class Reconciler:
 
 
 async def write_status(client: KubeClient, gvr: GVR, obj: Mapping[str, Any], status: Mapping[str, Any]) -> Obj:
-    """Replace the status subresource as computed from `obj`, only if `obj` is still current: a stale
-    reconcile gets a 409 and runs again. A replacement, not a merge, so fields that went away go."""
-    meta = obj.get("metadata") or {}
-    patch: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
-             {"op": "add", "path": "/status", "value": dict(status)}]
-    result: Obj = await client.patch(gvr, str(meta.get("name")), patch, meta.get("namespace") or None,
-                                     patch_type="json", subresource="status")
+    """Replace the status subresource as computed from `obj`, only if `obj` is still current: the PUT
+    carries its resourceVersion, so a reconcile working from a stale cache gets a 409 and runs again.
+    A replacement, not a merge, so fields that went away go."""
+    body = {**obj, "status": dict(status)}
+    result: Obj = await client.replace(gvr, body, (obj.get("metadata") or {}).get("namespace") or None,
+                                       subresource="status")
     return result
 
 

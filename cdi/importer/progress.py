@@ -181,9 +181,13 @@ class Progress:
         pair.write(cert, key)
         import prometheus_client
 
-        server, _thread = prometheus_client.start_http_server(
-            port, addr=pod_ip, registry=self.registry, certfile=str(cert), keyfile=str(key)
-        )
+        try:
+            server, _thread = prometheus_client.start_http_server(
+                port, addr=pod_ip, registry=self.registry, certfile=str(cert), keyfile=str(key)
+            )
+        except OSError as exc:  # progress is a nicety: an import never fails for want of it
+            log.warning("not serving metrics on %s:%d: %s", pod_ip, port, exc)
+            return None
         log.info("serving metrics on https://%s:%d/metrics", pod_ip, port)
         return server
 

@@ -222,9 +222,8 @@ class Objects:
 
     # -- create ------------------------------------------------------------------------------------
 
-    async def create(self, rtype: ResourceType, namespace: str | None, body: Any, ctx: RequestContext | None = None,
-                     subresource: str = "") -> Obj:
-        ctx = ctx or RequestContext()
+    def _own_copy(self, rtype: ResourceType, body: Any) -> tuple[Obj, Obj]:
+        """A private copy of a request body, typed as `rtype`, and its metadata."""
         if not isinstance(body, dict):
             raise errors.bad_request("the body of the request must be a JSON object")
         obj: Obj = orjson.loads(orjson.dumps(body))
@@ -232,6 +231,12 @@ class Objects:
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
+        return obj, meta
+
+    async def create(self, rtype: ResourceType, namespace: str | None, body: Any, ctx: RequestContext | None = None,
+                     subresource: str = "") -> Obj:
+        ctx = ctx or RequestContext()
+        obj, meta = self._own_copy(rtype, body)
         ns = self._ns(rtype, namespace or meta.get("namespace"))
         if rtype.namespaced and namespace and meta.get("namespace") not in (None, "", namespace):
             raise errors.bad_request("the namespace of the provided object does not match the namespace sent on "
@@ -348,11 +353,7 @@ class Objects:
     async def update(self, rtype: ResourceType, namespace: str | None, name: str, body: Any,
                      ctx: RequestContext | None = None, subresource: str = "") -> Obj:
         ctx = ctx or RequestContext()
-        if not isinstance(body, dict):
-            raise errors.bad_request("the body of the request must be a JSON object")
-        obj: Obj = orjson.loads(orjson.dumps(body))
-        self._check_type(rtype, obj)
-        meta = obj.setdefault("metadata", {})
+        obj, meta = self._own_copy(rtype, body)
         ns = self._ns(rtype, namespace)
         if meta.get("name") not in (None, name):
             raise errors.bad_request(f"the name of the object ({meta.get('name')}) does not match the name on the "

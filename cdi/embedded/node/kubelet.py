@@ -50,6 +50,14 @@ class KubeletConfig:
     python: str = sys.executable
     package_root: Path = Path(__file__).resolve().parents[3]
 
+    def runtime_mounts(self) -> list[Mount]:
+        """The interpreter, its virtualenv and this package where the sandbox has directories of its own
+        (a checkout under /tmp, say): bound read-only at the same paths so the "image" still works."""
+        paths = {self.package_root, Path(sys.prefix), Path(sys.base_prefix), Path(self.python).parent}
+        own = ("/tmp/", "/run/")
+        return [Mount(path, str(path), read_only=True) for path in sorted(paths)
+                if any(str(path).startswith(prefix) for prefix in own) and path.is_dir()]
+
     def base_env(self, pod: Obj) -> dict[str, str]:
         """What the "image" provides: PATH with this Python first, PYTHONPATH to this package."""
         bindir = str(Path(self.python).parent)
@@ -240,7 +248,7 @@ class ContainerRunner:
         message_file.write_bytes(b"")
         os.chmod(message_file, 0o666)
         message_path = self.spec.get("terminationMessagePath") or "/dev/termination-log"
-        all_mounts = [*mounts, Mount(message_file, message_path)]
+        all_mounts = [*kubelet.config.runtime_mounts(), *mounts, Mount(message_file, message_path)]
         spec = SandboxSpec(argv=argv, env=env, mounts=all_mounts, working_dir=self.spec.get("workingDir", ""),
                            hostname=worker.name, hide=kubelet.config.hide)
         await worker.event("Pulled", f'Container image "{self.spec.get("image", "")}" already present on machine')
