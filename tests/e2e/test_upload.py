@@ -305,6 +305,22 @@ def test_upload_tokens_need_permission_to_create_uploadtokenrequests(cluster: Cd
     assert elsewhere.returncode != 0 and "forbidden" in elsewhere.stderr.lower()
 
 
+def test_the_token_api_trusts_only_the_front_proxy(cluster: CdiUp, k: Kubectl) -> None:
+    """Straight to cdi-apiserver, claiming to be an admin in X-Remote-* headers, without the aggregation
+    layer's client certificate: refused (the headers are only believed from the front proxy)."""
+    endpoints = k.get("endpoints", "cdi-api", "cdi")["subsets"][0]
+    url = f"https://{endpoints['addresses'][0]['ip']}:{endpoints['ports'][0]['port']}"
+    request = json.dumps({"apiVersion": "upload.cdi.kubevirt.io/v1beta1", "kind": "UploadTokenRequest",
+                          "metadata": {"name": "t"}, "spec": {"pvcName": "disk"}})
+    result = subprocess.run(["curl", "-sS", "-k", "-o", "-", "-w", "\n%{http_code}", "-X", "POST",
+                             "-H", "Content-Type: application/json", "-H", "X-Remote-User: admin",
+                             "-H", "X-Remote-Group: system:masters", "--data", request,
+                             f"{url}/apis/upload.cdi.kubevirt.io/v1beta1/namespaces/default/uploadtokenrequests"],
+                            capture_output=True, text=True, check=True)
+    body, status = result.stdout.rsplit("\n", 1)
+    assert status == "401" and "no verified front-proxy client certificate" in json.loads(body)["message"]
+
+
 def test_cdiconfig_shows_the_proxy_of_cdi_up(cluster: CdiUp, k: Kubectl) -> None:
     url = proxy_url(k)
     assert url.startswith("https://127.0.0.1:")
