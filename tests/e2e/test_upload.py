@@ -5,13 +5,18 @@ bytes read back through a pod."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import os
+import struct
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import jwt
 import pytest
 
 from cdi.common import uploadtoken
@@ -19,7 +24,7 @@ from tests.e2e.importing import condition, phase, read_back, wait_phase
 from tests.e2e.uploading import curl, image_upload, proxy_url, token, upload_dv, wait_ready
 from tests.integration.importer.images import Image, file_name
 from tests.integration.upload.conftest import upload_image_set
-from tests.support.cluster import CdiUp, Kubectl, wait_for
+from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -234,14 +239,12 @@ def test_too_large_is_400_and_the_datavolume_stays_usable(cluster: CdiUp, k: Kub
     status, body, _ = curl(cluster, k, "/v1beta1/upload-async", "-X", "POST", "-T", str(fits), bearer=bearer)
     assert (status, body) == (200, "")
     wait_phase(k, "small", "Succeeded", 60)
-    import hashlib
     assert read_back(k, "small", 4 << 20) == hashlib.sha256(fits.read_bytes()).hexdigest()
 
 
 def corrupt_compressed_qcow2(directory: Path) -> Path:
     """A compressed qcow2 whose header and tables are sound (qemu-img info passes) but whose first
     compressed cluster does not decompress: it fails only in qemu-img convert."""
-    import struct
     raw, image = directory / "text.raw", directory / "corrupt.qcow2"
     raw.write_bytes((b"a compressible line of text\n" * 200_000)[:4 << 20])
     subprocess.run(["qemu-img", "convert", "-c", "-O", "qcow2", str(raw), str(image)], check=True)
@@ -296,7 +299,6 @@ def test_upload_tokens_need_permission_to_create_uploadtokenrequests(cluster: Cd
                                  k.get("configmap", "cdi-api-public-key", "cdi")["data"]["id_rsa.pub"].encode())
     assert (payload.operation, payload.namespace, payload.name) == ("Upload", "default", "disk")
     assert payload.resource == {"group": "", "version": "v1", "resource": "persistentvolumeclaims"}
-    import jwt
     claims = jwt.decode(created["status"]["token"], options={"verify_signature": False})
     assert claims["exp"] - claims["iat"] == 300 and claims["nbf"] == claims["iat"]
     assert abs(claims["iat"] - time.time()) < 120
@@ -327,3 +329,28 @@ def test_cdiconfig_shows_the_proxy_of_cdi_up(cluster: CdiUp, k: Kubectl) -> None
     assert f"upload proxy {url}" in cluster.log_path.read_text()
     status, body, _ = curl(cluster, k, "/healthz")
     assert (status, body) == (200, "OK")
+
+
+def test_cdi_uploadproxy_serves_a_cluster_from_outside(cluster: CdiUp, k: Kubectl, images: dict[str, Image],
+                                                       tmp_path: Path) -> None:
+    """`cdi uploadproxy` as on a real cluster: its own process, reaching the cluster through a kubeconfig,
+    a self-managed CA published for clients; `cdi image-upload` trusts it without flags."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proxy = subprocess.Popen([sys.executable, "-m", "cdi.cli.main", "uploadproxy", "--kubeconfig",
+                              str(cluster.kubeconfig), "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "px")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert proxy.stdout is not None
+        line = proxy.stdout.readline()
+        assert "serving on https://127.0.0.1:" in line, line
+        url = line.split("serving on ")[1].strip()
+        published = k.get("configmap", "cdi-uploadproxy-ca", "cdi")["data"]["ca.crt"]
+        assert published == (tmp_path / "px" / "ca.crt").read_text()
+        image = images[file_name("raw", "gz")]
+        result = image_upload(cluster, "dv", "via-own-proxy", "--size", "64Mi", "--image-path", str(image.path),
+                              "--uploadproxy-url", url)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert read_back(k, "via-own-proxy", image.virtual_size) == image.sha256
+    finally:
+        proxy.terminate()
+        proxy.wait(30)
