@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -354,3 +355,40 @@ def test_cdi_uploadproxy_serves_a_cluster_from_outside(cluster: CdiUp, k: Kubect
     finally:
         proxy.terminate()
         proxy.wait(30)
+
+
+def test_an_archive_upload_is_extracted_onto_the_volume(cluster: CdiUp, k: Kubectl, tmp_path: Path) -> None:
+    (tmp_path / "hello.txt").write_text("hello from an archive\n")
+    archive = tmp_path / "files.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(tmp_path / "hello.txt", arcname="hello.txt")
+    result = image_upload(cluster, "dv", "files", "--size", "64Mi", "--archive-path", str(archive))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert k.get("dv", "files")["spec"]["contentType"] == "archive"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cat-files"},
+           "spec": {"restartPolicy": "Never", "containers": [{
+               "name": "cat", "image": "reader", "command": ["cat", "/data/hello.txt"],
+               "volumeMounts": [{"name": "files", "mountPath": "/data"}]}],
+               "volumes": [{"name": "files", "persistentVolumeClaim": {"claimName": "files"}}]}}
+    k.apply(pod)
+    wait_for(lambda: k("get", "pod", "cat-files", "-o", "jsonpath={.status.phase}").stdout == "Succeeded", 60,
+             message="the reader pod")
+    assert k("logs", "cat-files").stdout == "hello from an archive\n"
+
+
+def test_the_cli_follows_uploadproxyurloverride(cluster: CdiUp, k: Kubectl, images: dict[str, Image]) -> None:
+    url = proxy_url(k)
+    override = url.removeprefix("https://").replace("127.0.0.1", "localhost")  # no scheme: https is assumed
+    k("patch", "cdi", "cdi", "--type", "merge", "-p",
+      json.dumps({"spec": {"config": {"uploadProxyURLOverride": override}}}))
+    try:
+        wait_for(lambda: k("get", "cdiconfig", "config", "-o", "jsonpath={.spec.uploadProxyURLOverride}").stdout
+                 == override, 30, message="CDIConfig spec.uploadProxyURLOverride")
+        image = images[file_name("raw")]
+        result = image_upload(cluster, "dv", "overridden", "--size", "64Mi", "--image-path", str(image.path))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"Uploading data to https://{override}" in result.stdout
+    finally:
+        k("patch", "cdi", "cdi", "--type", "json", "-p",
+          json.dumps([{"op": "remove", "path": "/spec/config/uploadProxyURLOverride"}]))
+    wait_for(lambda: proxy_url(k) == url, 30, message="the override gone from CDIConfig")
