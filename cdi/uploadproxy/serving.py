@@ -13,6 +13,7 @@ everybody uploads with `--insecure`. Here:
 
 from __future__ import annotations
 
+import secrets
 import ssl
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,9 @@ def self_managed(directory: Path, hosts: list[str]) -> tuple[ssl.SSLContext, pki
     if ca_crt.exists() and ca_key.exists():
         ca = pki.KeyPair.read(ca_crt, ca_key)
     else:
-        ca = pki.make_ca("cdi-uploadproxy-ca")
+        # a name of its own: clients may trust several such CAs at once (ConfigMap, file, another proxy),
+        # and OpenSSL picks an issuer by name before it checks the signature
+        ca = pki.make_ca(f"cdi-uploadproxy-ca-{secrets.token_hex(4)}")
         ca.write(ca_crt, ca_key)
     leaf = pki.issue(ca, hosts[0], hosts)
     return pki.server_context(leaf, directory / "serving"), ca

@@ -5,7 +5,11 @@ importer's own `QueueStream` makes the producer block on a full queue, which an 
 do through a worker thread per chunk. This queue is the same idea with an asyncio producer side: a
 full queue makes `put` await a future that the consumer completes (once, when it frees space), so
 backpressure costs no thread hand-off per chunk. Memory stays bounded by `max_bytes` (plus one
-chunk). Chunks are handed to the pipeline whole when they fit its read, without copying."""
+chunk). Chunks are handed to the pipeline whole when they fit its read, without copying.
+
+A failure (`fail`, the client went away) is raised to the pipeline only after the chunks that
+arrived before it: every byte received is good, and written, so a resumed upload needs to resend as
+little as possible, and the resumable offset is exactly what arrived, whatever the scheduling."""
 
 from __future__ import annotations
 
@@ -61,9 +65,9 @@ class FedStream:
         if not self._current:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._chunks) or self._done)
-                if self._error is not None:
-                    raise self._error
                 if not self._chunks:
+                    if self._error is not None:
+                        raise self._error
                     return b""
                 data = self._chunks.popleft()
                 self._size -= len(data)

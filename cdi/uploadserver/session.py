@@ -20,7 +20,8 @@ carrying the reason, which the controller turns into the DataVolume's condition 
 the reason is permanent).
 
 Resuming (our extension, see `cdi.api.upload`): an uncompressed raw or ISO image is written in place
-as it arrives, each chunk before the next is read. When the client goes away in the middle, the
+as it arrives, each chunk before the next is read. When the client goes away in the middle (the
+pipeline first takes everything that had arrived), the
 bytes the pipeline had read are exactly the bytes on the volume; they are flushed (fdatasync) and
 that count becomes the resumable offset. A later request with `Upload-Offset` equal to it sends the
 rest. The offset lives in this process only: if the pod restarts, the next upload starts over (never

@@ -208,7 +208,7 @@ async def cut_upload(running: Running, data: bytes, cut: int, path: str = "/v1be
 
 
 async def offset_when_idle(running: Running) -> int:
-    for _ in range(500):
+    for _ in range(3000):
         async with running.session.head(running.url + "/v1beta1/upload") as resp:
             assert resp.status == 200
             if resp.headers["Upload-State"] == "idle":
