@@ -73,6 +73,8 @@ def test_image_upload_into_filesystem_and_block(cluster: CdiUp, k: Kubectl, imag
         assert f"result     DataVolume default/{name} Succeeded" in result.stdout
         dv = k.get("dv", name)
         assert dv["status"]["phase"] == "Succeeded" and dv["status"]["progress"] == "100.0%"
+        running = condition(dv, "Running")  # from the upload server's termination message
+        assert (running["reason"], running["message"]) == ("Completed", "Upload Complete")
         assert read_back(k, name, image.virtual_size, block=mode == "block") == image.sha256
         annotations = pvc_annotations(k, name)
         needs_scratch = image.format.startswith("qcow2")
