@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import shutil
 import ssl
 import tempfile
 import time
@@ -183,6 +184,10 @@ class UpstreamTls:
         if not data.get("tls.crt") or not data.get("tls.key") or not ca:
             raise NotReady("the upload proxy's client certificate or the upload-server CA bundle is empty")
         return base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"]), ca.encode()
+
+    def close(self) -> None:
+        """Remove the private copy of the client key (ssl loads certificates only from files)."""
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def _build(self, cert: bytes, key: bytes, ca_bundle: bytes) -> ssl.SSLContext:
         context = ssl.create_default_context(cadata=ca_bundle.decode())

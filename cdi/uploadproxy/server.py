@@ -83,6 +83,7 @@ class UploadProxy:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        self.tls.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
