@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.common import aioloop
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
 from cdi.kube import KubeClient
@@ -61,5 +62,5 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    asyncio.run(serve(args))
+    aioloop.run(serve(args))
     return 0

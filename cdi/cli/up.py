@@ -12,6 +12,7 @@ from typing import Any
 
 from cdi.cli.controller import add_settings_arguments, settings_from
 from cdi.cli.stack import CdiStack
+from cdi.common import aioloop
 from cdi.embedded.cluster import ClusterConfig, EmbeddedCluster
 
 
@@ -77,7 +78,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        asyncio.run(serve(args))
+        aioloop.run(serve(args))
     except KeyboardInterrupt:
         pass
     sys.stdout.flush()

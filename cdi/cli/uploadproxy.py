@@ -17,6 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from cdi.common import aioloop
 from cdi.kube import KubeClient
 from cdi.uploadproxy import serving
 from cdi.uploadproxy.server import UploadProxy
@@ -59,5 +60,5 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    asyncio.run(serve(args))
+    aioloop.run(serve(args))
     return 0

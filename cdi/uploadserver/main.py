@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from cdi.api import env as envnames
+from cdi.common import aioloop
 from cdi.importer import ImporterError, Reason
 from cdi.importer import termination as term
 from cdi.uploadserver.config import UploadServerConfig
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(os.environ.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT)
     try:
         config = UploadServerConfig.from_env()
-        message = asyncio.run(serve(config))
+        message = aioloop.run(serve(config))
     except ImporterError as exc:
         log.error("the upload server cannot run: %s", exc)
         message = term.TerminationMessage(message=exc.message, reason=exc.reason, retryable=exc.retryable)
