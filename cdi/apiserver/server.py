@@ -98,17 +98,24 @@ class CdiApiServer:
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         await self.client.replace(gvr, body, namespace)
 
-    async def register(self, endpoint_ip: str = "127.0.0.1") -> None:
-        """Service + Endpoints pointing at this process, and the webhook configurations using them,
-        as CDI's operator installs them (service-addressed, with the CA bundle)."""
+    async def register(self, endpoint_ip: str | None = "127.0.0.1") -> None:
+        """The `cdi-api` Service, and the webhook configuration and APIService that address it (with the
+        CA bundle), as CDI's operator installs them. With `endpoint_ip` (one process, as in `cdi up`) the
+        Service has no selector and its Endpoints point at this process; without it (a Deployment on a real
+        cluster) the Service selects the pods labelled `cdi.kubevirt.io: cdi-apiserver`."""
         assert self.ca is not None
-        await self._apply(groups.SERVICES, {
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": SERVICE_NAME, "namespace": self.namespace},
-            "spec": {"ports": [{"name": "https", "port": 443, "targetPort": self.port}]}}, self.namespace)
-        await self._apply(groups.ENDPOINTS, {
-            "apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": SERVICE_NAME, "namespace": self.namespace},
-            "subsets": [{"addresses": [{"ip": endpoint_ip}], "ports": [{"name": "https", "port": self.port}]}]},
-            self.namespace)
+        service: Obj = {"apiVersion": "v1", "kind": "Service",
+                        "metadata": {"name": SERVICE_NAME, "namespace": self.namespace},
+                        "spec": {"ports": [{"name": "https", "port": 443, "targetPort": self.port}]}}
+        if endpoint_ip is None:
+            service["spec"]["selector"] = {"cdi.kubevirt.io": "cdi-apiserver"}
+        await self._apply(groups.SERVICES, service, self.namespace)
+        if endpoint_ip is not None:
+            await self._apply(groups.ENDPOINTS, {
+                "apiVersion": "v1", "kind": "Endpoints",
+                "metadata": {"name": SERVICE_NAME, "namespace": self.namespace},
+                "subsets": [{"addresses": [{"ip": endpoint_ip}], "ports": [{"name": "https", "port": self.port}]}]},
+                self.namespace)
         bundle = base64.b64encode(self.ca.cert_pem).decode()
         await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
         await self._apply(groups.APISERVICES, upload_apiservice(self.namespace, bundle))

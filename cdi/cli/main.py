@@ -7,7 +7,7 @@ import logging
 import sys
 
 from cdi import __version__
-from cdi.cli import controller, demo, imageupload, up, uploadproxy
+from cdi.cli import apiserver, controller, demo, imageupload, up, uploadproxy
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.register(commands)
     demo.register(commands)
     controller.register(commands)
+    apiserver.register(commands)
     imageupload.register(commands)
     uploadproxy.register(commands)
     return parser

@@ -1,0 +1,49 @@
+"""`cdi apiserver`: CDI's admission webhooks and upload-token API for a real cluster (a Deployment in
+CDI's namespace, pods labelled `cdi.kubevirt.io: cdi-apiserver`). `cdi up` runs the same server
+in-process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+from cdi.apiserver.server import CdiApiServer
+from cdi.common import aioloop
+from cdi.kube import KubeClient
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("apiserver", help="run cdi-apiserver (admission webhooks, upload tokens)")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, then in-cluster)")
+    parser.add_argument("--namespace", default="cdi", help="namespace CDI runs in")
+    parser.add_argument("--listen", default="0.0.0.0:8443", help="HOST:PORT to serve HTTPS on")
+    parser.add_argument("--state-dir", type=Path, default=Path("/var/run/cdi-apiserver"),
+                        help="where the serving CA and certificate are kept")
+    parser.add_argument("--endpoint-ip", default=None,
+                        help="point the cdi-api Service at this address instead of selecting the pods")
+    parser.set_defaults(run=run)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    host, _, port = args.listen.rpartition(":")
+    async with await KubeClient.connect(args.kubeconfig) as client:
+        server = CdiApiServer(client, args.namespace, args.state_dir)
+        await server.start(host or "0.0.0.0", int(port))
+        await server.register(args.endpoint_ip)
+        print(f"cdi apiserver: serving on {host}:{server.port}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    aioloop.run(serve(args))
+    return 0
