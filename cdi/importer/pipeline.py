@@ -11,6 +11,8 @@ ranges             raw / iso, server serves ranges: parallel Range GETs         
                    written in place
 qcow2-ranges       qcow2, server serves ranges: native map, clusters fetched     no         yes
                    in host order and written at guest offsets
+xz-blocks          raw in a multi-block .xz, server serves ranges: blocks       no         yes
+                   decoded in parallel, written at their offsets
 stream             raw / iso, compressed (gz/xz/zst) or no Range support:        no         no
                    decompressed and written while downloading
 nbdkit-convert     vmdk/vhd/vhdx/vdi (or an unusual qcow2), server serves       no         no
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from cdi.api import env as envnames
 
-from . import archive, compression, formats, qcow2, qemu, resume
+from . import archive, compression, formats, qcow2, qemu, resume, xz_blocks
 from .checksum import Checksum, Hasher
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE, ImageInfo
@@ -65,6 +67,7 @@ log = logging.getLogger(__name__)
 
 ROUTE_RANGES = "ranges"
 ROUTE_QCOW2 = "qcow2-ranges"
+ROUTE_XZ = "xz-blocks"
 ROUTE_STREAM = "stream"
 ROUTE_NBDKIT = "nbdkit-convert"
 ROUTE_SCRATCH = "scratch-convert"
@@ -278,6 +281,21 @@ class _Import:
         return self._scratch(self._wire(), info, "the source cannot be read by ranges")
 
     def _compressed(self, kind: str) -> tuple[int, bool]:
+        if kind == compression.XZ and self.origin.ranges is not None:
+            layout = self._xz_layout(self.origin.ranges)
+            if layout is not None:
+                head = xz_blocks.decode_head(self.origin.ranges, layout, HEAD_SIZE)
+                if compression.detect(head) is None:
+                    info = formats.probe(head, layout.uncompressed, None)
+                    if not info.needs_conversion:
+                        self.format = f"{info.format}.xz"
+                        log.info(
+                            "%s is %s compressed with xz in %d blocks: decoding them in parallel",
+                            self.origin.name,
+                            info.format,
+                            len(layout.blocks),
+                        )
+                        return self._xz_blocks(layout, info)
         stream: Stream = self._wire()
         kinds = []
         while True:
@@ -306,6 +324,19 @@ class _Import:
                 peek, info, f"{info.format} compressed with {'+'.join(kinds)} cannot be streamed"
             )
         return self._stream_raw(peek, info)
+
+    def _xz_layout(self, ranges: RangeReader) -> xz_blocks.XzLayout | None:
+        """The block layout of a multi-block xz, if blocks are small enough to decode in parallel."""
+        try:
+            layout = xz_blocks.read_layout(ranges)
+        except ImporterError as exc:
+            if exc.reason != Reason.INVALID_IMAGE:
+                raise
+            log.info("reading the xz file as a stream: %s", exc.message)
+            return None
+        if len(layout.blocks) < 2 or max(b.size for b in layout.blocks) > xz_blocks.MAX_BLOCK:
+            return None
+        return layout
 
     def _check_size(self, size: int | None, what: str) -> None:
         if size is not None and size > self.usable:
@@ -380,14 +411,17 @@ class _Import:
         spans: Sequence[Span],
         process: Callable[[Span, bytearray], None],
         checkpoint: _Checkpointer,
+        *,
         done: int,
+        workers: int | None = None,
+        window: int | None = None,
     ) -> None:
         """Fetch and write spans in parallel; hash and checkpoint them in order."""
         fetcher = RangeFetcher(
             ranges,
             spans,
-            workers=self.options.workers,
-            window=self.options.window,
+            workers=workers or self.options.workers,
+            window=window or self.options.window,
             process=process,
             stop=self.stop,
             on_idle=checkpoint.idle,
@@ -435,7 +469,7 @@ class _Import:
                 writer.write_at(s.offset, buf, 0, s.length)
 
             checkpoint = _Checkpointer(self, writer, plan, start, done)
-            self._fetch_spans(ranges, spans, process, checkpoint, done)
+            self._fetch_spans(ranges, spans, process, checkpoint, done=done)
             writer.sync()
         finally:
             os.close(fd)
@@ -445,7 +479,7 @@ class _Import:
         ranges = self.origin.ranges
         assert ranges is not None
         header = info.details["header"]
-        m = qcow2.read_map(ranges, header, workers=self.options.workers)
+        m = qcow2.read_map(ranges, header, workers=self.options.workers, max_piece=self.options.span_size)
         self.route = ROUTE_QCOW2
         size = header.size
         cover = self.hasher is not None
@@ -480,7 +514,53 @@ class _Import:
                     self.hasher.update(memoryview(buf)[: s.length])
             self.progress.update(done)
             checkpoint = _Checkpointer(self, writer, plan, start, done)
-            self._fetch_spans(ranges, spans[start:], qcow2.ClusterWriter(m, writer), checkpoint, done)
+            self._fetch_spans(ranges, spans[start:], qcow2.ClusterWriter(m, writer), checkpoint, done=done)
+            writer.sync()
+        finally:
+            os.close(fd)
+        return size, self._finish(size)
+
+    def _xz_blocks(self, layout: xz_blocks.XzLayout, info: ImageInfo) -> tuple[int, bool]:
+        ranges = self.origin.ranges
+        assert ranges is not None
+        self.route = ROUTE_XZ
+        size = layout.uncompressed
+        self._check_size(size, f"{info.format}, uncompressed size from the xz index")
+        cover = self.hasher is not None
+        spans = layout.spans(cover)
+        plan: dict[str, object] = {
+            "route": self.route,
+            "cover": cover,
+            "spans": len(spans),
+            "size": size,
+            "target": self.target.kind,
+        }
+        start, fd, done = self._open_resumable(plan, size)
+        workers = min(self.options.workers, (os.cpu_count() or 1) + 1)  # decoding is CPU-bound
+        try:
+            writer = self._writer(fd, self.target.known_zero_when_fresh)
+            self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
+            self.progress.begin(TRANSFER_DATA_FILE, sum(s.length for s in spans))
+            if start and self.hasher is not None:  # the compressed bytes are not on the target: refetch
+                for s, buf in RangeFetcher(
+                    ranges,
+                    spans[:start],
+                    workers=workers,
+                    window=workers + 1,
+                    stop=self.stop,
+                    on_cancel=self.origin.abort,
+                ):
+                    self.hasher.update(memoryview(buf)[: s.length])
+            checkpoint = _Checkpointer(self, writer, plan, start, done)
+            self._fetch_spans(
+                ranges,
+                spans[start:],
+                xz_blocks.BlockDecoder(layout, writer),
+                checkpoint,
+                done=done,
+                workers=workers,
+                window=workers + 1,
+            )
             writer.sync()
         finally:
             os.close(fd)

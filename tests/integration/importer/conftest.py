@@ -68,6 +68,7 @@ BIG = 96 << 20
 class Big:
     raw: Image
     qcow2: Image
+    xz: Image
 
 
 @pytest.fixture(scope="session")
@@ -81,14 +82,17 @@ def big(served_dir: Path) -> Iterator[Big]:
             f.write(rng.randbytes(1 << 20) if i % 2 else (line * ((1 << 20) // len(line) + 1))[: 1 << 20])
     qcow2 = served_dir / "resume-big.qcow2"
     subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(qcow2)], check=True)
+    xz = served_dir / "resume-big.img.xz"
+    with open(xz, "wb") as f:
+        subprocess.run(["xz", "-0", "-T2", "--block-size=4MiB", "-c", str(raw)], stdout=f, check=True)
     digest = sha256_file(raw)
 
     def image(path: Path, fmt: str) -> Image:
         return Image(path.name, path, fmt, "", digest, BIG, sha256_file(path), path.stat().st_size)
 
-    yield Big(image(raw, "raw"), image(qcow2, "qcow2"))
-    raw.unlink()
-    qcow2.unlink()
+    yield Big(image(raw, "raw"), image(qcow2, "qcow2"), image(xz, "raw"))
+    for path in (raw, qcow2, xz):
+        path.unlink()
 
 
 # -- servers --------------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ NATIVE = {
 
 def expected_route(fmt: str, compression: str, ranges: bool) -> str:
     raw = fmt in ("raw", "iso")
+    if compression == "xz" and raw and ranges:
+        return "xz-blocks"
     if compression:
         return "stream" if raw else "scratch-convert"
     if not ranges:
@@ -193,3 +195,33 @@ def test_stream_is_resumed_after_a_dropped_connection(
         },
     )
     assert_imported(volume, image, result, route="stream")
+
+
+def test_concatenated_xz_streams_with_padding(
+    images: dict[str, Image],
+    range_server: FileServer,
+    served_dir: Path,
+    make_volume: Callable[..., Volume],
+    tmp_path: Path,
+) -> None:
+    """Two xz streams (the second one multi-block) with stream padding between and after them."""
+    import subprocess
+
+    base = images[file_name("raw")]
+    half = base.virtual_size // 2
+    parts = []
+    for i, (start, options) in enumerate([(0, ["-0"]), (half, ["-1", "-T2", "--block-size=512KiB"])]):
+        piece = tmp_path / f"part{i}"
+        with open(base.path, "rb") as f:
+            f.seek(start)
+            piece.write_bytes(f.read(half))
+        parts.append(
+            subprocess.run(["xz", *options, "-c", str(piece)], capture_output=True, check=True).stdout
+        )
+    name = "concatenated.img.xz"
+    (served_dir / name).write_bytes(parts[0] + bytes(8) + parts[1] + bytes(4))
+    volume = make_volume("fs")
+    result = run_importer(
+        volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{range_server.url}/{name}"}
+    )
+    assert_imported(volume, base, result, route="xz-blocks")
