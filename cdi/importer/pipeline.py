@@ -15,11 +15,14 @@ xz-blocks          raw in a multi-block .xz, server serves ranges: blocks       
                    decoded in parallel, written at their offsets
 stream             raw / iso, compressed (gz/xz/zst) or no Range support:        no         no
                    decompressed and written while downloading
+qcow2-stream       qcow2 that cannot be range-read (compressed, registry        rarely     no
+                   layer, upload, no Range support): converted in one pass,
+                   scratch only for bytes that precede their tables
 nbdkit-convert     vmdk/vhd/vhdx/vdi (or an unusual qcow2), server serves       no         no
                    ranges: qemu-img reads through nbdkit-curl
-scratch-convert    a non-raw image that cannot be range-read (compressed         yes        no
-                   qcow2, server without ranges, registry layer, upload):
-                   stream to scratch, then qemu-img
+scratch-convert    vmdk/vhd/vhdx/vdi that cannot be range-read (compressed,     yes        no
+                   server without ranges, registry layer, upload): stream to
+                   scratch, then qemu-img
 archive            content type archive: tar extracted onto the volume          no         no
 =================  ===========================================================  =========  =======
 
@@ -43,7 +46,7 @@ from pathlib import Path
 
 from cdi.api import env as envnames
 
-from . import archive, compression, formats, qcow2, qemu, resume, xz_blocks
+from . import archive, compression, formats, qcow2, qcow2_stream, qemu, resume, xz_blocks
 from .checksum import Checksum, Hasher
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE, ImageInfo
@@ -68,6 +71,7 @@ log = logging.getLogger(__name__)
 ROUTE_RANGES = "ranges"
 ROUTE_QCOW2 = "qcow2-ranges"
 ROUTE_XZ = "xz-blocks"
+ROUTE_QCOW2_STREAM = "qcow2-stream"
 ROUTE_STREAM = "stream"
 ROUTE_NBDKIT = "nbdkit-convert"
 ROUTE_SCRATCH = "scratch-convert"
@@ -199,8 +203,13 @@ class _Import:
                 image_size, applied = size, False
             else:
                 image_size, applied = self._kubevirt()
-        except ImporterError as exc:
-            if not exc.retryable:
+        except BaseException as exc:
+            # keep what a retry can resume from (a checkpoint on disk), drop everything else: a
+            # permanent failure must not leave data behind, and a partial image nothing can resume
+            # from is of no use to the next attempt
+            retryable = not isinstance(exc, ImporterError) or exc.retryable
+            resumable = self.state_path is not None and self.state_path.exists()
+            if not (retryable and resumable):
                 self._discard()
             raise
         finally:
@@ -278,6 +287,8 @@ class _Import:
             spec = self.origin.nbd()
             if spec is not None:
                 return self._nbdkit(info, spec)
+        if info.format == formats.QCOW2:
+            return self._qcow2_stream(self._wire(), info)
         return self._scratch(self._wire(), info, "the source cannot be read by ranges")
 
     def _compressed(self, kind: str) -> tuple[int, bool]:
@@ -319,6 +330,8 @@ class _Import:
         info = formats.probe(head, None, fetch)
         self.format = f"{info.format}.{'.'.join(reversed(kinds))}"
         log.info("%s is %s compressed with %s", self.origin.name, info.format, "+".join(kinds))
+        if info.format == formats.QCOW2:
+            return self._qcow2_stream(peek, info)
         if info.needs_conversion:
             return self._scratch(
                 peek, info, f"{info.format} compressed with {'+'.join(kinds)} cannot be streamed"
@@ -563,6 +576,49 @@ class _Import:
             )
             writer.sync()
         finally:
+            os.close(fd)
+        return size, self._finish(size)
+
+    def _qcow2_stream(self, stream: Stream, info: ImageInfo) -> tuple[int, bool]:
+        self.route = ROUTE_QCOW2_STREAM
+        header = info.details["header"]
+        size = header.size
+        self._check_size(size, info.format)
+        resume.remove(self.state_path)
+        self._remove_scratch()
+        limit = 4 * size + (1 << 30)  # metadata and snapshots make a qcow2 larger than its disk, not 4x
+        fd = self.target.open(True, size)
+        spill = qcow2_stream.Spill(self.scratch_file, qcow2_stream.SPILL_MEMORY)
+        try:
+            writer = self._writer(fd, self.target.known_zero_when_fresh)
+            converter = qcow2_stream.StreamingQcow2(header, writer, spill)
+            self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
+            self.progress.begin(TRANSFER_DATA_FILE, self.origin.wire_size)
+            meter = self.origin.meter
+            while True:
+                if self.stop.is_set():
+                    raise Terminated()
+                chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                converter.feed(as_bytes(chunk))
+                if converter.pos > limit:
+                    raise ImporterError(
+                        Reason.IMAGE_TOO_LARGE,
+                        f"the qcow2 stream goes on past {limit} bytes for a {size}-byte disk",
+                    )
+                self.progress.update(meter.total)
+            converter.finish()
+            self.scratch_bytes = spill.spilled_to_disk
+            if spill.memory or spill.spilled_to_disk:
+                log.info(
+                    "qcow2 stream: %d bytes held in memory and %d on scratch until their tables came",
+                    spill.memory,
+                    spill.spilled_to_disk,
+                )
+            writer.sync()
+        finally:
+            spill.close()
             os.close(fd)
         return size, self._finish(size)
 

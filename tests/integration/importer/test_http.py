@@ -26,10 +26,10 @@ def expected_route(fmt: str, compression: str, ranges: bool) -> str:
     raw = fmt in ("raw", "iso")
     if compression == "xz" and raw and ranges:
         return "xz-blocks"
-    if compression:
-        return "stream" if raw else "scratch-convert"
-    if not ranges:
-        return "stream" if raw else "scratch-convert"
+    if compression or not ranges:
+        if raw:
+            return "stream"
+        return "qcow2-stream" if fmt.startswith("qcow2") else "scratch-convert"
     return NATIVE.get(fmt, "nbdkit-convert")
 
 
@@ -75,7 +75,7 @@ def test_http_without_ranges(
 def test_non_raw_without_ranges_needs_scratch_and_says_so_up_front(
     images: dict[str, Image], plain_server: FileServer, make_volume: Callable[..., Volume]
 ) -> None:
-    image = images[file_name("qcow2")]
+    image = images[file_name("vmdk")]
     volume = make_volume("fs")
     plain_server.reset_counters()
     result = run_importer(
@@ -88,13 +88,13 @@ def test_non_raw_without_ranges_needs_scratch_and_says_so_up_front(
     assert plain_server.served(image.name) < image.file_size
 
 
-def test_compressed_qcow2_needs_scratch(
+def test_compressed_vhdx_needs_scratch(
     images: dict[str, Image], https_server: FileServer, ca_dir: Path, make_volume: Callable[..., Volume]
 ) -> None:
-    image = images[file_name("qcow2", "gz")]
+    image = images[file_name("vhdx", "gz")]
     volume = make_volume("fs")
     result = run_importer(volume, https_env(https_server, image.name, ca_dir))
-    assert_failed(result, "ScratchSpaceRequired", "qcow2 compressed with gz", retryable=True)
+    assert_failed(result, "ScratchSpaceRequired", "vhdx compressed with gz", retryable=True)
     assert result.message["scratchSpaceRequired"] is True
     # the next attempt, with scratch, works
     volume.scratch_dir.mkdir()

@@ -45,7 +45,9 @@ def disk_image(
 
 
 def expected_route(fmt: str, compression: str) -> str:
-    return "stream" if fmt in ("raw", "iso") else "scratch-convert"
+    if fmt in ("raw", "iso"):
+        return "stream"
+    return "qcow2-stream" if fmt.startswith("qcow2") else "scratch-convert"
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -83,11 +85,21 @@ def test_raw_disk_needs_no_scratch(
     assert_imported(volume, image, run_importer(volume, registry_env(endpoint)), route="stream")
 
 
-def test_qcow2_without_scratch_says_so(
+def test_qcow2_disk_needs_no_scratch(
     images: dict[str, Image], registries: Registries, make_volume: Callable[..., Volume]
 ) -> None:
-    image = images[file_name("qcow2")]
+    """The usual containerDisk (a qcow2 in a gzip layer): converted as the layer streams by."""
+    image = images[file_name("qcow2-compressed")]
     endpoint = registries.push(registries.basic, "noscratch/qcow2", disk_image(image))
+    volume = make_volume("block")
+    assert_imported(volume, image, run_importer(volume, registry_env(endpoint)), route="qcow2-stream")
+
+
+def test_vhd_disk_without_scratch_says_so(
+    images: dict[str, Image], registries: Registries, make_volume: Callable[..., Volume]
+) -> None:
+    image = images[file_name("vhd")]
+    endpoint = registries.push(registries.basic, "noscratch/vhd", disk_image(image))
     volume = make_volume("fs")
     result = run_importer(volume, registry_env(endpoint))
     assert_failed(result, "ScratchSpaceRequired", retryable=True)
