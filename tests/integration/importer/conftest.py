@@ -61,7 +61,7 @@ def served_dir(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Image
     return directory
 
 
-BIG = 96 << 20
+BIG = 48 << 20
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Big:
 
 @pytest.fixture(scope="session")
 def big(served_dir: Path) -> Iterator[Big]:
-    """A 96 MiB disk with data everywhere, as raw and as (uncompressed) qcow2."""
+    """A 48 MiB disk with data everywhere, as raw, as (uncompressed) qcow2, and as multi-block xz."""
     rng = random.Random(11)
     raw = served_dir / "resume-big.img"
     with open(raw, "wb") as f:
@@ -84,7 +84,7 @@ def big(served_dir: Path) -> Iterator[Big]:
     subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(qcow2)], check=True)
     xz = served_dir / "resume-big.img.xz"
     with open(xz, "wb") as f:
-        subprocess.run(["xz", "-0", "-T2", "--block-size=4MiB", "-c", str(raw)], stdout=f, check=True)
+        subprocess.run(["xz", "-0", "-T2", "--block-size=2MiB", "-c", str(raw)], stdout=f, check=True)
     digest = sha256_file(raw)
 
     def image(path: Path, fmt: str) -> Image:

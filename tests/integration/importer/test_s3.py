@@ -35,7 +35,7 @@ def test_s3_import(case: Case, images: dict[str, Image], s3: S3, make_volume: Ca
     assert result.message["bytesTransferred"] >= image.file_size * 0.9 or route == "nbdkit-convert"
 
 
-@pytest.mark.parametrize("fmt", ["raw", "qcow2-compressed", "vhdx"])
+@pytest.mark.parametrize("fmt", ["raw", "qcow2-compressed", "vmdk-stream"])
 def test_s3_over_tls_with_custom_ca(
     fmt: str, images: dict[str, Image], s3: S3, ca_dir: Path, make_volume: Callable[..., Volume]
 ) -> None:
