@@ -46,7 +46,7 @@ from pathlib import Path
 
 from cdi.api import env as envnames
 
-from . import archive, compression, formats, qcow2, qcow2_stream, qemu, resume, xz_blocks
+from . import compression, formats, qcow2, qcow2_stream, resume, xz_blocks
 from .checksum import Checksum, Hasher
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE, ImageInfo
@@ -65,6 +65,9 @@ from .source import NbdSpec, Origin, StreamOrigin
 from .sparse_writer import SparseWriter
 from .streams import Chunk, PeekStream, Stream, TapStream, as_bytes
 from .target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target, fsync_dir, preallocate_block
+
+# qemu (subprocess) and archive (tarfile) are imported by the routes that use them: every import is
+# a new Python process, and a raw import should not pay for what only a vmdk or a tar needs
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +290,7 @@ class _Import:
             spec = self.origin.nbd()
             if spec is not None:
                 return self._nbdkit(info, spec)
-        if info.format == formats.QCOW2:
+        if info.format == formats.QCOW2 and not info.details["header"].extended_l2:
             return self._qcow2_stream(self._wire(), info)
         return self._scratch(self._wire(), info, "the source cannot be read by ranges")
 
@@ -330,7 +333,7 @@ class _Import:
         info = formats.probe(head, None, fetch)
         self.format = f"{info.format}.{'.'.join(reversed(kinds))}"
         log.info("%s is %s compressed with %s", self.origin.name, info.format, "+".join(kinds))
-        if info.format == formats.QCOW2:
+        if info.format == formats.QCOW2 and not info.details["header"].extended_l2:
             return self._qcow2_stream(peek, info)
         if info.needs_conversion:
             return self._scratch(
@@ -660,6 +663,8 @@ class _Import:
             self.progress.update(meter.total)
 
     def _scratch(self, stream: Stream, info: ImageInfo, why: str) -> tuple[int, bool]:
+        from . import qemu
+
         scratch = self.options.scratch_dir
         if scratch is None or self.scratch_file is None:
             raise ImporterError(
@@ -695,6 +700,8 @@ class _Import:
         return size, self._finish(size)
 
     def _nbdkit(self, info: ImageInfo, spec: NbdSpec) -> tuple[int, bool]:
+        from . import qemu
+
         self.route = ROUTE_NBDKIT
         resume.remove(self.state_path)
         self._plan((CONVERT, 96), (RESIZE, 1), (SYNC, 3))
@@ -711,6 +718,8 @@ class _Import:
         return size, self._finish(size)
 
     def _convert(self, source: str, info: ImageInfo, size: int, extra_error: object = None) -> None:
+        from . import qemu
+
         fd = self.target.open(True, size)
         os.close(fd)
         self.progress.begin(CONVERT, size)
@@ -727,6 +736,8 @@ class _Import:
         )
 
     def _archive(self) -> int:
+        from . import archive
+
         self.route = ROUTE_ARCHIVE
         if not isinstance(self.target, FileTarget):
             raise ImporterError(

@@ -21,10 +21,10 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import zstandard
 from isal import isal_zlib
 
 from .compression import ISAL_ERROR
+from .compression import zstd_error as _zstd_error
 from .errors import ImporterError, Reason
 from .formats import Qcow2Header
 from .ranges import RangeFetcher, RangeReader, Span
@@ -279,7 +279,9 @@ class ClusterWriter:
     def _inflate(self, data: memoryview, guest: int) -> bytes:
         try:
             if self.zstd:
+                import zstandard
+
                 return zstandard.ZstdDecompressor().decompressobj().decompress(data)
             return isal_zlib.decompressobj(-12).decompress(data, self.cluster)
-        except (zlib.error, ISAL_ERROR, zstandard.ZstdError) as exc:
+        except (zlib.error, ISAL_ERROR, _zstd_error()) as exc:
             raise _invalid(f"compressed cluster at guest offset {guest} is corrupt: {exc}") from exc

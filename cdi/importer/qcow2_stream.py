@@ -26,10 +26,10 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import zstandard
 from isal import isal_zlib
 
 from .compression import ISAL_ERROR
+from .compression import zstd_error as _zstd_error
 from .errors import ImporterError, Reason
 from .formats import Qcow2Header
 from .sparse_writer import SparseWriter
@@ -263,10 +263,12 @@ class StreamingQcow2:
         data = memoryview(region.buf or b"")
         try:
             if self.zstd:
+                import zstandard
+
                 out = zstandard.ZstdDecompressor().decompressobj().decompress(data)
             else:
                 out = isal_zlib.decompressobj(-12).decompress(data, self.cluster)
-        except (zlib.error, ISAL_ERROR, zstandard.ZstdError) as exc:
+        except (zlib.error, ISAL_ERROR, _zstd_error()) as exc:
             raise _invalid(f"compressed cluster at guest offset {region.guest} is corrupt: {exc}") from exc
         if len(out) < region.length:
             raise _invalid(f"compressed cluster at guest offset {region.guest} inflates to {len(out)} bytes")
