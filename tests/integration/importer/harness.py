@@ -53,6 +53,13 @@ class Case:
 
 
 CASES = [Case(f, c, m) for f in FORMATS for c in COMPRESSIONS for m in ("fs", "block")]
+# every format x compression once, the volume mode alternating so that each format and each
+# compression still runs on both modes: for sources whose only difference from HTTP is the transport
+CHECKERBOARD = [
+    Case(f, c, ("fs", "block")[(i + j) % 2])
+    for i, f in enumerate(FORMATS)
+    for j, c in enumerate(COMPRESSIONS)
+]
 
 
 # -- volumes and the importer -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 from . import oci
 from .conftest import Registries
-from .harness import CASES, PASSWORD, USER, Case, Volume, assert_failed, assert_imported, run_importer
+from .harness import CHECKERBOARD, PASSWORD, USER, Case, Volume, assert_failed, assert_imported, run_importer
 from .images import Image, file_name
 
 LABEL_ENV = [
@@ -50,7 +50,7 @@ def expected_route(fmt: str, compression: str) -> str:
     return "qcow2-stream" if fmt.startswith("qcow2") else "scratch-convert"
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case", CHECKERBOARD, ids=str)
 def test_registry_import(
     case: Case, images: dict[str, Image], registries: Registries, make_volume: Callable[..., Volume]
 ) -> None:
