@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -643,24 +644,34 @@ class _Import:
         return pos, self._finish(pos)
 
     def _copy(self, stream: Stream, writer: SparseWriter, limit: int, where: str) -> int:
-        """Copy a stream to offset 0.. of the writer, stopping the moment it passes `limit`."""
+        """Copy a stream to offset 0.. of the writer, stopping the moment it passes `limit`.
+
+        Reading (which is where decompression happens) and writing run in two threads with a few
+        chunks between them: both release the GIL, so a gzip import decompresses while it writes."""
         pos = 0
         meter = self.origin.meter
-        while True:
-            if self.stop.is_set():
-                raise Terminated()
-            chunk: Chunk = stream.read(_CHUNK)
-            if not chunk:
-                return pos
-            if pos + len(chunk) > limit:
-                raise ImporterError(
-                    Reason.IMAGE_TOO_LARGE,
-                    f"the decompressed image is larger than the usable space of {where} "
-                    f"({limit} bytes): stopped after {pos + len(chunk)} bytes",
-                )
-            writer.write_at(pos, as_bytes(chunk))
-            pos += len(chunk)
-            self.progress.update(meter.total)
+        behind = _WriteBehind(writer)
+        try:
+            while True:
+                if self.stop.is_set():
+                    raise Terminated()
+                chunk: Chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                if pos + len(chunk) > limit:
+                    raise ImporterError(
+                        Reason.IMAGE_TOO_LARGE,
+                        f"the decompressed image is larger than the usable space of {where} "
+                        f"({limit} bytes): stopped after {pos + len(chunk)} bytes",
+                    )
+                behind.write(pos, as_bytes(chunk))
+                pos += len(chunk)
+                self.progress.update(meter.total)
+        except BaseException:
+            behind.close(quiet=True)
+            raise
+        behind.close()
+        return pos
 
     def _scratch(self, stream: Stream, info: ImageInfo, why: str) -> tuple[int, bool]:
         from . import qemu
@@ -808,6 +819,40 @@ class _Checkpointer:
         resume.save(self.imp.state_path, resume.ImportState(identity, self.plan, self.spans, self.done_bytes))
         self.saved_spans, self.saved_bytes, self.last_time = self.spans, self.done_bytes, time.monotonic()
         log.info("checkpoint: %d bytes durably written", self.done_bytes)
+
+
+class _WriteBehind:
+    """Writes chunks in a thread of its own, at most `depth` chunks behind the reader."""
+
+    def __init__(self, writer: SparseWriter, depth: int = 4) -> None:
+        self.writer = writer
+        self.queue: queue.Queue[tuple[int, bytes | bytearray] | None] = queue.Queue(depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="write-behind", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    self.writer.write_at(item[0], item[1])
+                except BaseException as exc:  # re-raised in the reading thread
+                    self.error = exc
+
+    def write(self, pos: int, chunk: bytes | bytearray) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put((pos, chunk))
+
+    def close(self, quiet: bool = False) -> None:
+        """Wait for the writes queued so far; re-raise a write failure (unless already failing)."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None and not quiet:
+            raise self.error
 
 
 class _HashPass:
