@@ -102,6 +102,7 @@ class FileServer:
     auth: tuple[str, str] | None = None
     ranges: bool = True
     throttle: float | None = None  # bytes per second per response
+    validators: bool = True  # send ETag and Last-Modified
     bytes_served: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     faults: dict[str, list[Fault]] = field(default_factory=lambda: defaultdict(list))
@@ -179,11 +180,10 @@ class FileServer:
             return web.Response(status=fault.status, text="scripted failure")
         st = path.stat()
         size = st.st_size
-        headers = {
-            "ETag": f'"{st.st_mtime_ns:x}-{size:x}"',
-            "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
-            "Content-Type": "application/octet-stream",
-        }
+        headers = {"Content-Type": "application/octet-stream"}
+        if self.validators:
+            headers["ETag"] = f'"{st.st_mtime_ns:x}-{size:x}"'
+            headers["Last-Modified"] = email.utils.formatdate(st.st_mtime, usegmt=True)
         start, end, status = 0, size - 1, 200
         range_header = request.headers.get("Range")
         if self.ranges:

@@ -157,3 +157,32 @@ def test_changed_source_starts_over(
     assert range_server.served(copy.name) >= BIG
     assert "not resuming" in result.stderr
     copy.unlink()
+
+
+def test_no_resume_without_validators(big: Big, served_dir: Path, make_volume: Callable[..., Volume]) -> None:
+    """Without ETag or Last-Modified a changed object could not be told apart: start over."""
+    server = FileServer(served_dir, validators=False)
+    image = big.raw
+    volume = make_volume("fs")
+    env = {
+        "IMPORTER_SOURCE": "http",
+        "IMPORTER_ENDPOINT": f"{server.url}/{image.name}",
+        "IMPORTER_IMAGE_SIZE": str(256 << 20),
+    }
+    try:
+        server.close_gate(image.file_size // 2)
+        proc = start_importer(volume, env)
+        try:
+            wait_for(lambda: server.served(image.name) >= image.file_size // 3, 60, "a third of the image")
+        finally:
+            proc.kill()
+            proc.wait()
+        assert state_of(volume, False) is None  # nothing to resume from was ever recorded
+        server.open_gate()
+        server.reset_counters()
+        result = run_importer(volume, env)
+        assert_imported(volume, image, result, route="ranges", sparse=False, usable=USABLE_BIG)
+        assert server.served(image.name) >= image.file_size
+        assert "will start over" in result.stderr
+    finally:
+        server.close()
