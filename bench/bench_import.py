@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def build_images(size: int) -> Path:
         return directory
     directory.mkdir(parents=True, exist_ok=True)
     raw = directory / FILES["raw"]
-    steps = [
+    steps: list[tuple[str, Callable[[Path], None]]] = [
         ("raw", lambda out: write_disk(out, size)),
         ("raw.gz", lambda out: sh(f"pigz -p 2 -6 -c {raw} > {out}")),
         ("raw.xz", lambda out: sh(f"xz -T2 -1 -c {raw} > {out}")),  # -T: blocks, as xz >= 5.4 makes them
@@ -313,20 +314,26 @@ def human(n: float) -> str:
     return str(n)
 
 
-def table(rows: list[dict[str, object]]) -> str:
+@dataclass
+class Row:
+    case: str
+    file_size: int
+    ours: Measure
+    cdi: Measure
+    curl: Measure
+
+
+def table(rows: list[Row]) -> str:
     head = (
         "| case | source file | ours (route) | CDI pipeline | curl -o | CDI / ours | ours / curl "
         "| scratch ours | scratch CDI | peak RSS ours (tree) | peak RSS CDI (tree) |"
     )
     lines = [head, "|" + "|".join(["---"] * 11) + "|"]
     for r in rows:
-        o, c, f = r["ours"], r["cdi"], r["curl"]
-        assert isinstance(o, Measure)
-        assert isinstance(c, Measure)
-        assert isinstance(f, Measure)
+        o, c, f = r.ours, r.cdi, r.curl
         cells = [
-            str(r["case"]),
-            human(float(r["file_size"])),
+            r.case,
+            human(r.file_size),
             f"{o.seconds:.1f} s ({o.note})",
             f"{c.seconds:.1f} s",
             f"{f.seconds:.1f} s",
@@ -339,6 +346,19 @@ def table(rows: list[dict[str, object]]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def targets(rows: list[Row]) -> str:
+    """The importer's acceptance targets, checked against this run."""
+    by_case = {r.case: r for r in rows}
+    checks = [("every case faster than CDI's pipeline", all(r.cdi.seconds > r.ours.seconds for r in rows))]
+    for case in ("raw", "raw.gz"):
+        if case in by_case:
+            r = by_case[case]
+            checks.append((f"{case} at least 1.5x faster", r.cdi.seconds / r.ours.seconds >= 1.5))
+    checks.append(("no scratch for raw, compressed raw and qcow2", all(r.ours.scratch == 0 for r in rows)))
+    checks.append(("peak RSS under 256 MiB", all(r.ours.peak_rss < 256 << 20 for r in rows)))
+    return "Targets: " + "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in checks) + "."
 
 
 def record(text: str) -> None:
@@ -366,6 +386,9 @@ def main() -> int:
     )
     parser.add_argument("--record", action="store_true", help="write the table into bench/RESULTS.md")
     parser.add_argument("--work", default=str(OUT / "work"), help="where targets and scratch are written")
+    parser.add_argument(
+        "--date", default=datetime.date.today().isoformat(), help="date written with the results"
+    )
     args = parser.parse_args()
     size_text = args.size if args.size[-1:] != "G" else args.size + "i"
     size = parse_bytes(size_text)
@@ -378,7 +401,7 @@ def main() -> int:
     usable = usable_space(OVERHEAD, requested)
     work = Path(args.work)
     server, base = serve(images)
-    rows = []
+    rows: list[Row] = []
     try:
         for case in cases:
             path = images / FILES[case]
@@ -403,7 +426,7 @@ def main() -> int:
                         f"scratch {human(m.scratch)}",
                         flush=True,
                     )
-            rows.append({"case": case, "file_size": path.stat().st_size, **best})
+            rows.append(Row(case, path.stat().st_size, best["ours"], best["cdi"], best["curl"]))
             shutil.rmtree(work, ignore_errors=True)
     finally:
         server.send_signal(signal.SIGTERM)

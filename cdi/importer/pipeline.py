@@ -35,12 +35,9 @@ was written, so the next attempt starts clean.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
-import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,9 +60,9 @@ from .progress import (
 from .ranges import PrefetchStream, RangeFetcher, RangeReader, Span, SpanList
 from .retry import Terminated
 from .source import NbdSpec, Origin, StreamOrigin
-from .sparse_writer import SparseWriter
+from .sparse_writer import SparseWriter, WriteBehind
 from .streams import Chunk, PeekStream, Stream, TapStream, as_bytes
-from .target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target, fsync_dir, preallocate_block
+from .target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target, preallocate_block, syncfs
 
 # qemu (subprocess) and archive (tarfile) are imported by the routes that use them: every import is
 # a new Python process, and a raw import should not pay for what only a vmdk or a tar needs
@@ -422,12 +419,28 @@ class _Import:
                 return False
         return True
 
+    def _checkpointer(
+        self, writer: SparseWriter, plan: dict[str, object], spans: int, done: int
+    ) -> resume.Checkpointer:
+        identity = self.origin.identity
+        path = self.state_path if identity is not None else None
+        return resume.Checkpointer(
+            writer,
+            path,
+            identity or {},
+            plan,
+            spans=spans,
+            done=done,
+            every_bytes=self.options.checkpoint_bytes,
+            every_seconds=self.options.checkpoint_seconds,
+        )
+
     def _fetch_spans(
         self,
         ranges: RangeReader,
         spans: Sequence[Span],
         process: Callable[[Span, bytearray], None],
-        checkpoint: _Checkpointer,
+        checkpoint: resume.Checkpointer,
         *,
         done: int,
         workers: int | None = None,
@@ -476,7 +489,7 @@ class _Import:
         try:
             writer = self._writer(fd, self.target.known_zero_when_fresh)
             if start and self.hasher is not None:
-                _hash_local(fd, start * span, self.hasher)
+                resume.rehash_prefix(fd, start * span, self.hasher)
             self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
             self.progress.begin(TRANSFER_DATA_FILE, size)
             self.progress.update(done)
@@ -485,7 +498,7 @@ class _Import:
             def process(s: Span, buf: bytearray) -> None:
                 writer.write_at(s.offset, buf, 0, s.length)
 
-            checkpoint = _Checkpointer(self, writer, plan, start, done)
+            checkpoint = self._checkpointer(writer, plan, start, done)
             self._fetch_spans(ranges, spans, process, checkpoint, done=done)
             writer.sync()
         finally:
@@ -530,7 +543,7 @@ class _Import:
                 ):
                     self.hasher.update(memoryview(buf)[: s.length])
             self.progress.update(done)
-            checkpoint = _Checkpointer(self, writer, plan, start, done)
+            checkpoint = self._checkpointer(writer, plan, start, done)
             self._fetch_spans(ranges, spans[start:], qcow2.ClusterWriter(m, writer), checkpoint, done=done)
             writer.sync()
         finally:
@@ -568,7 +581,7 @@ class _Import:
                     on_cancel=self.origin.abort,
                 ):
                     self.hasher.update(memoryview(buf)[: s.length])
-            checkpoint = _Checkpointer(self, writer, plan, start, done)
+            checkpoint = self._checkpointer(writer, plan, start, done)
             self._fetch_spans(
                 ranges,
                 spans[start:],
@@ -650,7 +663,7 @@ class _Import:
         chunks between them: both release the GIL, so a gzip import decompresses while it writes."""
         pos = 0
         meter = self.origin.meter
-        behind = _WriteBehind(writer)
+        behind = WriteBehind(writer)
         try:
             while True:
                 if self.stop.is_set():
@@ -776,83 +789,8 @@ class _Import:
                 archive.clear_directory(root)
                 raise
         self.progress.begin(SYNC)
-        _syncfs(root)
+        syncfs(root)
         return written
-
-
-class _Checkpointer:
-    """fdatasync + resume state every `checkpoint_bytes` or `checkpoint_seconds` (also while stalled,
-    and once more when the importer is stopped), so a new attempt resumes close to where this one was."""
-
-    def __init__(
-        self, imp: _Import, writer: SparseWriter, plan: dict[str, object], spans: int, done: int
-    ) -> None:
-        self.imp = imp
-        self.writer = writer
-        self.plan = plan
-        self.spans = self.saved_spans = spans
-        self.done_bytes = self.saved_bytes = done
-        self.last_time = time.monotonic()
-        self.enabled = imp.state_path is not None and imp.origin.identity is not None
-
-    def done(self, spans: int, done_bytes: int) -> None:
-        self.spans, self.done_bytes = spans, done_bytes
-        if done_bytes - self.saved_bytes >= self.imp.options.checkpoint_bytes or self._due():
-            self.save()
-
-    def idle(self) -> None:
-        if self._due():
-            self.save()
-
-    def _due(self) -> bool:
-        return (
-            self.spans > self.saved_spans
-            and time.monotonic() - self.last_time >= self.imp.options.checkpoint_seconds
-        )
-
-    def save(self) -> None:
-        if not self.enabled or self.spans <= self.saved_spans:
-            return
-        self.writer.sync()
-        identity = self.imp.origin.identity
-        assert identity is not None
-        resume.save(self.imp.state_path, resume.ImportState(identity, self.plan, self.spans, self.done_bytes))
-        self.saved_spans, self.saved_bytes, self.last_time = self.spans, self.done_bytes, time.monotonic()
-        log.info("checkpoint: %d bytes durably written", self.done_bytes)
-
-
-class _WriteBehind:
-    """Writes chunks in a thread of its own, at most `depth` chunks behind the reader."""
-
-    def __init__(self, writer: SparseWriter, depth: int = 4) -> None:
-        self.writer = writer
-        self.queue: queue.Queue[tuple[int, bytes | bytearray] | None] = queue.Queue(depth)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="write-behind", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            if self.error is None:
-                try:
-                    self.writer.write_at(item[0], item[1])
-                except BaseException as exc:  # re-raised in the reading thread
-                    self.error = exc
-
-    def write(self, pos: int, chunk: bytes | bytearray) -> None:
-        if self.error is not None:
-            raise self.error
-        self.queue.put((pos, chunk))
-
-    def close(self, quiet: bool = False) -> None:
-        """Wait for the writes queued so far; re-raise a write failure (unless already failing)."""
-        self.queue.put(None)
-        self.thread.join()
-        if self.error is not None and not quiet:
-            raise self.error
 
 
 class _HashPass:
@@ -884,45 +822,3 @@ class _HashPass:
         self.thread.join()
         if self.error is not None:
             raise self.error
-
-
-def _hash_local(fd: int, end: int, hasher: Hasher) -> None:
-    """Re-hash the first `end` bytes of the target (a resumed raw import: they are the source's bytes)."""
-    zeros = bytes(1 << 20)
-    offset = 0
-    while offset < end:
-        try:
-            data_at = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError:
-            data_at = end
-        hole = min(data_at, end) - offset
-        while hole > 0:
-            n = min(hole, len(zeros))
-            hasher.update(memoryview(zeros)[:n])
-            hole -= n
-        offset = min(data_at, end)
-        if offset >= end:
-            break
-        try:
-            hole_at = min(os.lseek(fd, offset, os.SEEK_HOLE), end)
-        except OSError:
-            hole_at = end
-        while offset < hole_at:
-            chunk = os.pread(fd, min(_CHUNK, hole_at - offset), offset)
-            if not chunk:
-                raise ImporterError(Reason.INTERNAL_ERROR, "the target is shorter than its resume state says")
-            hasher.update(chunk)
-            offset += len(chunk)
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _syncfs(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _libc.syncfs(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
-    fsync_dir(directory)
