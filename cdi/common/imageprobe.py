@@ -18,6 +18,10 @@ RAW, QCOW2, VMDK, VHD, VHDX, VDI, ISO = "raw", "qcow2", "vmdk", "vhd", "vhdx", "
 CONVERTED: Final = frozenset({QCOW2, VMDK, VHD, VHDX, VDI})
 HEAD_BYTES: Final = 64 * 1024
 
+# How the importer can read a source: through nbdkit-curl (ranged HTTP, so qemu-img converts in place),
+# by ranges in its own code only (S3), or only as one stream (a registry layer, an upload, no Range).
+ACCESS_NBD, ACCESS_RANGES, ACCESS_STREAM = "nbd", "ranges", "stream"
+
 
 def detect_compression(head: bytes) -> str | None:
     if head.startswith(b"\x1f\x8b"):
@@ -67,9 +71,24 @@ def sniff(head: bytes) -> tuple[str | None, str]:
     return compression, detect_format(inner)
 
 
-def needs_scratch(fmt: str, compression: str | None, ranges: bool, *, sequential_only: bool = False) -> bool:
-    """Scratch is needed only where qemu-img must convert and cannot read the source by ranges: a
-    compressed non-raw image, a server without Range support, or a stream (registry layer, upload)."""
+def qcow2_extended_l2(head: bytes) -> bool:
+    """Whether a qcow2 header asks for extended L2 entries (subclusters), which the importer's own
+    qcow2 reader leaves to qemu-img."""
+    if not head.startswith(b"QFI\xfb") or len(head) < 80:
+        return False
+    version = int.from_bytes(head[4:8], "big")
+    return version >= 3 and bool(int.from_bytes(head[72:80], "big") & (1 << 4))
+
+
+def needs_scratch(fmt: str, compression: str | None, access: str, *, extended_l2: bool = False) -> bool:
+    """Scratch is needed only where qemu-img must convert and cannot read the source through nbdkit.
+
+    qcow2 never needs it: the importer reads it by ranges where it can, and otherwise converts it in
+    one pass as it streams by (compressed, from a registry layer, an upload, a server without Range),
+    holding in memory the rare clusters stored ahead of the tables that map them. Other converted
+    formats (vmdk, vhdx, vhd, vdi) need it unless they are uncompressed behind ranged HTTP."""
     if fmt not in CONVERTED:
         return False
-    return compression is not None or not ranges or sequential_only
+    if fmt == QCOW2 and not extended_l2:
+        return False
+    return compression is not None or access != ACCESS_NBD

@@ -16,7 +16,15 @@ from urllib.parse import urlparse
 import aiohttp
 
 from cdi.api import groups
-from cdi.common.imageprobe import HEAD_BYTES, needs_scratch, sniff
+from cdi.common.imageprobe import (
+    ACCESS_NBD,
+    ACCESS_STREAM,
+    HEAD_BYTES,
+    decompress_head,
+    needs_scratch,
+    qcow2_extended_l2,
+    sniff,
+)
 from cdi.controller.importpod import ImportSource
 from cdi.kube import ApiError, KubeClient
 
@@ -88,20 +96,24 @@ async def scratch_required(client: KubeClient, pvc: Mapping[str, Any], source: I
     if source.content_type == "archive" or source.source in ("blank", "none", "gcs"):
         return False
     if source.source == "registry":
-        return True  # a layer is a stream; the disk inside is usually qcow2
+        # a layer is a stream and the disk in it is nearly always qcow2, which streams without scratch;
+        # for the rare vmdk the importer asks for scratch and the controller gives it on the next pod
+        return False
     try:
         if source.source == "http":
             found = await _http_head(client, namespace, source)
             if found is None:
                 return False
             head, ranges = found
+            access = ACCESS_NBD if ranges else ACCESS_STREAM
         elif source.source == "s3":
             creds = await _secret(client, namespace, source.secret)
-            head, ranges = await asyncio.to_thread(_s3_head, source.endpoint, creds), True
+            head, access = await asyncio.to_thread(_s3_head, source.endpoint, creds), ACCESS_NBD  # presigned
         else:
             return False
     except Exception as exc:  # any failure to probe is the importer's to report, with its reason
         log.info("could not probe %s: %s", source.endpoint, exc)
         return False
     compression, fmt = sniff(head)
-    return needs_scratch(fmt, compression, ranges)
+    inner = decompress_head(head, compression) if compression else head
+    return needs_scratch(fmt, compression, access, extended_l2=qcow2_extended_l2(inner))

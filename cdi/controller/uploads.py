@@ -29,7 +29,7 @@ from cdi.api import annotations as ann
 from cdi.api import env, groups
 from cdi.api.upload import FORMAT_ANNOTATION, upload_resource_name
 from cdi.api.views import dig
-from cdi.common.imageprobe import needs_scratch
+from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller.claims import (
     annotate,
     claim_overhead,
@@ -64,13 +64,14 @@ def is_upload_claim(pvc: Body) -> bool:
 
 
 def upload_needs_scratch(pvc: Body) -> bool:
-    """Unknown formats get scratch (as in CDI, where every upload has it); a declared raw or compressed
-    raw image streams straight to the target."""
+    """Unknown formats get scratch (as in CDI, where every upload has it): an upload cannot be asked
+    for again with scratch added. A declared raw or qcow2 image, compressed or not, streams straight
+    to the target."""
     declared = (dig(pvc, "metadata", "annotations") or {}).get(UPLOAD_FORMAT)
     if not declared:
         return True
     fmt, _, compression = declared.partition("+")
-    return needs_scratch(fmt, compression or None, ranges=False, sequential_only=True)
+    return needs_scratch(fmt, compression or None, ACCESS_STREAM)
 
 
 class UploadReconciler(Reconciler):

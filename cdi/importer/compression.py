@@ -16,7 +16,6 @@ import lzma
 import struct
 from typing import IO, cast
 
-import zstandard
 from isal import igzip_lib
 
 from .errors import ImporterError, Reason
@@ -30,6 +29,12 @@ _MAGIC = ((GZIP, b"\x1f\x8b"), (XZ, b"\xfd7zXZ\x00"), (ZSTD, b"\x28\xb5\x2f\xfd"
 _IN_CHUNK = 1 << 20
 # the isal stubs declare IsalError as an instance, not a class
 ISAL_ERROR = cast(type[Exception], igzip_lib.IsalError)
+
+
+def zstd_error() -> type[Exception]:
+    import zstandard
+
+    return cast(type[Exception], zstandard.ZstdError)
 
 
 def detect(head: bytes) -> str | None:
@@ -212,6 +217,9 @@ class _ZstdSource:
 
 class ZstdStream:
     def __init__(self, inner: Stream, chunk: int) -> None:
+        import zstandard  # only zstd imports pay for it (every importer pod starts a Python)
+
+        self._error = zstandard.ZstdError
         self.inner = inner
         self.chunk = chunk
         self.walker = _ZstdFrameWalker()
@@ -223,7 +231,7 @@ class ZstdStream:
     def read(self, n: int) -> Chunk:
         try:
             out = self._reader.read(min(n, self.chunk))
-        except zstandard.ZstdError as exc:
+        except self._error as exc:
             raise _corrupt(ZSTD, exc) from exc
         if not out and not self.walker.complete():
             raise _corrupt(ZSTD, "the stream ends before the end of the compressed data")

@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         config = ImporterConfig.from_env()
         progress = Progress(config.owner_uid)
         if config.pod_ip:
-            progress.serve(config.pod_ip, envnames.METRICS_PORT)
+            try:
+                progress.serve(config.pod_ip, envnames.METRICS_PORT)
+            except OSError as exc:  # progress is nice to have; the import is what matters
+                log.warning("cannot serve metrics on %s:%d: %s", config.pod_ip, envnames.METRICS_PORT, exc)
         result = run(config, progress, stop)
         message = termination.TerminationMessage(
             message=termination.COMPLETE_MESSAGE,

@@ -11,13 +11,18 @@ ranges             raw / iso, server serves ranges: parallel Range GETs         
                    written in place
 qcow2-ranges       qcow2, server serves ranges: native map, clusters fetched     no         yes
                    in host order and written at guest offsets
+xz-blocks          raw in a multi-block .xz, server serves ranges: blocks       no         yes
+                   decoded in parallel, written at their offsets
 stream             raw / iso, compressed (gz/xz/zst) or no Range support:        no         no
                    decompressed and written while downloading
+qcow2-stream       qcow2 that cannot be range-read (compressed, registry        rarely     no
+                   layer, upload, no Range support): converted in one pass,
+                   scratch only for bytes that precede their tables
 nbdkit-convert     vmdk/vhd/vhdx/vdi (or an unusual qcow2), server serves       no         no
                    ranges: qemu-img reads through nbdkit-curl
-scratch-convert    a non-raw image that cannot be range-read (compressed         yes        no
-                   qcow2, server without ranges, registry layer, upload):
-                   stream to scratch, then qemu-img
+scratch-convert    vmdk/vhd/vhdx/vdi that cannot be range-read (compressed,     yes        no
+                   server without ranges, registry layer, upload): stream to
+                   scratch, then qemu-img
 archive            content type archive: tar extracted onto the volume          no         no
 =================  ===========================================================  =========  =======
 
@@ -30,18 +35,17 @@ was written, so the next attempt starts clean.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi.api import env as envnames
+from cdi.common.imageprobe import ACCESS_RANGES, ACCESS_STREAM, needs_scratch
 
-from . import archive, compression, formats, qcow2, qemu, resume
+from . import compression, formats, qcow2, qcow2_stream, resume, xz_blocks
 from .checksum import Checksum, Hasher
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE, ImageInfo
@@ -57,14 +61,19 @@ from .progress import (
 from .ranges import PrefetchStream, RangeFetcher, RangeReader, Span, SpanList
 from .retry import Terminated
 from .source import NbdSpec, Origin, StreamOrigin
-from .sparse_writer import SparseWriter
+from .sparse_writer import SparseWriter, WriteBehind
 from .streams import Chunk, PeekStream, Stream, TapStream, as_bytes
-from .target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target, fsync_dir, preallocate_block
+from .target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target, preallocate_block, syncfs
+
+# qemu (subprocess) and archive (tarfile) are imported by the routes that use them: every import is
+# a new Python process, and a raw import should not pay for what only a vmdk or a tar needs
 
 log = logging.getLogger(__name__)
 
 ROUTE_RANGES = "ranges"
 ROUTE_QCOW2 = "qcow2-ranges"
+ROUTE_XZ = "xz-blocks"
+ROUTE_QCOW2_STREAM = "qcow2-stream"
 ROUTE_STREAM = "stream"
 ROUTE_NBDKIT = "nbdkit-convert"
 ROUTE_SCRATCH = "scratch-convert"
@@ -176,6 +185,10 @@ def import_blank(target: Target, options: ImportOptions, progress: Progress | No
     )
 
 
+def _extended_l2(info: ImageInfo) -> bool:
+    return info.format == formats.QCOW2 and bool(info.details["header"].extended_l2)
+
+
 class _Import:
     def __init__(
         self,
@@ -210,8 +223,13 @@ class _Import:
                 image_size, applied = size, False
             else:
                 image_size, applied = self._kubevirt()
-        except ImporterError as exc:
-            if not exc.retryable:
+        except BaseException as exc:
+            # keep what a retry can resume from (a checkpoint on disk), drop everything else: a
+            # permanent failure must not leave data behind, and a partial image nothing can resume
+            # from is of no use to the next attempt
+            retryable = not isinstance(exc, ImporterError) or exc.retryable
+            resumable = self.state_path is not None and self.state_path.exists()
+            if not (retryable and resumable):
                 self._discard()
             raise
         finally:
@@ -291,9 +309,27 @@ class _Import:
             spec = self.origin.nbd()
             if spec is not None:
                 return self._nbdkit(info, spec)
+        access = ACCESS_RANGES if self.origin.ranges is not None else ACCESS_STREAM  # nbdkit was tried above
+        if not needs_scratch(info.format, None, access, extended_l2=_extended_l2(info)):
+            return self._qcow2_stream(self._wire(), info)
         return self._scratch(self._wire(), info, "the source cannot be read by ranges")
 
     def _compressed(self, kind: str) -> tuple[int, bool]:
+        if kind == compression.XZ and self.origin.ranges is not None:
+            layout = self._xz_layout(self.origin.ranges)
+            if layout is not None:
+                head = xz_blocks.decode_head(self.origin.ranges, layout, HEAD_SIZE)
+                if compression.detect(head) is None:
+                    info = formats.probe(head, layout.uncompressed, None)
+                    if not info.needs_conversion:
+                        self.format = f"{info.format}.xz"
+                        log.info(
+                            "%s is %s compressed with xz in %d blocks: decoding them in parallel",
+                            self.origin.name,
+                            info.format,
+                            len(layout.blocks),
+                        )
+                        return self._xz_blocks(layout, info)
         stream: Stream = self._wire()
         kinds = []
         while True:
@@ -318,10 +354,25 @@ class _Import:
         self.format = f"{info.format}.{'.'.join(reversed(kinds))}"
         log.info("%s is %s compressed with %s", self.origin.name, info.format, "+".join(kinds))
         if info.needs_conversion:
+            if not needs_scratch(info.format, kinds[0], ACCESS_STREAM, extended_l2=_extended_l2(info)):
+                return self._qcow2_stream(peek, info)  # the one converted format streamed in one pass
             return self._scratch(
                 peek, info, f"{info.format} compressed with {'+'.join(kinds)} cannot be streamed"
             )
         return self._stream_raw(peek, info)
+
+    def _xz_layout(self, ranges: RangeReader) -> xz_blocks.XzLayout | None:
+        """The block layout of a multi-block xz, if blocks are small enough to decode in parallel."""
+        try:
+            layout = xz_blocks.read_layout(ranges)
+        except ImporterError as exc:
+            if exc.reason != Reason.INVALID_IMAGE:
+                raise
+            log.info("reading the xz file as a stream: %s", exc.message)
+            return None
+        if len(layout.blocks) < 2 or max(b.size for b in layout.blocks) > xz_blocks.MAX_BLOCK:
+            return None
+        return layout
 
     def _check_size(self, size: int | None, what: str) -> None:
         if size is not None and size > self.usable:
@@ -390,20 +441,39 @@ class _Import:
                 return False
         return True
 
+    def _checkpointer(
+        self, writer: SparseWriter, plan: dict[str, object], spans: int, done: int
+    ) -> resume.Checkpointer:
+        identity = self.origin.identity
+        path = self.state_path if identity is not None else None
+        return resume.Checkpointer(
+            writer,
+            path,
+            identity or {},
+            plan,
+            spans=spans,
+            done=done,
+            every_bytes=self.options.checkpoint_bytes,
+            every_seconds=self.options.checkpoint_seconds,
+        )
+
     def _fetch_spans(
         self,
         ranges: RangeReader,
         spans: Sequence[Span],
         process: Callable[[Span, bytearray], None],
-        checkpoint: _Checkpointer,
+        checkpoint: resume.Checkpointer,
+        *,
         done: int,
+        workers: int | None = None,
+        window: int | None = None,
     ) -> None:
         """Fetch and write spans in parallel; hash and checkpoint them in order."""
         fetcher = RangeFetcher(
             ranges,
             spans,
-            workers=self.options.workers,
-            window=self.options.window,
+            workers=workers or self.options.workers,
+            window=window or self.options.window,
             process=process,
             stop=self.stop,
             on_idle=checkpoint.idle,
@@ -441,7 +511,7 @@ class _Import:
         try:
             writer = self._writer(fd, self.target.known_zero_when_fresh)
             if start and self.hasher is not None:
-                _hash_local(fd, start * span, self.hasher)
+                resume.rehash_prefix(fd, start * span, self.hasher)
             self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
             self.progress.begin(TRANSFER_DATA_FILE, size)
             self.progress.update(done)
@@ -450,8 +520,8 @@ class _Import:
             def process(s: Span, buf: bytearray) -> None:
                 writer.write_at(s.offset, buf, 0, s.length)
 
-            checkpoint = _Checkpointer(self, writer, plan, start, done)
-            self._fetch_spans(ranges, spans, process, checkpoint, done)
+            checkpoint = self._checkpointer(writer, plan, start, done)
+            self._fetch_spans(ranges, spans, process, checkpoint, done=done)
             writer.sync()
         finally:
             os.close(fd)
@@ -461,7 +531,7 @@ class _Import:
         ranges = self.origin.ranges
         assert ranges is not None
         header = info.details["header"]
-        m = qcow2.read_map(ranges, header, workers=self.options.workers)
+        m = qcow2.read_map(ranges, header, workers=self.options.workers, max_piece=self.options.span_size)
         self.route = ROUTE_QCOW2
         size = header.size
         cover = self.hasher is not None
@@ -495,10 +565,99 @@ class _Import:
                 ):
                     self.hasher.update(memoryview(buf)[: s.length])
             self.progress.update(done)
-            checkpoint = _Checkpointer(self, writer, plan, start, done)
-            self._fetch_spans(ranges, spans[start:], qcow2.ClusterWriter(m, writer), checkpoint, done)
+            checkpoint = self._checkpointer(writer, plan, start, done)
+            self._fetch_spans(ranges, spans[start:], qcow2.ClusterWriter(m, writer), checkpoint, done=done)
             writer.sync()
         finally:
+            os.close(fd)
+        return size, self._finish(size)
+
+    def _xz_blocks(self, layout: xz_blocks.XzLayout, info: ImageInfo) -> tuple[int, bool]:
+        ranges = self.origin.ranges
+        assert ranges is not None
+        self.route = ROUTE_XZ
+        size = layout.uncompressed
+        self._check_size(size, f"{info.format}, uncompressed size from the xz index")
+        cover = self.hasher is not None
+        spans = layout.spans(cover)
+        plan: dict[str, object] = {
+            "route": self.route,
+            "cover": cover,
+            "spans": len(spans),
+            "size": size,
+            "target": self.target.kind,
+        }
+        start, fd, done = self._open_resumable(plan, size)
+        workers = min(self.options.workers, (os.cpu_count() or 1) + 1)  # decoding is CPU-bound
+        try:
+            writer = self._writer(fd, self.target.known_zero_when_fresh)
+            self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
+            self.progress.begin(TRANSFER_DATA_FILE, sum(s.length for s in spans))
+            if start and self.hasher is not None:  # the compressed bytes are not on the target: refetch
+                for s, buf in RangeFetcher(
+                    ranges,
+                    spans[:start],
+                    workers=workers,
+                    window=workers + 1,
+                    stop=self.stop,
+                    on_cancel=self.origin.abort,
+                ):
+                    self.hasher.update(memoryview(buf)[: s.length])
+            checkpoint = self._checkpointer(writer, plan, start, done)
+            self._fetch_spans(
+                ranges,
+                spans[start:],
+                xz_blocks.BlockDecoder(layout, writer),
+                checkpoint,
+                done=done,
+                workers=workers,
+                window=workers + 1,
+            )
+            writer.sync()
+        finally:
+            os.close(fd)
+        return size, self._finish(size)
+
+    def _qcow2_stream(self, stream: Stream, info: ImageInfo) -> tuple[int, bool]:
+        self.route = ROUTE_QCOW2_STREAM
+        header = info.details["header"]
+        size = header.size
+        self._check_size(size, info.format)
+        resume.remove(self.state_path)
+        self._remove_scratch()
+        limit = 4 * size + (1 << 30)  # metadata and snapshots make a qcow2 larger than its disk, not 4x
+        fd = self.target.open(True, size)
+        spill = qcow2_stream.Spill(self.scratch_file, qcow2_stream.SPILL_MEMORY)
+        try:
+            writer = self._writer(fd, self.target.known_zero_when_fresh)
+            converter = qcow2_stream.StreamingQcow2(header, writer, spill)
+            self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
+            self.progress.begin(TRANSFER_DATA_FILE, self.origin.wire_size)
+            meter = self.origin.meter
+            while True:
+                if self.stop.is_set():
+                    raise Terminated()
+                chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                converter.feed(as_bytes(chunk))
+                if converter.pos > limit:
+                    raise ImporterError(
+                        Reason.IMAGE_TOO_LARGE,
+                        f"the qcow2 stream goes on past {limit} bytes for a {size}-byte disk",
+                    )
+                self.progress.update(meter.total)
+            converter.finish()
+            self.scratch_bytes = spill.spilled_to_disk
+            if spill.memory or spill.spilled_to_disk:
+                log.info(
+                    "qcow2 stream: %d bytes held in memory and %d on scratch until their tables came",
+                    spill.memory,
+                    spill.spilled_to_disk,
+                )
+            writer.sync()
+        finally:
+            spill.close()
             os.close(fd)
         return size, self._finish(size)
 
@@ -510,7 +669,7 @@ class _Import:
         try:
             writer = self._writer(fd, self.target.known_zero_when_fresh)
             if start and self.hasher is not None:
-                _hash_local(fd, start, self.hasher)
+                resume.rehash_prefix(fd, start, self.hasher)
             self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
             self.progress.begin(TRANSFER_DATA_FILE, self.origin.wire_size)
             pos = self._copy(stream, writer, self.usable, "the target", start)
@@ -538,26 +697,38 @@ class _Import:
         return fd
 
     def _copy(self, stream: Stream, writer: SparseWriter, limit: int, where: str, start: int = 0) -> int:
-        """Copy a stream to offset start.. of the writer, stopping the moment it passes `limit`."""
+        """Copy a stream to offset start.. of the writer, stopping the moment it passes `limit`.
+
+        Reading (which is where decompression happens) and writing run in two threads with a few
+        chunks between them: both release the GIL, so a gzip import decompresses while it writes."""
         pos = start
         meter = self.origin.meter
-        while True:
-            if self.stop.is_set():
-                raise Terminated()
-            chunk: Chunk = stream.read(_CHUNK)
-            if not chunk:
-                return pos
-            if pos + len(chunk) > limit:
-                raise ImporterError(
-                    Reason.IMAGE_TOO_LARGE,
-                    f"the decompressed image is larger than the usable space of {where} "
-                    f"({limit} bytes): stopped after {pos + len(chunk)} bytes",
-                )
-            writer.write_at(pos, as_bytes(chunk))
-            pos += len(chunk)
-            self.progress.update(meter.total)
+        behind = WriteBehind(writer)
+        try:
+            while True:
+                if self.stop.is_set():
+                    raise Terminated()
+                chunk: Chunk = stream.read(_CHUNK)
+                if not chunk:
+                    break
+                if pos + len(chunk) > limit:
+                    raise ImporterError(
+                        Reason.IMAGE_TOO_LARGE,
+                        f"the decompressed image is larger than the usable space of {where} "
+                        f"({limit} bytes): stopped after {pos + len(chunk)} bytes",
+                    )
+                behind.write(pos, as_bytes(chunk))
+                pos += len(chunk)
+                self.progress.update(meter.total)
+        except BaseException:
+            behind.close(quiet=True)
+            raise
+        behind.close()
+        return pos
 
     def _scratch(self, stream: Stream, info: ImageInfo, why: str) -> tuple[int, bool]:
+        from . import qemu
+
         scratch = self.options.scratch_dir
         if scratch is None or self.scratch_file is None:
             raise ImporterError(
@@ -593,6 +764,8 @@ class _Import:
         return size, self._finish(size)
 
     def _nbdkit(self, info: ImageInfo, spec: NbdSpec) -> tuple[int, bool]:
+        from . import qemu
+
         self.route = ROUTE_NBDKIT
         resume.remove(self.state_path)
         self._plan((CONVERT, 96), (RESIZE, 1), (SYNC, 3))
@@ -609,6 +782,8 @@ class _Import:
         return size, self._finish(size)
 
     def _convert(self, source: str, info: ImageInfo, size: int, extra_error: object = None) -> None:
+        from . import qemu
+
         fd = self.target.open(True, size)
         os.close(fd)
         self.progress.begin(CONVERT, size)
@@ -625,6 +800,8 @@ class _Import:
         )
 
     def _archive(self) -> int:
+        from . import archive
+
         self.route = ROUTE_ARCHIVE
         if not isinstance(self.target, FileTarget):
             raise ImporterError(
@@ -652,49 +829,8 @@ class _Import:
                 archive.clear_directory(root)
                 raise
         self.progress.begin(SYNC)
-        _syncfs(root)
+        syncfs(root)
         return written
-
-
-class _Checkpointer:
-    """fdatasync + resume state every `checkpoint_bytes` or `checkpoint_seconds` (also while stalled,
-    and once more when the importer is stopped), so a new attempt resumes close to where this one was."""
-
-    def __init__(
-        self, imp: _Import, writer: SparseWriter, plan: dict[str, object], spans: int, done: int
-    ) -> None:
-        self.imp = imp
-        self.writer = writer
-        self.plan = plan
-        self.spans = self.saved_spans = spans
-        self.done_bytes = self.saved_bytes = done
-        self.last_time = time.monotonic()
-        self.enabled = imp.state_path is not None and imp.origin.identity is not None
-
-    def done(self, spans: int, done_bytes: int) -> None:
-        self.spans, self.done_bytes = spans, done_bytes
-        if done_bytes - self.saved_bytes >= self.imp.options.checkpoint_bytes or self._due():
-            self.save()
-
-    def idle(self) -> None:
-        if self._due():
-            self.save()
-
-    def _due(self) -> bool:
-        return (
-            self.spans > self.saved_spans
-            and time.monotonic() - self.last_time >= self.imp.options.checkpoint_seconds
-        )
-
-    def save(self) -> None:
-        if not self.enabled or self.spans <= self.saved_spans:
-            return
-        self.writer.sync()
-        identity = self.imp.origin.identity
-        assert identity is not None
-        resume.save(self.imp.state_path, resume.ImportState(identity, self.plan, self.spans, self.done_bytes))
-        self.saved_spans, self.saved_bytes, self.last_time = self.spans, self.done_bytes, time.monotonic()
-        log.info("checkpoint: %d bytes durably written", self.done_bytes)
 
 
 class _HashPass:
@@ -726,45 +862,3 @@ class _HashPass:
         self.thread.join()
         if self.error is not None:
             raise self.error
-
-
-def _hash_local(fd: int, end: int, hasher: Hasher) -> None:
-    """Re-hash the first `end` bytes of the target (a resumed raw import: they are the source's bytes)."""
-    zeros = bytes(1 << 20)
-    offset = 0
-    while offset < end:
-        try:
-            data_at = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError:
-            data_at = end
-        hole = min(data_at, end) - offset
-        while hole > 0:
-            n = min(hole, len(zeros))
-            hasher.update(memoryview(zeros)[:n])
-            hole -= n
-        offset = min(data_at, end)
-        if offset >= end:
-            break
-        try:
-            hole_at = min(os.lseek(fd, offset, os.SEEK_HOLE), end)
-        except OSError:
-            hole_at = end
-        while offset < hole_at:
-            chunk = os.pread(fd, min(_CHUNK, hole_at - offset), offset)
-            if not chunk:
-                raise ImporterError(Reason.INTERNAL_ERROR, "the target is shorter than its resume state says")
-            hasher.update(chunk)
-            offset += len(chunk)
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _syncfs(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _libc.syncfs(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
-    fsync_dir(directory)

@@ -14,16 +14,17 @@ and maps too large to hold (more than MAX_EXTENTS separate extents).
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import zstandard
 from isal import isal_zlib
 
 from .compression import ISAL_ERROR
+from .compression import zstd_error as _zstd_error
 from .errors import ImporterError, Reason
 from .formats import Qcow2Header
 from .ranges import RangeFetcher, RangeReader, Span
@@ -85,7 +86,9 @@ class Qcow2Map:
             yield pos, self.header.size - pos
 
 
-def read_map(reader: RangeReader, header: Qcow2Header, *, workers: int = 4) -> Qcow2Map:
+def read_map(
+    reader: RangeReader, header: Qcow2Header, *, workers: int = 4, max_piece: int = 4 << 20
+) -> Qcow2Map:
     """Fetch the L1 and L2 tables and build the extent map."""
     if header.extended_l2:
         raise NotNative("extended L2 entries (subclusters)")
@@ -120,12 +123,16 @@ def read_map(reader: RangeReader, header: Qcow2Header, *, workers: int = 4) -> Q
         if len(runs) > MAX_EXTENTS:
             raise NotNative(f"more than {MAX_EXTENTS} extents")
     runs.sort()
-    max_piece = 8 << 20
+    starts = sorted({r[0] for r in runs})
+    next_start = {a: b for a, b in itertools.pairwise(starts)}
     for host, guest, length, csize in runs:
         if csize:
-            _append(result, host, guest, length, csize)
+            # the descriptor rounds a compressed cluster up to the end of its last sector, where the
+            # next compressed cluster already begins: those bytes belong to the next one
+            end = next_start.get(host)
+            _append(result, host, guest, length, min(csize, end - host) if end is not None else csize)
             continue
-        while length > 0:  # pieces of at most 8 MiB, so that spans stay bounded
+        while length > 0:  # pieces of at most max_piece, so that spans (and buffers) stay bounded
             n = min(length, max_piece)
             _append(result, host, guest, n, 0)
             host, guest, length = host + n, guest + n, length - n
@@ -272,7 +279,9 @@ class ClusterWriter:
     def _inflate(self, data: memoryview, guest: int) -> bytes:
         try:
             if self.zstd:
+                import zstandard
+
                 return zstandard.ZstdDecompressor().decompressobj().decompress(data)
             return isal_zlib.decompressobj(-12).decompress(data, self.cluster)
-        except (zlib.error, ISAL_ERROR, zstandard.ZstdError) as exc:
+        except (zlib.error, ISAL_ERROR, _zstd_error()) as exc:
             raise _invalid(f"compressed cluster at guest offset {guest} is corrupt: {exc}") from exc

@@ -241,7 +241,14 @@ class HttpOrigin(Origin):
             self.ranges.read_into(got, memoryview(buf)[got:])
         return bytes(buf)
 
-    def _identity(self) -> dict[str, Any]:
+    def _identity(self) -> dict[str, Any] | None:
+        """What a resumed attempt must find unchanged; None (no resume) without ETag or Last-Modified,
+        since a changed object of the same size would otherwise be spliced into the old one."""
+        if not self.validators:
+            log.info(
+                "%s sends neither ETag nor Last-Modified: an interrupted import will start over", self.name
+            )
+            return None
         base: dict[str, Any] = dict(self._identity_base or {"url": redact(self.endpoint)})
         base["size"] = self.size
         base.update({k.lower(): v for k, v in self.validators.items()})

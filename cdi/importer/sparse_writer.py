@@ -20,6 +20,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import queue
 import struct
 import threading
 from typing import Final
@@ -254,3 +255,37 @@ class SparseWriter:
         os.fdatasync(self.fd)
         with contextlib.suppress(OSError):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+class WriteBehind:
+    """Writes chunks in a thread of its own, at most `depth` chunks behind the reader."""
+
+    def __init__(self, writer: SparseWriter, depth: int = 4) -> None:
+        self.writer = writer
+        self.queue: queue.Queue[tuple[int, bytes | bytearray] | None] = queue.Queue(depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="write-behind", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    self.writer.write_at(item[0], item[1])
+                except BaseException as exc:  # re-raised in the reading thread
+                    self.error = exc
+
+    def write(self, pos: int, chunk: bytes | bytearray) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put((pos, chunk))
+
+    def close(self, quiet: bool = False) -> None:
+        """Wait for the writes queued so far; re-raise a write failure (unless already failing)."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None and not quiet:
+            raise self.error

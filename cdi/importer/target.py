@@ -13,6 +13,7 @@ Sizing is CDI's (cdi-datapath.md §4), with one fix:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import stat
@@ -258,3 +259,17 @@ def write_file_atomic(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(directory: Path) -> None:
+    """Flush the whole filesystem of `directory` (an extracted archive is many files)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+    fsync_dir(directory)

@@ -141,13 +141,14 @@ def test_a_server_that_fails_twice_then_recovers(
 
 def test_scratch_only_where_the_format_needs_it(
         k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
-    compressed_qcow2, raw_gz = images["qcow2.qcow2.gz"], images["raw.img.gz"]
-    k.apply(datavolume("needs-scratch", {"http": {"url": f"{range_server.url}/{compressed_qcow2.name}"}}, "64Mi"))
-    k.apply(datavolume("no-scratch", {"http": {"url": f"{range_server.url}/{raw_gz.name}"}}, "64Mi"))
+    """A compressed vmdk must be staged for qemu-img; a compressed qcow2 converts as it streams."""
+    compressed_vmdk, qcow2_gz = images["vmdk.vmdk.gz"], images["qcow2.qcow2.gz"]
+    k.apply(datavolume("needs-scratch", {"http": {"url": f"{range_server.url}/{compressed_vmdk.name}"}}, "64Mi"))
+    k.apply(datavolume("no-scratch", {"http": {"url": f"{range_server.url}/{qcow2_gz.name}"}}, "64Mi"))
     wait_phase(k, "needs-scratch", "Succeeded")
     wait_phase(k, "no-scratch", "Succeeded")
-    expect_bytes(k, "needs-scratch", compressed_qcow2)
-    expect_bytes(k, "no-scratch", raw_gz)
+    expect_bytes(k, "needs-scratch", compressed_vmdk)
+    expect_bytes(k, "no-scratch", qcow2_gz)
     annotation = "cdi.kubevirt.io/storage.import.requiresScratch"
     assert k.get("pvc", "needs-scratch")["metadata"]["annotations"][annotation] == "true"
     assert k.get("pvc", "no-scratch")["metadata"]["annotations"][annotation] == "false"

@@ -14,7 +14,9 @@ from .images import Image, file_name
 
 
 def _qemu(*args: str) -> None:
-    subprocess.run(["qemu-img", *args], check=True, capture_output=True)
+    result = subprocess.run(["qemu-img", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"qemu-img {' '.join(args)}: {result.stderr}")
 
 
 def _patch(src: Path, dst: Path, offset: int, data: bytes) -> None:
@@ -56,7 +58,7 @@ def build_bad_images(directory: Path, images: dict[str, Image]) -> None:
         "--object",
         "secret,id=s0,data=secret",
         "-o",
-        "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10",
+        "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=100",
         str(d / "encrypted.qcow2"),
         "12M",
     )
@@ -69,7 +71,7 @@ def build_bad_images(directory: Path, images: dict[str, Image]) -> None:
         "--object",
         "secret,id=s0,data=secret",
         "-o",
-        "key-secret=s0,iter-time=10",
+        "key-secret=s0,iter-time=100",
         str(d / "image.luks"),
         "12M",
     )

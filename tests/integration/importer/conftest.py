@@ -61,18 +61,19 @@ def served_dir(tmp_path_factory: pytest.TempPathFactory, images: dict[str, Image
     return directory
 
 
-BIG = 96 << 20
+BIG = 48 << 20
 
 
 @dataclass
 class Big:
     raw: Image
     qcow2: Image
+    xz: Image
 
 
 @pytest.fixture(scope="session")
 def big(served_dir: Path) -> Iterator[Big]:
-    """A 96 MiB disk with data everywhere, as raw and as (uncompressed) qcow2."""
+    """A 48 MiB disk with data everywhere, as raw, as (uncompressed) qcow2, and as multi-block xz."""
     rng = random.Random(11)
     raw = served_dir / "resume-big.img"
     with open(raw, "wb") as f:
@@ -81,14 +82,17 @@ def big(served_dir: Path) -> Iterator[Big]:
             f.write(rng.randbytes(1 << 20) if i % 2 else (line * ((1 << 20) // len(line) + 1))[: 1 << 20])
     qcow2 = served_dir / "resume-big.qcow2"
     subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(qcow2)], check=True)
+    xz = served_dir / "resume-big.img.xz"
+    with open(xz, "wb") as f:
+        subprocess.run(["xz", "-0", "-T2", "--block-size=2MiB", "-c", str(raw)], stdout=f, check=True)
     digest = sha256_file(raw)
 
     def image(path: Path, fmt: str) -> Image:
         return Image(path.name, path, fmt, "", digest, BIG, sha256_file(path), path.stat().st_size)
 
-    yield Big(image(raw, "raw"), image(qcow2, "qcow2"))
-    raw.unlink()
-    qcow2.unlink()
+    yield Big(image(raw, "raw"), image(qcow2, "qcow2"), image(xz, "raw"))
+    for path in (raw, qcow2, xz):
+        path.unlink()
 
 
 # -- servers --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.sizing import usable_space
+from cdi.common.imageprobe import HEAD_BYTES, decompress_head, needs_scratch, qcow2_extended_l2, sniff
 
 from .images import COMPRESSIONS, FORMATS, Image, file_name, sha256_file
 
@@ -53,6 +54,13 @@ class Case:
 
 
 CASES = [Case(f, c, m) for f in FORMATS for c in COMPRESSIONS for m in ("fs", "block")]
+# every format x compression once, the volume mode alternating so that each format and each
+# compression still runs on both modes: for sources whose only difference from HTTP is the transport
+CHECKERBOARD = [
+    Case(f, c, ("fs", "block")[(i + j) % 2])
+    for i, f in enumerate(FORMATS)
+    for j, c in enumerate(COMPRESSIONS)
+]
 
 
 # -- volumes and the importer -------------------------------------------------------------------------
@@ -174,6 +182,15 @@ def assert_zero_beyond(path: Path, start: int, end: int) -> None:
             chunk = f.read(min(remaining, 4 << 20))
             assert chunk.count(0) == len(chunk), "bytes beyond the image are not zero"
             remaining -= len(chunk)
+
+
+def rule_says_scratch(image: Image, access: str) -> bool:
+    """What the controller decides from the image's first bytes, before any importer pod exists."""
+    with open(image.path, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    compression, fmt = sniff(head)
+    inner = decompress_head(head, compression) if compression else head
+    return needs_scratch(fmt, compression, access, extended_l2=qcow2_extended_l2(inner))
 
 
 def assert_imported(

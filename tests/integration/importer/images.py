@@ -14,7 +14,6 @@ import fcntl
 import gzip
 import hashlib
 import json
-import lzma
 import random
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ from pathlib import Path
 import zstandard
 
 VIRTUAL_SIZE = 12 << 20
-BUILDER_VERSION = "4"
+BUILDER_VERSION = "5"
 
 # name -> qemu-img convert options
 FORMATS: dict[str, list[str]] = {
@@ -122,8 +121,11 @@ def compress(data_path: Path, out: Path, kind: str) -> None:
     data = data_path.read_bytes()
     if kind == "gz":
         out.write_bytes(gzip.compress(data, 6))
-    elif kind == "xz":
-        out.write_bytes(lzma.compress(data, preset=1))
+    elif kind == "xz":  # several blocks, as `xz -T` makes large files since xz 5.4
+        with open(out, "wb") as f:
+            subprocess.run(
+                ["xz", "-1", "-T2", "--block-size=1MiB", "-c", str(data_path)], stdout=f, check=True
+            )
     elif kind == "zst":
         out.write_bytes(zstandard.ZstdCompressor(level=3).compress(data))
 

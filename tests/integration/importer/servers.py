@@ -102,10 +102,12 @@ class FileServer:
     auth: tuple[str, str] | None = None
     ranges: bool = True
     throttle: float | None = None  # bytes per second per response
+    validators: bool = True  # send ETag and Last-Modified
     bytes_served: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     faults: dict[str, list[Fault]] = field(default_factory=lambda: defaultdict(list))
-    gate_offset: int | None = None  # bytes at or past this offset wait for `open_gate()`
+    gate_offset: int | None = None  # bytes in [gate_offset, gate_end) wait for `open_gate()`
+    gate_end: int | None = None
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
@@ -140,9 +142,9 @@ class FileServer:
         with self._lock:
             return self.bytes_served.get(name, 0)
 
-    def close_gate(self, offset: int) -> None:
+    def close_gate(self, offset: int, end: int | None = None) -> None:
         self._gate.clear()
-        self.gate_offset = offset
+        self.gate_offset, self.gate_end = offset, end
 
     def open_gate(self) -> None:
         self.gate_offset = None
@@ -180,11 +182,10 @@ class FileServer:
             return web.Response(status=fault.status, text="scripted failure")
         st = path.stat()
         size = st.st_size
-        headers = {
-            "ETag": f'"{st.st_mtime_ns:x}-{size:x}"',
-            "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
-            "Content-Type": "application/octet-stream",
-        }
+        headers = {"Content-Type": "application/octet-stream"}
+        if self.validators:
+            headers["ETag"] = f'"{st.st_mtime_ns:x}-{size:x}"'
+            headers["Last-Modified"] = email.utils.formatdate(st.st_mtime, usegmt=True)
         start, end, status = 0, size - 1, 200
         range_header = request.headers.get("Range")
         if self.ranges:
@@ -213,7 +214,9 @@ class FileServer:
             while sent < length:
                 offset = start + sent
                 gate = self.gate_offset
-                if gate is not None and offset + CHUNK > gate and not self._gate.is_set():
+                gate_end = self.gate_end
+                held = gate is not None and (gate_end is None or offset < gate_end)
+                if held and gate is not None and offset + CHUNK > gate and not self._gate.is_set():
                     if offset < gate:
                         n = gate - offset
                     else:

@@ -8,7 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from .harness import CASES, PASSWORD, USER, Case, Volume, assert_failed, assert_imported, run_importer
+from cdi.common.imageprobe import ACCESS_NBD, ACCESS_STREAM
+
+from .harness import (
+    CASES,
+    PASSWORD,
+    USER,
+    Case,
+    Volume,
+    assert_failed,
+    assert_imported,
+    rule_says_scratch,
+    run_importer,
+)
 from .images import Image, file_name
 from .servers import Fault, FileServer
 
@@ -24,10 +36,12 @@ NATIVE = {
 
 def expected_route(fmt: str, compression: str, ranges: bool) -> str:
     raw = fmt in ("raw", "iso")
-    if compression:
-        return "stream" if raw else "scratch-convert"
-    if not ranges:
-        return "stream" if raw else "scratch-convert"
+    if compression == "xz" and raw and ranges:
+        return "xz-blocks"
+    if compression or not ranges:
+        if raw:
+            return "stream"
+        return "qcow2-stream" if fmt.startswith("qcow2") else "scratch-convert"
     return NATIVE.get(fmt, "nbdkit-convert")
 
 
@@ -51,6 +65,7 @@ def test_https_with_ranges(
 ) -> None:
     image = images[case.name]
     route = expected_route(case.fmt, case.compression, ranges=True)
+    assert (route == "scratch-convert") == rule_says_scratch(image, ACCESS_NBD)  # the controller agrees
     volume = make_volume(case.mode, scratch=route == "scratch-convert")
     result = run_importer(volume, https_env(https_server, image.name, ca_dir))
     assert_imported(volume, image, result, route=route)
@@ -63,6 +78,7 @@ def test_http_without_ranges(
 ) -> None:
     image = images[case.name]
     route = expected_route(case.fmt, case.compression, ranges=False)
+    assert (route == "scratch-convert") == rule_says_scratch(image, ACCESS_STREAM)
     volume = make_volume(case.mode, scratch=route == "scratch-convert")
     result = run_importer(
         volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{plain_server.url}/{image.name}"}
@@ -73,7 +89,7 @@ def test_http_without_ranges(
 def test_non_raw_without_ranges_needs_scratch_and_says_so_up_front(
     images: dict[str, Image], plain_server: FileServer, make_volume: Callable[..., Volume]
 ) -> None:
-    image = images[file_name("qcow2")]
+    image = images[file_name("vmdk")]
     volume = make_volume("fs")
     plain_server.reset_counters()
     result = run_importer(
@@ -86,13 +102,13 @@ def test_non_raw_without_ranges_needs_scratch_and_says_so_up_front(
     assert plain_server.served(image.name) < image.file_size
 
 
-def test_compressed_qcow2_needs_scratch(
+def test_compressed_vhdx_needs_scratch(
     images: dict[str, Image], https_server: FileServer, ca_dir: Path, make_volume: Callable[..., Volume]
 ) -> None:
-    image = images[file_name("qcow2", "gz")]
+    image = images[file_name("vhdx", "gz")]
     volume = make_volume("fs")
     result = run_importer(volume, https_env(https_server, image.name, ca_dir))
-    assert_failed(result, "ScratchSpaceRequired", "qcow2 compressed with gz", retryable=True)
+    assert_failed(result, "ScratchSpaceRequired", "vhdx compressed with gz", retryable=True)
     assert result.message["scratchSpaceRequired"] is True
     # the next attempt, with scratch, works
     volume.scratch_dir.mkdir()
@@ -193,3 +209,33 @@ def test_stream_is_resumed_after_a_dropped_connection(
         },
     )
     assert_imported(volume, image, result, route="stream")
+
+
+def test_concatenated_xz_streams_with_padding(
+    images: dict[str, Image],
+    range_server: FileServer,
+    served_dir: Path,
+    make_volume: Callable[..., Volume],
+    tmp_path: Path,
+) -> None:
+    """Two xz streams (the second one multi-block) with stream padding between and after them."""
+    import subprocess
+
+    base = images[file_name("raw")]
+    half = base.virtual_size // 2
+    parts = []
+    for i, (start, options) in enumerate([(0, ["-0"]), (half, ["-1", "-T2", "--block-size=512KiB"])]):
+        piece = tmp_path / f"part{i}"
+        with open(base.path, "rb") as f:
+            f.seek(start)
+            piece.write_bytes(f.read(half))
+        parts.append(
+            subprocess.run(["xz", *options, "-c", str(piece)], capture_output=True, check=True).stdout
+        )
+    name = "concatenated.img.xz"
+    (served_dir / name).write_bytes(parts[0] + bytes(8) + parts[1] + bytes(4))
+    volume = make_volume("fs")
+    result = run_importer(
+        volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{range_server.url}/{name}"}
+    )
+    assert_imported(volume, base, result, route="xz-blocks")

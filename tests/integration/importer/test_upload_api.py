@@ -68,8 +68,8 @@ def test_import_stream(name: str, images: dict[str, Image], tmp_path: Path) -> N
     assert list(scratch.iterdir()) == []
 
 
-def test_import_stream_needs_scratch_for_qcow2(images: dict[str, Image], tmp_path: Path) -> None:
-    image = images[file_name("qcow2")]
+def test_import_stream_needs_scratch_for_vmdk(images: dict[str, Image], tmp_path: Path) -> None:
+    image = images[file_name("vmdk")]
     body = QueueStream()
     feed(body, image.path)
     with pytest.raises(ImporterError) as info:
@@ -118,3 +118,72 @@ def test_producer_failure_reaches_the_pipeline(tmp_path: Path) -> None:
     with pytest.raises(ImporterError) as info:
         import_stream(body, FileTarget(tmp_path), options())
     assert info.value.reason == Reason.CONNECTION_FAILED
+
+
+@pytest.fixture(scope="module")
+def late_l1(images: dict[str, Image], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Image]:
+    """A qcow2 whose L1 table comes after all its data (a resize moved it to the end of the file)."""
+    import subprocess
+
+    base = images[file_name("raw")]
+    path = tmp_path_factory.mktemp("late-l1") / "late.qcow2"
+    subprocess.run(
+        [
+            "qemu-img",
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            "-o",
+            "cluster_size=512",
+            str(base.path),
+            str(path),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        ["qemu-img", "resize", "-f", "qcow2", str(path), str(base.virtual_size * 2)],
+        check=True,
+        capture_output=True,
+    )
+    header = path.read_bytes()[:72]
+    assert int.from_bytes(header[40:48], "big") > path.stat().st_size // 2, "the L1 table did not move"
+    return path, base
+
+
+def test_streamed_qcow2_with_tables_after_the_data(late_l1: tuple[Path, Image], tmp_path: Path) -> None:
+    path, base = late_l1
+    body = QueueStream()
+    feed(body, path)
+    result = import_stream(body, FileTarget(tmp_path), options())
+    assert result.route == "qcow2-stream"
+    assert result.virtual_size == base.virtual_size * 2
+    assert sha256_file(tmp_path / "disk.img", base.virtual_size) == base.sha256
+    assert result.scratch_bytes == 0  # held in memory
+
+
+def test_streamed_qcow2_spills_to_scratch_when_memory_is_not_enough(
+    late_l1: tuple[Path, Image], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cdi.importer import qcow2_stream
+
+    monkeypatch.setattr(qcow2_stream, "SPILL_MEMORY", 1 << 20)
+    path, base = late_l1
+    data, scratch = tmp_path / "data", tmp_path / "scratch"
+    data.mkdir()
+    scratch.mkdir()
+    body = QueueStream()
+    feed(body, path)
+    result = import_stream(body, FileTarget(data), options(scratch))
+    assert sha256_file(data / "disk.img", base.virtual_size) == base.sha256
+    assert result.scratch_bytes > 0
+    assert list(scratch.iterdir()) == []
+    # and without scratch: ScratchSpaceRequired, nothing left behind
+    body = QueueStream()
+    feed(body, path)
+    with pytest.raises(ImporterError) as info:
+        import_stream(body, FileTarget(data), options())
+    body.close()
+    assert info.value.reason == Reason.SCRATCH_SPACE_REQUIRED
+    assert not (data / "disk.img").exists()
