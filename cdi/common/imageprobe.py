@@ -16,7 +16,7 @@ import zstandard
 GZIP, XZ, ZSTD = "gz", "xz", "zst"
 RAW, QCOW2, VMDK, VHD, VHDX, VDI, ISO = "raw", "qcow2", "vmdk", "vhd", "vhdx", "vdi", "iso"
 CONVERTED: Final = frozenset({QCOW2, VMDK, VHD, VHDX, VDI})
-HEAD_BYTES: Final = 64 * 1024
+HEAD_BYTES: Final = 256 * 1024  # a zstd block is up to 128 KiB compressed: read enough for one whole
 
 # How the importer can read a source: through nbdkit-curl (ranged HTTP, so qemu-img converts in place),
 # by ranges in its own code only (S3), or only as one stream (a registry layer, an upload, no Range).
@@ -40,8 +40,18 @@ def decompress_head(head: bytes, kind: str, limit: int = HEAD_BYTES) -> bytes:
             return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, limit)
         if kind == XZ:
             return lzma.LZMADecompressor().decompress(head, max_length=limit)
-        if kind == ZSTD:
-            return zstandard.ZstdDecompressor().decompressobj().decompress(head)[:limit]
+        if kind == ZSTD:  # a reader bounds the output (a few KiB of zstd can stand for gigabytes)
+            out = bytearray()
+            with zstandard.ZstdDecompressor().stream_reader(head) as reader:
+                while len(out) < limit:
+                    try:
+                        data = reader.read(limit - len(out))
+                    except zstandard.ZstdError:  # the head ends inside a frame: keep what came out
+                        break
+                    if not data:
+                        break
+                    out += data
+            return bytes(out)
     except (zlib.error, lzma.LZMAError, zstandard.ZstdError):
         return b""
     return head

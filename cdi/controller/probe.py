@@ -69,8 +69,10 @@ async def _http_head(client: KubeClient, namespace: str, source: ImportSource) -
             session.get(source.endpoint, headers=headers, auth=auth, ssl=context) as resp:
         if resp.status not in (200, 206):
             return None
-        head = await resp.content.read(HEAD_BYTES)
-        return head, resp.status == 206
+        head = bytearray()  # read(n) returns what has arrived, maybe less than n
+        while len(head) < HEAD_BYTES and (data := await resp.content.read(HEAD_BYTES - len(head))):
+            head += data
+        return bytes(head), resp.status == 206
 
 
 def _s3_head(endpoint: str, creds: Mapping[str, str]) -> bytes:
