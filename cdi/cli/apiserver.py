@@ -5,20 +5,18 @@ in-process."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 from pathlib import Path
 from typing import Any
 
 from cdi.apiserver.server import CdiApiServer
+from cdi.cli.service import add_cluster_arguments, parse_listen, stop_on_signals
 from cdi.common import aioloop
 from cdi.kube import KubeClient
 
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("apiserver", help="run cdi-apiserver (admission webhooks, upload tokens)")
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, then in-cluster)")
-    parser.add_argument("--namespace", default="cdi", help="namespace CDI runs in")
+    add_cluster_arguments(parser)
     parser.add_argument("--listen", default="0.0.0.0:8443", help="HOST:PORT to serve HTTPS on")
     parser.add_argument("--state-dir", type=Path, default=Path("/var/run/cdi-apiserver"),
                         help="where the serving CA and certificate are kept")
@@ -28,14 +26,11 @@ def register(commands: Any) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    host, _, port = args.listen.rpartition(":")
+    stop = stop_on_signals()
+    host, port = parse_listen(args.listen)
     async with await KubeClient.connect(args.kubeconfig) as client:
         server = CdiApiServer(client, args.namespace, args.state_dir)
-        await server.start(host or "0.0.0.0", int(port))
+        await server.start(host, port)
         await server.register(args.endpoint_ip)
         print(f"cdi apiserver: serving on {host}:{server.port}", flush=True)
         try:

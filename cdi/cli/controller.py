@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 from typing import Any
 
 from aiohttp import web
 
+from cdi.cli.service import add_cluster_arguments, parse_listen, stop_on_signals
 from cdi.common import aioloop
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
@@ -32,8 +31,7 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("controller", help="run the CDI controller against a cluster")
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, then in-cluster)")
-    parser.add_argument("--namespace", default="cdi", help="namespace CDI runs in (leader-election lease)")
+    add_cluster_arguments(parser, "namespace CDI runs in (leader-election lease)")
     parser.add_argument("--metrics-listen", default="0.0.0.0:8080", help="HOST:PORT of /metrics and /healthz")
     parser.add_argument("--no-leader-election", action="store_true")
     add_settings_arguments(parser)
@@ -41,17 +39,14 @@ def register(commands: Any) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with await KubeClient.connect(args.kubeconfig) as client:
         manager = Manager(client, settings_from(args, namespace=args.namespace,
                                                 leader_election=not args.no_leader_election))
         runner = web.AppRunner(manager.metrics_app(), access_log=None)
         await runner.setup()
-        host, _, port = args.metrics_listen.rpartition(":")
-        await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+        host, port = parse_listen(args.metrics_listen, "--metrics-listen")
+        await web.TCPSite(runner, host, port).start()
         await manager.start()
         print("cdi controller: running", flush=True)
         try:

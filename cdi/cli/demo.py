@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.cli.service import stop_on_signals
 from cdi.cli.stack import CdiStack
 from cdi.embedded.cluster import ClusterConfig, EmbeddedCluster
 
@@ -160,11 +160,7 @@ class Demo:
             self.say(f"disk sha256 {read} {'matches' if same else 'DIFFERS FROM'} the image's {disk_sum}")
             if keep_running:
                 self.say("control plane running; Ctrl-C to stop")
-                stop = asyncio.Event()
-                loop = asyncio.get_running_loop()
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, stop.set)
-                await stop.wait()
+                await stop_on_signals().wait()
             return 0 if same else 1
         finally:
             if image_server is not None:

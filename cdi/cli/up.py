@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from cdi.cli.controller import add_settings_arguments, settings_from
+from cdi.cli.service import parse_listen, stop_on_signals
 from cdi.cli.stack import CdiStack
 from cdi.common import aioloop
 from cdi.embedded.cluster import ClusterConfig, EmbeddedCluster
@@ -40,23 +39,13 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host:
-        raise SystemExit(f"--listen must be HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
-
-
 async def serve(args: argparse.Namespace) -> None:
     host, port = parse_listen(args.listen)
     cluster = EmbeddedCluster(ClusterConfig(args.data_dir.resolve(), host, port, args.watch_history,
                                             args.bookmark_interval, args.token_auth_file,
                                             ext4_volumes=args.ext4_volumes, restart_backoff=args.restart_backoff,
                                             shutdown_grace=args.shutdown_grace))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     await cluster.start()
     stack = None if args.no_cdi else CdiStack(cluster.kubeconfig_path, args.data_dir.resolve(), settings_from(args))
     try:

@@ -11,12 +11,11 @@ else a CA kept in `--state-dir` issues one for `--host` names and is published i
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
+from cdi.cli.service import parse_listen, stop_on_signals
 from cdi.common import aioloop
 from cdi.kube import KubeClient
 from cdi.uploadproxy import serving
@@ -38,11 +37,8 @@ def register(commands: Any) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    host, _, port = args.listen.rpartition(":")
+    stop = stop_on_signals()
+    host, port = parse_listen(args.listen)
     async with await KubeClient.connect(args.kubeconfig) as client:
         if args.tls_cert and args.tls_key:
             context = serving.brought(args.tls_cert, args.tls_key)
@@ -51,8 +47,8 @@ async def serve(args: argparse.Namespace) -> None:
             await serving.publish_ca(client, args.namespace, ca.cert_pem)
         public_key = os.environ.get("APISERVER_PUBLIC_KEY", "").encode() or None
         proxy = UploadProxy(client, args.namespace, public_key=public_key)
-        await proxy.start(host.strip("[]") or "0.0.0.0", int(port), context)
-        print(f"cdi uploadproxy: serving on https://{host or '0.0.0.0'}:{proxy.port}", flush=True)
+        await proxy.start(host, port, context)
+        print(f"cdi uploadproxy: serving on https://{host}:{proxy.port}", flush=True)
         try:
             await stop.wait()
         finally:

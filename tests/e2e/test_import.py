@@ -48,7 +48,8 @@ def expect_bytes(k: Kubectl, name: str, image: Image, *, block: bool = False) ->
 def test_http_qcow2_into_a_filesystem_volume_with_the_storage_api(
         k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
     image = images["qcow2.qcow2"]
-    k.apply(datavolume("http-qcow2", {"http": {"url": f"{range_server.url}/{image.name}"}}, "64Mi"))
+    source = {"http": {"url": f"{range_server.url}/{image.name}", "checksum": f"sha256:{image.file_sha256}"}}
+    k.apply(datavolume("http-qcow2", source, "64Mi"))
     dv = wait_phase(k, "http-qcow2", "Succeeded")
     assert dv["status"]["progress"] == "100.0%" and dv["status"].get("restartCount", 0) == 0
     assert condition(dv, "Ready")["status"] == "True" and condition(dv, "Bound")["status"] == "True"
@@ -58,6 +59,7 @@ def test_http_qcow2_into_a_filesystem_volume_with_the_storage_api(
     expect_bytes(k, "http-qcow2", image)
     pvc = k.get("pvc", "http-qcow2")
     assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.requiresScratch"] == "false"
+    assert image.file_sha256 in pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.verifiedChecksum"]
     assert not k.exists("pod", "importer-http-qcow2")  # cleaned up after success
 
 
