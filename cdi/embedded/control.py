@@ -22,6 +22,7 @@ from cdi.embedded.apiserver.resources import ResourceType
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+Finalizers = list[str]  # named here: inside LocalApi, `list` is its method
 MERGE = "application/merge-patch+json"
 
 
@@ -74,27 +75,31 @@ class LocalApi:
 
     async def remove_finalizer(self, gvr: GVR, namespace: str | None, name: str, finalizer: str) -> None:
         """Drop one finalizer (the object goes away if it was the last one and deletion was asked)."""
-        for _ in range(10):
-            obj = self.get(gvr, namespace, name)
-            if obj is None or finalizer not in (obj["metadata"].get("finalizers") or []):
-                return
-            obj["metadata"]["finalizers"] = [f for f in obj["metadata"]["finalizers"] if f != finalizer]
-            try:
-                await self.update(gvr, namespace, obj)
-                return
-            except StatusError as exc:
-                if exc.code == 404:
-                    return
-                if exc.code != 409:
-                    raise
+
+        def edit(meta: Obj) -> list[str] | None:
+            current = meta.get("finalizers") or []
+            return [f for f in current if f != finalizer] if finalizer in current else None
+
+        await self._edit_finalizers(gvr, namespace, name, edit)
 
     async def add_finalizer(self, gvr: GVR, namespace: str | None, name: str, finalizer: str) -> None:
+        def edit(meta: Obj) -> list[str] | None:
+            current = meta.get("finalizers") or []
+            return None if finalizer in current or meta.get("deletionTimestamp") else [*current, finalizer]
+
+        await self._edit_finalizers(gvr, namespace, name, edit)
+
+    async def _edit_finalizers(
+        self, gvr: GVR, namespace: str | None, name: str, edit: Callable[[Obj], Finalizers | None]
+    ) -> None:
+        """Apply `edit` (None: nothing to do) to the latest object, retrying on conflicts; a missing
+        object needs nothing."""
         for _ in range(10):
             obj = self.get(gvr, namespace, name)
-            if obj is None or finalizer in (obj["metadata"].get("finalizers") or []) or \
-                    obj["metadata"].get("deletionTimestamp"):
+            finalizers = None if obj is None else edit(obj["metadata"])
+            if obj is None or finalizers is None:
                 return
-            obj["metadata"]["finalizers"] = [*(obj["metadata"].get("finalizers") or []), finalizer]
+            obj["metadata"]["finalizers"] = finalizers
             try:
                 await self.update(gvr, namespace, obj)
                 return
