@@ -224,11 +224,14 @@ class _Import:
             else:
                 image_size, applied = self._kubevirt()
         except BaseException as exc:
-            # keep what a retry can resume from (a checkpoint on disk), drop everything else: a
+            # keep what a retry can resume from (a checkpoint on disk, or the prefix of a raw stream
+            # that the upload server continues with `resume_offset`), drop everything else: a
             # permanent failure must not leave data behind, and a partial image nothing can resume
             # from is of no use to the next attempt
             retryable = not isinstance(exc, ImporterError) or exc.retryable
-            resumable = self.state_path is not None and self.state_path.exists()
+            resumable = (self.state_path is not None and self.state_path.exists()) or (
+                self.route == ROUTE_STREAM and isinstance(self.origin, StreamOrigin)
+            )
             if not (retryable and resumable):
                 self._discard()
             raise

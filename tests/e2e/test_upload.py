@@ -245,12 +245,15 @@ def test_too_large_is_400_and_the_datavolume_stays_usable(cluster: CdiUp, k: Kub
     assert read_back(k, "small", 4 << 20) == hashlib.sha256(fits.read_bytes()).hexdigest()
 
 
-def corrupt_compressed_qcow2(directory: Path) -> Path:
+def corrupt_compressed_qcow2(directory: Path, *, extended_l2: bool = False) -> Path:
     """A compressed qcow2 whose header and tables are sound (qemu-img info passes) but whose first
-    compressed cluster does not decompress: it fails only in qemu-img convert."""
+    compressed cluster does not decompress. With `extended_l2` (subclusters) it is staged on scratch
+    and fails only in qemu-img convert, after the upload was received; otherwise it fails as it
+    streams in."""
     raw, image = directory / "text.raw", directory / "corrupt.qcow2"
     raw.write_bytes((b"a compressible line of text\n" * 200_000)[:4 << 20])
-    subprocess.run(["qemu-img", "convert", "-c", "-O", "qcow2", str(raw), str(image)], check=True)
+    options = ["-o", "extended_l2=on"] if extended_l2 else []
+    subprocess.run(["qemu-img", "convert", "-c", "-O", "qcow2", *options, str(raw), str(image)], check=True)
     with open(image, "r+b") as f:
         header = f.read(104)
         cluster_bits = struct.unpack(">I", header[20:24])[0]
@@ -266,7 +269,7 @@ def corrupt_compressed_qcow2(directory: Path) -> Path:
 
 def test_a_failure_after_an_async_answer_fails_the_datavolume_with_its_reason(
         cluster: CdiUp, k: Kubectl, tmp_path: Path) -> None:
-    image = corrupt_compressed_qcow2(tmp_path)
+    image = corrupt_compressed_qcow2(tmp_path, extended_l2=True)
     k.apply(upload_dv("corrupt"))
     wait_ready(k, "corrupt")
     status, body, _ = curl(cluster, k, "/v1beta1/upload-async", "-X", "POST", "-T", str(image),
@@ -277,6 +280,24 @@ def test_a_failure_after_an_async_answer_fails_the_datavolume_with_its_reason(
     assert running["status"] == "False" and running["reason"] == "ConversionFailed"
     assert "qemu-img" in running["message"] or "convert" in running["message"]
     wait_for(lambda: not k.exists("pod", "cdi-upload-corrupt"), 30, message="the failed upload pod removed")
+
+
+def test_a_corrupt_qcow2_is_refused_as_it_streams_and_a_good_one_follows(
+        cluster: CdiUp, k: Kubectl, tmp_path: Path, images: dict[str, Image]) -> None:
+    """Streamed qcow2 is checked cluster by cluster: the client hears what is wrong before the answer,
+    nothing is half-written, and the same DataVolume takes the right image next."""
+    k.apply(upload_dv("streamed"))
+    wait_ready(k, "streamed")
+    status, body, _ = curl(cluster, k, "/v1beta1/upload", "-X", "POST", "-T",
+                           str(corrupt_compressed_qcow2(tmp_path)), bearer=token(k, "streamed"))
+    assert status == 400 and "compressed cluster at guest offset 0 is corrupt" in body, body
+    assert phase(k, "streamed") == "UploadReady"
+    good = images[file_name("qcow2", "gz")]
+    status, body, _ = curl(cluster, k, "/v1beta1/upload", "-X", "POST", "-T", str(good.path),
+                           bearer=token(k, "streamed"))
+    assert (status, body) == (200, "")
+    wait_phase(k, "streamed", "Succeeded")
+    assert read_back(k, "streamed", good.virtual_size) == good.sha256
 
 
 # -- the token API -------------------------------------------------------------------------------------
