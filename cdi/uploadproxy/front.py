@@ -1,23 +1,20 @@
-"""The proxy's front door: TLS, and the bytes of uploads, in a thread per connection with blocking sockets.
+"""The proxy's front door (`cdi.common.threadfront`): the bytes of uploads in a thread per connection,
+with blocking TLS sockets.
 
 Every byte of an upload crosses TLS twice in the proxy (decrypted from the client, encrypted again for
-the upload server with the proxy's client certificate). Through asyncio streams that costs about
-2.5 CPU-seconds per GiB here; a blocking `ssl` socket in a thread reads and writes with the GIL
-released and almost no Python per byte (about 1.2 to receive and 0.6 to send). So:
+the upload server with the proxy's client certificate): about 2.7 CPU-seconds per GiB through asyncio
+streams here, about 1.8 with blocking `ssl` sockets in a thread.
 
-* the listening socket is watched by the event loop, and each accepted connection gets a thread that
-  does the TLS handshake and parses the request head with h11;
-* a `POST` to an upload path (the only requests that carry an image) is authorised and routed exactly
-  as before, by the proxy's coroutine on the event loop (`plan`), and then handled here: a refusal is
-  answered (`text/plain`, CORS headers for a browser) and the connection lingers briefly, as aiohttp's
-  does; otherwise the thread connects to the upload server over mutual TLS, sends the request head,
-  pumps the body (`recv_into` a reusable buffer, `sendall` in batches; chunked bodies are re-chunked),
-  and relays the answer (which may come early, before the whole body: then the client's body is
-  drained briefly and the connection closed). A client that goes away aborts the upstream connection
-  at once, which is what lets the upload server keep the bytes for a resumed upload;
-* every other request (healthz, CORS preflight, `HEAD` probes, 404s, anything h11 cannot parse) is
-  given, bytes as received, to the proxy's aiohttp application over a socket pair: one
-  implementation of those answers, unchanged.
+A `POST` to an upload path (the only requests that carry an image) is authorised and routed exactly as
+before, by the proxy's coroutine on the event loop (`plan`), and then handled here: a refusal is
+answered (`text/plain`, CORS headers for a browser) and the connection lingers briefly, as aiohttp's
+does; otherwise the thread connects to the upload server over mutual TLS, sends the request head, pumps
+the body (`recv_into` a reusable buffer, `sendall` in batches; chunked bodies are re-chunked), and
+relays the answer (which may come early, before the whole body: then the client's body is drained
+briefly and the connection closed). A client that goes away aborts the upstream connection at once,
+which is what lets the upload server keep the bytes for a resumed upload. `Expect: 100-continue` is
+answered here, before the token is checked, as aiohttp does. Every other request (healthz, CORS
+preflight, `HEAD` probes, 404s) goes to the proxy's aiohttp application, unchanged.
 
 A connection that carried an upload is closed after its answer (`Connection: close`). Memory per
 connection is one buffer of `BUFFER` bytes."""
@@ -30,27 +27,23 @@ import logging
 import select
 import socket
 import ssl
-import threading
-import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from email.utils import formatdate
 from typing import cast
 from urllib.parse import urlsplit
 
 import h11
 
 from cdi.api import upload as names
+from cdi.common import threadfront
 
 log = logging.getLogger(__name__)
 
 BUFFER = 1 << 20  # per connection
-BATCH = 256 << 10  # bytes received before they are sent on (one `sendall`)
-HEAD_TIMEOUT = 60.0  # for the TLS handshake and the request head
+BATCH = 1 << 20  # bytes received before they are sent on (one `sendall`)
+SNDBUF = 4 << 20
 POLL_SECONDS = 1.0  # a quiet client: pass on what was received, and look whether the upload server answered
 CONNECT_TIMEOUT = 10.0
-LINGER_SECONDS = 1.0
-MAX_HEAD = 64 << 10
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
                          b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
 _NOT_FORWARDED = _HOP_BY_HOP | {b"authorization", b"expect"}  # 100-continue is answered here
@@ -77,7 +70,6 @@ class Answer:
 
 
 Plan = Callable[[str, "str | None", "str | None"], Awaitable["Forward | Answer"]]  # path, authorization, target
-Adopt = Callable[[socket.socket], Awaitable[None]]
 
 
 class ClientGone(Exception):
@@ -85,108 +77,26 @@ class ClientGone(Exception):
 
 
 class Front:
+    """The proxy's listening socket (`cdi.common.threadfront`): POSTs to upload paths served here."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext | None, plan: Plan,
-                 adopt: Adopt) -> None:
+                 adopt: threadfront.Adopt) -> None:
         self.loop = loop
-        self.context = context
         self.plan = plan
-        self.adopt = adopt
-        self._listener: socket.socket | None = None
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
+        self._front = threadfront.ThreadFront(loop, context, self._serve, adopt, name="uploadproxy")
 
     def start(self, host: str, port: int) -> int:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.create_server((host, port), family=family, backlog=128)
-        listener.setblocking(False)
-        self.loop.add_reader(listener.fileno(), self._accept)
-        self._listener = listener
-        return int(listener.getsockname()[1])
+        return self._front.start(host, port)
 
     def stop(self) -> None:
-        if self._listener is not None:
-            self.loop.remove_reader(self._listener.fileno())
-            self._listener.close()
-            self._listener = None
-        with self._lock:
-            for sock in self._open:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+        self._front.stop()
 
-    def _accept(self) -> None:
-        assert self._listener is not None
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                log.warning("accepting a connection failed: %s", exc)
-                return
-            sock.setblocking(True)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._connection, args=(sock,), name="uploadproxy-conn", daemon=True).start()
-
-    def _track(self, sock: socket.socket, add: bool) -> None:
-        with self._lock:
-            if add:
-                self._open.add(sock)
-            else:
-                self._open.discard(sock)
-
-    # -- one connection ---------------------------------------------------------------------------------
-    def _connection(self, raw: socket.socket) -> None:
-        self._track(raw, True)
-        try:
-            raw.settimeout(HEAD_TIMEOUT)
-            try:
-                sock = self.context.wrap_socket(raw, server_side=True) if self.context is not None else raw
-            except (OSError, ValueError) as exc:
-                log.debug("TLS handshake with a client failed: %s", exc)
-                return
-            with sock:
-                self._request(sock)
-        except OSError as exc:
-            log.debug("a client connection ended: %s", exc)
-        except Exception:
-            log.exception("the upload proxy failed to serve a connection")
-        finally:
-            self._track(raw, False)
-            raw.close()
-
-    def _request(self, sock: socket.socket) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
-        received = bytearray()
-        try:
-            while True:
-                event = conn.next_event()
-                if event is not h11.NEED_DATA:
-                    break
-                data = sock.recv(65536)
-                if not data:
-                    return  # closed before a whole request head
-                received += data
-                conn.receive_data(data)
-        except h11.RemoteProtocolError:
-            return self._delegate(sock, bytes(received))  # aiohttp says what is wrong with it
-        if not isinstance(event, h11.Request):
-            return
-        path = event.target.decode("latin-1").partition("?")[0]
-        if event.method != b"POST" or path not in _UPLOAD_PATHS:
-            return self._delegate(sock, bytes(received))
-        _Upload(self, sock, conn, event).run()
-
-    def _delegate(self, sock: socket.socket, received: bytes) -> None:
-        """The connection, from its first byte, to the aiohttp application (over a socket pair)."""
-        ours, theirs = socket.socketpair()
-        with ours:
-            try:
-                asyncio.run_coroutine_threadsafe(self.adopt(theirs), self.loop).result()
-            except BaseException:
-                theirs.close()
-                raise
-            ours.sendall(received)
-            _splice(sock, ours)
+    def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
+        path = request.target.decode("latin-1").partition("?")[0]
+        if request.method != b"POST" or path not in _UPLOAD_PATHS:
+            return False
+        _Upload(self, sock, conn, request).run()
+        return True
 
 
 class _Upload:
@@ -228,6 +138,7 @@ class _Upload:
         try:
             raw = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
             try:
                 upstream = plan.context.wrap_socket(raw, server_hostname=plan.server_hostname)
             except BaseException:
@@ -247,7 +158,7 @@ class _Upload:
             headers.append((b"Transfer-Encoding", b"chunked"))
         else:
             headers.append((b"Content-Length", (length or "0").encode()))
-        up = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        up = h11.Connection(h11.CLIENT, max_incomplete_event_size=threadfront.MAX_HEAD)
         target = url.path + (f"?{query}" if query else "")
         broken: OSError | None = None
         try:
@@ -376,16 +287,7 @@ class _Upload:
 
     # -- answering ----------------------------------------------------------------------------------------
     def _answer(self, status: int, text: str) -> None:
-        """A plain-text answer, as aiohttp's `web.Response(text=...)`, then closing as aiohttp does."""
-        body = text.encode()
-        headers = [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", str(len(body)).encode()),
-                   (b"Date", formatdate(usegmt=True).encode()), (b"Server", _SERVER)]
-        try:
-            self.sock.settimeout(None)
-            self.sock.sendall(self._send(h11.Response(status_code=status, headers=self._finish_headers(headers))) +
-                              self._send(h11.Data(data=body)) + self._send(h11.EndOfMessage()))
-        except OSError as exc:
-            log.debug("the client went away before its answer: %s", exc)
+        threadfront.text_answer(self.sock, self.conn, status, text, self._finish_headers([])[:-1], server=_SERVER)
 
     def _finish_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         if self.origin:
@@ -397,17 +299,10 @@ class _Upload:
         return [*headers, (b"Connection", b"close")]
 
     def _send(self, event: h11.Event) -> bytes:
-        return cast(bytes, self.conn.send(event) or b"")
+        return threadfront.send(self.conn, event)
 
     def _linger(self) -> None:
-        """Read (and drop) what the client still sends, briefly, so that it sees the answer before the
-        connection closes (closing with unread data would reset it)."""
-        deadline = time.monotonic() + LINGER_SECONDS
-        with contextlib.suppress(OSError):
-            while (left := deadline - time.monotonic()) > 0:
-                self.sock.settimeout(left)
-                if not self.sock.recv(BUFFER):
-                    return
+        threadfront.linger(self.sock)
 
 
 def _next(upstream: socket.socket, up: h11.Connection) -> h11.Event | type[h11.PAUSED]:
@@ -435,35 +330,3 @@ def _answered(upstream: socket.socket, up: h11.Connection) -> bool:
         upstream.settimeout(None)
     up.receive_data(data)
     return True
-
-
-def _splice(client: socket.socket, inner: socket.socket) -> None:
-    """Bytes both ways between the client and the aiohttp application until the application closes."""
-    client.settimeout(HEAD_TIMEOUT)
-    inner.settimeout(HEAD_TIMEOUT)
-    reading_client = True
-    while True:
-        readers: Iterable[socket.socket]
-        if reading_client and isinstance(client, ssl.SSLSocket) and client.pending():
-            readers = [client]
-        else:
-            readers = select.select([client, inner] if reading_client else [inner], [], [])[0]
-        if client in readers:
-            try:
-                data = client.recv(65536)
-            except OSError:
-                data = b""
-            if data:
-                try:
-                    inner.sendall(data)
-                except OSError:
-                    reading_client = False  # the application closed its side; take what it answered
-            else:
-                reading_client = False
-                with contextlib.suppress(OSError):
-                    inner.shutdown(socket.SHUT_WR)
-        if inner in readers:
-            data = inner.recv(65536)
-            if not data:
-                return
-            client.sendall(data)

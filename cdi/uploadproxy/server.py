@@ -83,7 +83,7 @@ class UploadProxy:
         self._front = Front(asyncio.get_running_loop(), context, self.plan, self._adopt)
         self.port = self._front.start(host, port)
 
-    async def _adopt(self, sock: socket.socket) -> None:
+    async def _adopt(self, sock: socket.socket, _peer: object) -> None:
         """A connection the front hands over (everything but the bytes of uploads), served by the app."""
         assert self._runner is not None and self._runner.server is not None
         await asyncio.get_running_loop().connect_accepted_socket(self._runner.server, sock)
