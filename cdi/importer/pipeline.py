@@ -98,6 +98,7 @@ class ImportOptions:
     checkpoint_bytes: int = 256 << 20  # fdatasync + resume checkpoint every ... bytes
     checkpoint_seconds: float = 2.0  # ... or seconds, whichever comes first
     resume: bool = True
+    keep_partial: bool = False  # a retryable failure keeps what was written (the upload server resumes by itself)
 
 
 @dataclass
@@ -228,7 +229,7 @@ class _Import:
             # permanent failure must not leave data behind, and a partial image nothing can resume
             # from is of no use to the next attempt
             retryable = not isinstance(exc, ImporterError) or exc.retryable
-            resumable = self.state_path is not None and self.state_path.exists()
+            resumable = self.options.keep_partial or (self.state_path is not None and self.state_path.exists())
             if not (retryable and resumable):
                 self._discard()
             raise

@@ -156,7 +156,8 @@ class UploadSession:
         options = ImportOptions(
             content_type=envnames.CONTENT_ARCHIVE if archive else envnames.CONTENT_KUBEVIRT,
             requested_size=self.config.image_size, filesystem_overhead=self.config.filesystem_overhead,
-            preallocation=self.config.preallocation, scratch_dir=self.config.scratch_dir)
+            preallocation=self.config.preallocation, scratch_dir=self.config.scratch_dir,
+            keep_partial=True)  # a cut raw upload is resumed from what is on the volume
         target = self.config.target()
         stop = threading.Event()
         done: asyncio.Future[ImportResult] = loop.create_future()
