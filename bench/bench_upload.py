@@ -101,7 +101,11 @@ def run_sink(workdir: Path, image: Path, mode: str) -> tuple[float, float, float
         return seconds, cpu_seconds(sink.pid) - before, _children_cpu_delta()
     finally:
         sink.send_signal(signal.SIGINT)
-        sink.wait(10)
+        try:
+            sink.wait(10)
+        except subprocess.TimeoutExpired:
+            sink.kill()
+            sink.wait()
         _children_cpu_delta()  # the sink's own CPU is not curl's
         out.unlink(missing_ok=True)
 
@@ -144,10 +148,20 @@ class CdiUp:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def upload_server_pid() -> int | None:
+def upload_server_pid(ancestor: int) -> int | None:
+    """The upload server started by our `cdi up` (other programs on the machine may run some too)."""
     out = subprocess.run(["pgrep", "-f", f"^{re.escape(sys.executable)} -m cdi.uploadserver"], capture_output=True,
                          text=True, check=False).stdout.split()
-    return int(out[-1]) if out else None
+    for pid in map(int, reversed(out)):
+        parent = pid
+        while parent > 1:
+            try:
+                parent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (FileNotFoundError, IndexError, ValueError):
+                break
+            if parent == ancestor:
+                return pid
+    return None
 
 
 def run_ours(up: CdiUp, image: Path, size: int, name: str) -> dict[str, float]:
@@ -160,7 +174,7 @@ def run_ours(up: CdiUp, image: Path, size: int, name: str) -> dict[str, float]:
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     server_pid, server_cpu = None, 0.0
     while cli.poll() is None:
-        server_pid = server_pid or upload_server_pid()
+        server_pid = server_pid or upload_server_pid(up.proc.pid)
         if server_pid:
             server_cpu = max(server_cpu, cpu_seconds(server_pid))
         time.sleep(0.2)

@@ -10,17 +10,21 @@ server of the PVC its token names.
 
 Each request: token (`auth.py`; checked once, when the request starts, so a long upload is never cut
 off by the token's 5 minutes), then the PVC's readiness and the upload server's address
-(`routing.py`), then the request is streamed to the upload server and its answer streamed back. No
-body is buffered: chunks go through as they come (aiohttp's flow control on both connections turns a
-slow disk into a slow client), and a client that goes away aborts the upstream connection at once,
-which is what lets the upload server keep the bytes for a resumed upload. Headers of our resume
-extension (`Upload-Offset`, `Upload-State`) pass both ways.
+(`routing.py`), then the request is streamed to the upload server and its answer streamed back.
+The listening socket belongs to `front.py`: it serves the `POST`s of uploads itself, with blocking TLS
+sockets in a thread per connection (a third of the CPU per byte of going through asyncio streams), and
+hands every other request to the aiohttp application below, which answers them as before. No body is
+buffered beyond one batch: a slow disk makes a slow client (the socket buffers fill), and a client that
+goes away aborts the upstream connection at once, which is what lets the upload server keep the bytes
+for a resumed upload. Headers of our resume extension (`Upload-Offset`, `Upload-State`) pass both ways.
 
 CORS allows every origin, as CDI's (a browser uploading with the form endpoints)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -30,6 +34,7 @@ from aiohttp import web
 from cdi.api import upload as names
 from cdi.kube import KubeClient
 from cdi.uploadproxy.auth import Denied, PublicKey, authorize
+from cdi.uploadproxy.front import Answer, Forward, Front
 from cdi.uploadproxy.routing import NotReady, UpstreamTls, upload_path, upstream_for, wait_until_ready
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,7 @@ class UploadProxy:
         self.ready_timeout = ready_timeout
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._front: Front | None = None
         self.port = 0
 
     def app(self) -> web.Application:
@@ -74,32 +80,46 @@ class UploadProxy:
         self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
                                      handler_cancellation=False, lingering_time=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=context)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._front = Front(asyncio.get_running_loop(), context, self.plan, self._adopt)
+        self.port = self._front.start(host, port)
+
+    async def _adopt(self, sock: socket.socket, _peer: object) -> None:
+        """A connection the front hands over (everything but the bytes of uploads), served by the app."""
+        assert self._runner is not None and self._runner.server is not None
+        await asyncio.get_running_loop().connect_accepted_socket(self._runner.server, sock)
 
     async def stop(self) -> None:
+        if self._front is not None:
+            self._front.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
         self.tls.close()
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def plan(self, path: str, authorization: str | None, target: str | None) -> Forward | Answer:
+        """Where a request for `path` goes (its token checked, the upload server ready), or the refusal."""
         try:
-            token = await authorize(request.headers.get("Authorization"), request.headers.get(names.TARGET_HEADER),
-                                    self.key)
+            token = await authorize(authorization, target, self.key)
         except Denied as denied:
             log.info("refused an upload request: %s", denied.message)
-            return web.Response(status=denied.status, text=denied.message)
+            return Answer(denied.status, denied.message)
         try:
             pvc = await wait_until_ready(self.client, token.namespace, token.name, timeout=self.ready_timeout)
-            upstream = await upstream_for(self.client, token.namespace, token.name, upload_path(pvc, request.path))
+            upstream = await upstream_for(self.client, token.namespace, token.name, upload_path(pvc, path))
             context = await self.tls.context()
         except NotReady as exc:
             log.info("upload into %s/%s not possible now: %s", token.namespace, token.name, exc)
-            return web.Response(status=exc.status, text=str(exc))
-        return await self._forward(request, upstream.url, upstream.server_hostname, context)
+            return Answer(exc.status, str(exc))
+        return Forward(upstream.url, upstream.server_hostname, context)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Upload paths with methods other than POST (HEAD probes); POSTs are served by the front."""
+        plan = await self.plan(request.path, request.headers.get("Authorization"),
+                               request.headers.get(names.TARGET_HEADER))
+        if isinstance(plan, Answer):
+            return web.Response(status=plan.status, text=plan.text)
+        return await self._forward(request, plan.url, plan.server_hostname, plan.context)
 
     async def _forward(self, request: web.Request, url: str, server_hostname: str,
                        context: ssl.SSLContext) -> web.StreamResponse:

@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import BodyPartReader, web
 
 from cdi.api import upload as names
 from cdi.uploadserver.config import UploadServerConfig
-from cdi.uploadserver.session import Refusal, UploadSession
+from cdi.uploadserver.front import BodyBridge, Front
+from cdi.uploadserver.session import Outcome, Refusal, UploadSession
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class UploadServer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._runner: web.AppRunner | None = None
+        self._front: Front | None = None
+        self._peers: dict[asyncio.BaseTransport, dict[str, Any]] = {}  # connections the front handed over
         self.port = 0
 
     # -- app ------------------------------------------------------------------------------------------
@@ -80,14 +84,20 @@ class UploadServer:
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        self.in_flight += 1
-        self._idle.clear()
+        self._request_started()
         try:
             return await handler(request)
         finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle.set()
+            self.request_done()
+
+    def _request_started(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def request_done(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
 
     async def wait_idle(self, timeout: float = 10.0) -> None:
         """Until no request is being answered (so the last answer goes out before the server exits)."""
@@ -102,22 +112,35 @@ class UploadServer:
         self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
                                      handler_cancellation=False, lingering_time=LINGER_SECONDS)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.listen_host, self.config.listen_port,
-                           ssl_context=ssl_context(self.config), backlog=16)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._front = Front(asyncio.get_running_loop(), ssl_context(self.config), self)
+        self.port = self._front.start(self.config.listen_host, self.config.listen_port)
         log.info("upload server listening on https://%s:%d", self.config.listen_host, self.port)
 
     async def stop(self) -> None:
+        if self._front is not None:
+            self._front.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def adopt(self, sock: socket.socket, peer: dict[str, Any] | None) -> None:
+        """A connection the front hands over (all but raw upload bodies), with the client's certificate."""
+        assert self._runner is not None and self._runner.server is not None
+        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(self._runner.server, sock)
+        for gone in [t for t in self._peers if t.is_closing()]:
+            del self._peers[gone]
+        if peer:
+            self._peers[transport] = peer
 
     # -- handlers -------------------------------------------------------------------------------------
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="OK")
 
     def _authorized(self, request: web.Request) -> bool:
-        peer: Any = request.transport.get_extra_info("peercert") if request.transport else None
+        transport = request.transport
+        peer: Any = (transport.get_extra_info("peercert") or self._peers.get(transport)) if transport else None
+        return self.authorized_peer(peer)
+
+    def authorized_peer(self, peer: Mapping[str, Any] | None) -> bool:
         if not peer:
             return False
         subject = dict(item[0] for item in peer.get("subject", ()))
@@ -136,26 +159,10 @@ class UploadServer:
             return web.Response(status=200, headers=self.session.describe())
         if request.method != "POST":
             return web.Response(status=404)
-        if not self._authorized(request):
-            log.warning("refused an upload without the proxy's client certificate")
-            return web.Response(status=401, text="a client certificate for "
-                                                 f"{self.config.client_name} is required")
-        if request.headers.get(names.CONTENT_TYPE_HEADER):
-            return web.Response(status=400, text=f"{names.CONTENT_TYPE_HEADER} "
-                                                 f"{request.headers[names.CONTENT_TYPE_HEADER]!r} (a clone stream) "
-                                                 "is not supported by this upload server")
-        try:
-            offset = int(request.headers.get(names.OFFSET_HEADER) or 0)
-        except ValueError:
-            return web.Response(status=400, text=f"{names.OFFSET_HEADER} must be a number of bytes")
-        if offset < 0 or (offset and (form or archive)):
-            return web.Response(status=400, text=f"{names.OFFSET_HEADER} {offset} cannot be used here: only raw "
-                                                 "uploads to the upload and upload-async paths resume")
-        try:
-            self.session.admit(offset)
-        except Refusal as refusal:
-            log.warning("refused an upload request: %s", refusal.message)
-            return web.Response(status=refusal.status, text=refusal.message, headers=refusal.headers)
+        admitted = self._admit(self._authorized(request), request.headers, form=form, archive=archive)
+        if isinstance(admitted, Outcome):
+            return _response(admitted)
+        offset = admitted
         try:
             if form:
                 try:
@@ -174,7 +181,62 @@ class UploadServer:
             if self.session.state == "uploading":
                 self.session.state = "idle"
             raise
-        return web.Response(status=outcome.status, text=outcome.message, headers=outcome.headers)
+        return _response(outcome)
+
+    def _admit(self, authorized: bool, headers: Mapping[str, str], *, form: bool, archive: bool) -> Outcome | int:
+        """The refusal of an upload request, or its offset once the session took it (state `uploading`)."""
+        if not authorized:
+            log.warning("refused an upload without the proxy's client certificate")
+            return Outcome(401, f"a client certificate for {self.config.client_name} is required")
+        if headers.get(names.CONTENT_TYPE_HEADER):
+            return Outcome(400, f"{names.CONTENT_TYPE_HEADER} {headers[names.CONTENT_TYPE_HEADER]!r} (a clone "
+                                "stream) is not supported by this upload server")
+        try:
+            offset = int(headers.get(names.OFFSET_HEADER) or 0)
+        except ValueError:
+            return Outcome(400, f"{names.OFFSET_HEADER} must be a number of bytes")
+        if offset < 0 or (offset and (form or archive)):
+            return Outcome(400, f"{names.OFFSET_HEADER} {offset} cannot be used here: only raw uploads to the "
+                                "upload and upload-async paths resume")
+        try:
+            self.session.admit(offset)
+        except Refusal as refusal:
+            log.warning("refused an upload request: %s", refusal.message)
+            return Outcome(refusal.status, refusal.message, refusal.headers)
+        return offset
+
+    # -- the front's raw uploads (called on the event loop; the answer is written by the front) ---------
+    def admit_raw(self, authorized: bool, headers: Mapping[str, str], archive: bool) -> Outcome | int:
+        """As `_admit`; the request counts as in flight until the front calls `request_done`."""
+        self._request_started()
+        lowered = {k.lower(): v for k, v in headers.items()}
+        return self._admit(authorized, _Lower(lowered), form=False, archive=archive)
+
+    async def receive_raw(self, chunks: BodyBridge, *, archive: bool, wait_for_durable: bool, offset: int,
+                          length: int) -> Outcome:
+        try:
+            return await self.session.receive(chunks, archive=archive, wait_for_durable=wait_for_durable,
+                                              offset=offset, length=length)
+        except BaseException:
+            if self.session.state == "uploading":
+                self.session.state = "idle"
+            raise
+        finally:
+            chunks.close()
+
+
+class _Lower(dict[str, str]):
+    """Headers looked up without regard to case (as aiohttp's)."""
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+
+def _response(outcome: Outcome) -> web.Response:
+    return web.Response(status=outcome.status, text=outcome.message, headers=outcome.headers)
 
 
 async def _as_received(request: web.Request) -> AsyncIterator[bytes]:

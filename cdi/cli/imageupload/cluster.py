@@ -303,8 +303,11 @@ class Cluster:
         return None
 
     async def wait_done(self, request: Request, timeout: float) -> str:
-        """The final phase (`Succeeded`), or ClusterError with the failure's reason."""
-        deadline = time.monotonic() + timeout
+        """The final phase (`Succeeded`), or ClusterError with the failure's reason. Looked at every 0.1s
+        for the first seconds (after an async upload of a raw image only the final flush is left, which
+        takes well under a second), then every 0.5s."""
+        started = time.monotonic()
+        deadline = started + timeout
         while True:
             try:
                 pvc = await self.client.get(groups.PVCS, request.name, request.namespace)
@@ -330,7 +333,10 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"timed out waiting for the processing of {request.key}; the upload server "
                                    "keeps working, check the DataVolume or PVC")
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.1 if time.monotonic() - started < FAST_POLL_SECONDS else 0.5)
+
+
+FAST_POLL_SECONDS = 5.0
 
 
 def _conditions(dv: Mapping[str, Any]) -> str:

@@ -1,0 +1,332 @@
+"""The proxy's front door (`cdi.common.threadfront`): the bytes of uploads in a thread per connection,
+with blocking TLS sockets.
+
+Every byte of an upload crosses TLS twice in the proxy (decrypted from the client, encrypted again for
+the upload server with the proxy's client certificate): about 2.7 CPU-seconds per GiB through asyncio
+streams here, about 1.8 with blocking `ssl` sockets in a thread.
+
+A `POST` to an upload path (the only requests that carry an image) is authorised and routed exactly as
+before, by the proxy's coroutine on the event loop (`plan`), and then handled here: a refusal is
+answered (`text/plain`, CORS headers for a browser) and the connection lingers briefly, as aiohttp's
+does; otherwise the thread connects to the upload server over mutual TLS, sends the request head, pumps
+the body (`recv_into` a reusable buffer, `sendall` in batches; chunked bodies are re-chunked), and
+relays the answer (which may come early, before the whole body: then the client's body is drained
+briefly and the connection closed). A client that goes away aborts the upstream connection at once,
+which is what lets the upload server keep the bytes for a resumed upload. `Expect: 100-continue` is
+answered here, before the token is checked, as aiohttp does. Every other request (healthz, CORS
+preflight, `HEAD` probes, 404s) goes to the proxy's aiohttp application, unchanged.
+
+A connection that carried an upload is closed after its answer (`Connection: close`). Memory per
+connection is one buffer of `BUFFER` bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import select
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
+
+import h11
+
+from cdi.api import upload as names
+from cdi.common import threadfront
+
+log = logging.getLogger(__name__)
+
+BUFFER = 1 << 20  # per connection
+BATCH = 1 << 20  # bytes received before they are sent on (one `sendall`)
+SNDBUF = 4 << 20
+POLL_SECONDS = 1.0  # a quiet client: pass on what was received, and look whether the upload server answered
+CONNECT_TIMEOUT = 10.0
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+                         b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
+_NOT_FORWARDED = _HOP_BY_HOP | {b"authorization", b"expect"}  # 100-continue is answered here
+_UPLOAD_PATHS = frozenset(names.PROXY_PATHS)
+_EXPOSED = ", ".join((names.OFFSET_HEADER, names.STATE_HEADER))
+_SERVER = b"cdi-uploadproxy"
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Send the upload to this upload server."""
+
+    url: str
+    server_hostname: str
+    context: ssl.SSLContext
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Answer the request with this (a refusal)."""
+
+    status: int
+    text: str
+
+
+Plan = Callable[[str, "str | None", "str | None"], Awaitable["Forward | Answer"]]  # path, authorization, target
+
+
+class ClientGone(Exception):
+    """The client's connection broke (or closed) before its whole body arrived."""
+
+
+class Front:
+    """The proxy's listening socket (`cdi.common.threadfront`): POSTs to upload paths served here."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext | None, plan: Plan,
+                 adopt: threadfront.Adopt) -> None:
+        self.loop = loop
+        self.plan = plan
+        self._front = threadfront.ThreadFront(loop, context, self._serve, adopt, name="uploadproxy")
+
+    def start(self, host: str, port: int) -> int:
+        return self._front.start(host, port)
+
+    def stop(self) -> None:
+        self._front.stop()
+
+    def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
+        path = request.target.decode("latin-1").partition("?")[0]
+        if request.method != b"POST" or path not in _UPLOAD_PATHS:
+            return False
+        _Upload(self, sock, conn, request).run()
+        return True
+
+
+class _Upload:
+    """A `POST` to an upload path: authorise, route, pump the body, relay the answer."""
+
+    def __init__(self, front: Front, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> None:
+        self.front = front
+        self.sock = sock
+        self.conn = conn
+        self.request = request
+        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers.raw_items()}
+        self.origin = self.headers.get("origin")
+        self.body_done = False  # the client's whole body was read
+        self.upstream: socket.socket | None = None
+
+    def run(self) -> None:
+        if self.conn.they_are_waiting_for_100_continue:  # as aiohttp does, before the handler
+            self.sock.sendall(self._send(h11.InformationalResponse(status_code=100, headers=[])))
+        target = self.request.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        plan = asyncio.run_coroutine_threadsafe(
+            self.front.plan(path, self.headers.get("authorization"), self.headers.get(names.TARGET_HEADER.lower())),
+            self.front.loop).result()
+        try:
+            if isinstance(plan, Answer):
+                self._answer(plan.status, plan.text)
+            else:
+                self._forward(plan, query)
+        finally:
+            if self.upstream is not None:
+                self.upstream.close()
+        if not self.body_done:
+            self._linger()
+
+    # -- forwarding ---------------------------------------------------------------------------------------
+    def _forward(self, plan: Forward, query: str) -> None:
+        url = urlsplit(plan.url)
+        host, port = url.hostname or "", url.port or names.UPLOAD_PORT
+        try:
+            raw = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+            try:
+                upstream = plan.context.wrap_socket(raw, server_hostname=plan.server_hostname)
+            except BaseException:
+                raw.close()
+                raise
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("forwarding to %s failed: %s", plan.server_hostname, exc)
+            self._answer(502, f"error in upload-proxy: {exc}")
+            return
+        upstream.settimeout(None)
+        self.upstream = upstream
+        headers: list[tuple[bytes, bytes]] = [(b"Host", f"{url.netloc}".encode("latin-1"))]
+        headers += [(k, v) for k, v in self.request.headers.raw_items() if k.lower() not in _NOT_FORWARDED]
+        length = self.headers.get("content-length")
+        chunked = length is None and "chunked" in self.headers.get("transfer-encoding", "").lower()
+        if chunked:
+            headers.append((b"Transfer-Encoding", b"chunked"))
+        else:
+            headers.append((b"Content-Length", (length or "0").encode()))
+        up = h11.Connection(h11.CLIENT, max_incomplete_event_size=threadfront.MAX_HEAD)
+        target = url.path + (f"?{query}" if query else "")
+        broken: OSError | None = None
+        try:
+            upstream.sendall(up.send(h11.Request(method=b"POST", target=target, headers=headers)))
+            self._pump(upstream, up, chunked)
+        except ClientGone as exc:
+            log.info("the client went away during an upload to %s (%s); the upload server was told",
+                     plan.server_hostname, exc)
+            with contextlib.suppress(OSError):
+                upstream.shutdown(socket.SHUT_RDWR)  # abort: the upload server sees the body cut off
+            return
+        except OSError as exc:  # the upload server went away; it may have answered first
+            broken = exc
+        try:
+            self._relay(upstream, up)
+        except (OSError, h11.ProtocolError) as exc:
+            if self.conn.our_state is h11.SEND_RESPONSE:
+                cause = broken or exc
+                log.warning("forwarding to %s failed: %s", plan.server_hostname, cause)
+                self._answer(502, f"error in upload-proxy: {cause}")
+            else:
+                log.warning("relaying the answer of %s failed: %s", plan.server_hostname, exc)
+
+    def _pump(self, upstream: socket.socket, up: h11.Connection, chunked: bool) -> bool:
+        """The client's body to the upload server; True when the upload server answered before its end."""
+        if chunked:
+            return self._pump_chunked(upstream, up)
+        buffer = bytearray(BUFFER)
+        view = memoryview(buffer)
+        fill = 0
+        remaining = int(self.headers.get("content-length") or 0)
+        while True:  # what h11 already holds of the body
+            event = self.conn.next_event()
+            if isinstance(event, h11.Data):
+                remaining -= len(event.data)
+                upstream.sendall(up.send(h11.Data(data=event.data)))
+            elif isinstance(event, h11.EndOfMessage):
+                self.body_done = True
+                upstream.sendall(up.send(h11.EndOfMessage()))
+                return False
+            else:
+                break
+        self.sock.settimeout(POLL_SECONDS)
+        while remaining > 0:
+            try:
+                n = self.sock.recv_into(view[fill:], min(BUFFER - fill, remaining))
+            except TimeoutError:
+                if fill:
+                    self._send_up(upstream, up, view[:fill])
+                    fill = 0
+                if _answered(upstream, up):
+                    return True
+                continue
+            except OSError as exc:
+                raise ClientGone(str(exc)) from exc
+            if not n:
+                raise ClientGone(f"the connection closed with {remaining} bytes of the body still to come")
+            fill += n
+            remaining -= n
+            if fill >= BATCH or not remaining:
+                if _answered(upstream, up):
+                    return True
+                self._send_up(upstream, up, view[:fill])
+                fill = 0
+        self.body_done = True
+        self.sock.settimeout(None)
+        upstream.sendall(up.send(h11.EndOfMessage()))
+        return False
+
+    def _send_up(self, upstream: socket.socket, up: h11.Connection, data: memoryview) -> None:
+        for piece in up.send_with_data_passthrough(h11.Data(data=data)):
+            upstream.sendall(piece)
+
+    def _pump_chunked(self, upstream: socket.socket, up: h11.Connection) -> bool:
+        self.sock.settimeout(POLL_SECONDS)
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise ClientGone(f"a broken chunked body: {exc}") from exc
+            if event is h11.NEED_DATA:
+                try:
+                    data = self.sock.recv(65536)
+                except TimeoutError:
+                    if _answered(upstream, up):
+                        return True
+                    continue
+                except OSError as exc:
+                    raise ClientGone(str(exc)) from exc
+                if not data:
+                    raise ClientGone("the connection closed in the middle of a chunked body")
+                self.conn.receive_data(data)
+            elif isinstance(event, h11.Data):
+                if _answered(upstream, up):
+                    return True
+                upstream.sendall(up.send(h11.Data(data=event.data)))
+            elif isinstance(event, h11.EndOfMessage):
+                self.body_done = True
+                self.sock.settimeout(None)
+                upstream.sendall(up.send(h11.EndOfMessage()))
+                return False
+
+    def _relay(self, upstream: socket.socket, up: h11.Connection) -> None:
+        """The upload server's answer, streamed to the client."""
+        response = _next(upstream, up)
+        while isinstance(response, h11.InformationalResponse):
+            response = _next(upstream, up)
+        if not isinstance(response, h11.Response):
+            raise h11.RemoteProtocolError(f"the upload server sent {response!r} instead of an answer")
+        headers = [(k, v) for k, v in response.headers.raw_items() if k.lower() not in _HOP_BY_HOP]
+        length = next((v for k, v in response.headers.raw_items() if k.lower() == b"content-length"), None)
+        if length is not None:
+            headers.append((b"Content-Length", length))
+        self.sock.settimeout(None)
+        self.sock.sendall(self._send(h11.Response(status_code=response.status_code, reason=response.reason,
+                                                  headers=self._finish_headers(headers))))
+        while True:
+            event = _next(upstream, up)
+            if isinstance(event, h11.Data):
+                self.sock.sendall(self._send(h11.Data(data=event.data)))
+            elif isinstance(event, h11.EndOfMessage):
+                self.sock.sendall(self._send(h11.EndOfMessage()))
+                return
+            else:
+                raise h11.RemoteProtocolError(f"the upload server's answer ended with {event!r}")
+
+    # -- answering ----------------------------------------------------------------------------------------
+    def _answer(self, status: int, text: str) -> None:
+        threadfront.text_answer(self.sock, self.conn, status, text, self._finish_headers([])[:-1], server=_SERVER)
+
+    def _finish_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        if self.origin:
+            cors = {b"access-control-allow-origin": b"*", b"access-control-expose-headers": _EXPOSED.encode(),
+                    b"vary": b"Origin"}
+            headers = [(k, v) for k, v in headers if k.lower() not in cors]
+            headers += [(b"Access-Control-Allow-Origin", b"*"), (b"Access-Control-Expose-Headers", _EXPOSED.encode()),
+                        (b"Vary", b"Origin")]
+        return [*headers, (b"Connection", b"close")]
+
+    def _send(self, event: h11.Event) -> bytes:
+        return threadfront.send(self.conn, event)
+
+    def _linger(self) -> None:
+        threadfront.linger(self.sock)
+
+
+def _next(upstream: socket.socket, up: h11.Connection) -> h11.Event | type[h11.PAUSED]:
+    while True:
+        event = up.next_event()
+        if event is not h11.NEED_DATA:
+            return cast("h11.Event | type[h11.PAUSED]", event)
+        up.receive_data(upstream.recv(65536))
+
+
+def _answered(upstream: socket.socket, up: h11.Connection) -> bool:
+    """Whether the upload server answered (or closed) already; what it sent is given to `up`. (TLS 1.3
+    session tickets make the socket readable without any answer: they are consumed here.)"""
+    if not (isinstance(upstream, ssl.SSLSocket) and upstream.pending()) and \
+            not select.select([upstream], [], [], 0)[0]:
+        return False
+    upstream.settimeout(0.0)
+    try:
+        data = upstream.recv(65536)
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return False
+    except OSError:
+        data = b""
+    finally:
+        upstream.settimeout(None)
+    up.receive_data(data)
+    return True

@@ -1,0 +1,190 @@
+"""The upload server's listening socket (`cdi.common.threadfront`): the bodies of raw uploads are read in
+a thread per connection from a blocking TLS socket.
+
+Receiving through asyncio (uvloop) streams costs about 1.5 CPU-seconds per GiB in TLS and transport
+code before the importer sees a byte; a blocking `ssl` socket read into 1 MiB buffers about 1.2, with
+the GIL released while OpenSSL decrypts, so the importer's threads run meanwhile.
+
+A `POST` with a `Content-Length` to a raw upload path (sync, async, archive) is served here: the request
+is checked and admitted by the same code as before (`UploadServer.admit_raw`, on the event loop), the
+body is read in 1 MiB chunks and handed to the session (`UploadSession.receive`, unchanged) through
+`BodyBridge`, an async iterator bounded to `BRIDGE_CHUNKS` chunks in flight, and the session's answer is
+written back. The client's certificate is checked as before (`getpeercert`). Everything else (healthz,
+HEAD, forms, chunked bodies, other methods) goes to the aiohttp application with the client's verified
+certificate. A connection that carried an upload is closed after its answer; when the answer comes
+before the whole body (a refusal, the importer gave up), the rest is drained briefly first, as aiohttp
+does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import h11
+
+from cdi.api import upload as names
+from cdi.common import threadfront
+from cdi.uploadserver.session import Outcome
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+BRIDGE_CHUNKS = 4
+POLL_SECONDS = 1.0  # a quiet client: look whether the session still wants the body
+PAUSE_SECONDS = 0.05  # a client that pauses in the middle of a chunk: what arrived is handed on
+_END = object()
+_RAW = {**{p: (False, True) for p in names.SYNC_PATHS}, **{p: (False, False) for p in names.ASYNC_PATHS},
+        **{p: (True, True) for p in names.ARCHIVE_PATHS}}  # path -> (archive, wait for durable)
+
+
+class BodyBridge:
+    """Chunks read by a thread, consumed on the event loop as an async iterator (at most `slots` queued)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, slots: int = BRIDGE_CHUNKS) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.slots = threading.Semaphore(slots)
+        self.stopped = threading.Event()  # the consumer is gone (done, failed, cancelled)
+
+    # -- the reading thread -----------------------------------------------------------------------------
+    def put(self, chunk: bytes | bytearray) -> bool:
+        """Hand a chunk on, waiting while `slots` are queued; False once the consumer stopped."""
+        while not self.slots.acquire(timeout=POLL_SECONDS):
+            if self.stopped.is_set():
+                return False
+        if self.stopped.is_set():
+            return False
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, chunk)
+        return True
+
+    def close(self) -> None:
+        """The consumer is done with the body (the reading thread stops)."""
+        self.stopped.set()
+
+    def end(self, error: BaseException | None = None) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, _END if error is None else error)
+
+    # -- the event loop ---------------------------------------------------------------------------------
+    def __aiter__(self) -> BodyBridge:
+        return self
+
+    async def __anext__(self) -> bytes | bytearray:
+        try:
+            item = await self.queue.get()
+        except BaseException:
+            self.stopped.set()
+            raise
+        if item is _END:
+            self.stopped.set()
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self.stopped.set()
+            raise item
+        self.slots.release()
+        return item  # type: ignore[no-any-return]
+
+
+class Front:
+    def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext, server: Any) -> None:
+        self.loop = loop
+        self.server = server  # UploadServer: admit_raw, receive_raw, authorized_peer, request_done
+        self._front = threadfront.ThreadFront(loop, context, self._serve, server.adopt, name="uploadserver")
+
+    def start(self, host: str, port: int) -> int:
+        return self._front.start(host, port, backlog=16)
+
+    def stop(self) -> None:
+        self._front.stop()
+
+    def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
+        path = request.target.decode("latin-1").partition("?")[0]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers.raw_items()}
+        if request.method != b"POST" or path not in _RAW or "content-length" not in headers:
+            return False
+        archive, wait = _RAW[path]
+        if conn.they_are_waiting_for_100_continue:  # as aiohttp does, before the handler
+            sock.sendall(threadfront.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
+        peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
+        body_done = False
+        try:
+            admitted = self._call(lambda: self.server.admit_raw(self.server.authorized_peer(peer), headers, archive))
+            if isinstance(admitted, Outcome):
+                outcome = admitted
+            else:
+                length = int(headers["content-length"])
+                bridge = BodyBridge(self.loop)
+                future = asyncio.run_coroutine_threadsafe(
+                    self.server.receive_raw(bridge, archive=archive, wait_for_durable=wait, offset=admitted,
+                                            length=length), self.loop)
+                body_done = _read_body(sock, conn, bridge, length)
+                outcome = future.result()
+            threadfront.text_answer(sock, conn, outcome.status, outcome.message,
+                                    [(k.encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers.items()],
+                                    server=b"cdi-uploadserver")
+        finally:
+            self.loop.call_soon_threadsafe(self.server.request_done)
+        if not body_done:
+            threadfront.linger(sock)
+        return True
+
+    def _call(self, make: Callable[[], Any]) -> Any:
+        async def call() -> Any:
+            return make()
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+
+
+def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, length: int) -> bool:
+    """The body into the bridge; True when all of it was read."""
+    remaining = length
+    while True:  # what h11 already holds of the body
+        event = conn.next_event()
+        if isinstance(event, h11.Data):
+            remaining -= len(event.data)
+            if not bridge.put(event.data):
+                return False
+        elif isinstance(event, h11.EndOfMessage):
+            bridge.end()
+            return True
+        else:
+            break
+    while remaining > 0:
+        buffer = bytearray(min(CHUNK, remaining))  # handed on whole: the importer writes it without a copy
+        view = memoryview(buffer)
+        fill = 0
+        error: BaseException | None = None
+        sock.settimeout(POLL_SECONDS)
+        while fill < len(view):
+            try:
+                n = sock.recv_into(view[fill:])
+            except TimeoutError:
+                if fill:
+                    break  # a pause: hand on what arrived
+                if bridge.stopped.is_set():
+                    return False
+                continue
+            except OSError as exc:
+                error = ConnectionResetError(f"the connection broke: {exc}")
+                break
+            if not n:
+                error = ConnectionResetError(f"the connection closed with {remaining - fill} bytes of the body "
+                                             "still to come")
+                break
+            if not fill:
+                sock.settimeout(PAUSE_SECONDS)
+            fill += n
+        remaining -= fill
+        view.release()
+        del buffer[fill:]
+        if fill and not bridge.put(buffer):
+            return False
+        if error is not None:  # after what arrived before it: all of that is good
+            bridge.end(error)
+            return False
+    bridge.end()
+    sock.settimeout(None)
+    return True

@@ -1,0 +1,66 @@
+"""The threaded front: plain requests it declines reach the asyncio server; its threads are capped."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from cdi.common import threadfront
+
+
+async def _front(monkeypatch: pytest.MonkeyPatch, limit: int) -> tuple[threadfront.ThreadFront, int]:
+    monkeypatch.setattr(threadfront, "MAX_CONNECTIONS", limit)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def adopt(sock: socket.socket, peer: object) -> None:
+        async def answer() -> None:
+            reader, writer = await asyncio.open_connection(sock=sock)
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+
+        task = asyncio.ensure_future(answer())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, lambda *_: False, adopt)
+    return front, front.start("127.0.0.1", 0)
+
+
+async def _get(port: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return data
+
+
+async def test_a_declined_request_is_answered_by_the_asyncio_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    front, port = await _front(monkeypatch, 8)
+    try:
+        assert (await _get(port)).endswith(b"\r\n\r\nok")
+    finally:
+        front.stop()
+
+
+async def test_connections_beyond_the_cap_are_closed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    front, port = await _front(monkeypatch, 1)
+    try:
+        _, idle = await asyncio.open_connection("127.0.0.1", port)  # holds the only thread, sends nothing
+        for _ in range(100):  # until the front has counted it
+            if front._threads:
+                break
+            await asyncio.sleep(0.02)
+        assert await _get(port) == b""  # closed without an answer
+        idle.close()
+        for _ in range(250):  # the thread ends when the idle client goes; then a request is served
+            if not front._threads:
+                break
+            await asyncio.sleep(0.02)
+        assert (await _get(port)).endswith(b"ok")
+    finally:
+        front.stop()
