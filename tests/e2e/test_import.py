@@ -14,11 +14,11 @@ import pytest
 
 from cdi.common import pki
 from tests.e2e.importing import condition, datavolume, phase, read_back, wait_phase
-from tests.integration.importer import oci
 from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
-from tests.integration.importer.images import Image
-from tests.integration.importer.servers import Fault, FileServer
+from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
+from tests.support.images import Image
+from tests.support.servers import Fault, FileServer
 
 
 @pytest.fixture(scope="module")

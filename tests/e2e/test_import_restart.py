@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.importing import datavolume, read_back, wait_phase
-from tests.integration.importer.images import Image
-from tests.integration.importer.servers import FileServer
 from tests.support.cluster import CdiUp, Kubectl, wait_for
+from tests.support.images import Image
+from tests.support.servers import FileServer
 
 
 @pytest.fixture

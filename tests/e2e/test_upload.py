@@ -23,9 +23,9 @@ import pytest
 from cdi.common import uploadtoken
 from tests.e2e.importing import condition, phase, read_back, wait_phase
 from tests.e2e.uploading import curl, image_upload, proxy_url, token, upload_dv, wait_ready
-from tests.integration.importer.images import Image, file_name
 from tests.integration.upload.conftest import upload_image_set
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
+from tests.support.images import Image, file_name
 
 
 @pytest.fixture(scope="session")

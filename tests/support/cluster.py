@@ -11,27 +11,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.support.waiting import wait_for
+
+__all__ = ["ROOT", "CdiUp", "Kubectl", "wait_for"]  # wait_for: where the e2e tests have always found it
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
-             message: str = "condition") -> Any:
-    """Poll `predicate` until it returns something truthy; fail with `message` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message} (last: {last!r})")
 
 
 class CdiUp:

@@ -10,7 +10,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from .images import Image, file_name
+from tests.support.images import Image, file_name
 
 
 def _qemu(*args: str) -> None:

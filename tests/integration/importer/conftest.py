@@ -19,11 +19,11 @@ import boto3
 import pytest
 
 from cdi.common import pki
+from tests.support import oci
+from tests.support.images import Image, build_image_set, sha256_file
+from tests.support.servers import FileServer, Registry, TLSMotoServer, TokenServer, htpasswd_file
 
-from . import oci
 from .harness import BLOCK_SIZE, PASSWORD, S3_KEY, S3_SECRET, USER, Volume
-from .images import Image, build_image_set, sha256_file
-from .servers import FileServer, Registry, TLSMotoServer, TokenServer, htpasswd_file
 
 
 # -- images and CA --------------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def s3(
 ) -> Iterator[S3]:
     from moto.server import ThreadedMotoServer
 
-    from .servers import free_port
+    from tests.support.servers import free_port
 
     plain = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     plain.start()

@@ -19,8 +19,7 @@ from typing import Any
 
 from cdi.api.sizing import usable_space
 from cdi.common.imageprobe import HEAD_BYTES, decompress_head, needs_scratch, qcow2_extended_l2, sniff
-
-from .images import COMPRESSIONS, FORMATS, Image, file_name, sha256_file
+from tests.support.images import COMPRESSIONS, FORMATS, Image, file_name, sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 REQUESTED = 32 << 20

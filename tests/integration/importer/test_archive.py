@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from tests.support.servers import FileServer
+
 from .harness import Volume, assert_failed, run_importer
-from .servers import FileServer
 
 BIG_FILE = os.urandom(3 << 20) + bytes(5 << 20) + b"end"
 

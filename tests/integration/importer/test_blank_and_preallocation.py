@@ -9,6 +9,8 @@ import pytest
 
 from cdi.api.sizing import usable_space
 from cdi.importer.target import FileTarget
+from tests.support.images import Image, file_name
+from tests.support.servers import FileServer
 
 from .harness import (
     OVERHEAD,
@@ -19,8 +21,6 @@ from .harness import (
     assert_imported,
     run_importer,
 )
-from .images import Image, file_name
-from .servers import FileServer
 
 
 @pytest.mark.parametrize("source", ["blank", "none"])

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.images import Image, file_name
+from tests.support.servers import Fault, FileServer, free_port
+
 from .harness import PASSWORD, USER, Volume, assert_failed, assert_imported, run_importer
-from .images import Image, file_name
-from .servers import Fault, FileServer, free_port
 
 CHECKSUM_CASES = [  # (image, route) covering every way the bytes can travel
     (file_name("raw"), "ranges"),

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from cdi.common.imageprobe import ACCESS_NBD, ACCESS_STREAM
+from tests.support.images import Image, file_name
+from tests.support.servers import Fault, FileServer
 
 from .harness import (
     CASES,
@@ -21,8 +23,6 @@ from .harness import (
     rule_says_scratch,
     run_importer,
 )
-from .images import Image, file_name
-from .servers import Fault, FileServer
 
 NATIVE = {
     "raw": "ranges",

@@ -6,10 +6,10 @@ import subprocess
 from collections.abc import Callable
 
 from cdi.importer.progress import COMPLETE, CONVERT, RESIZE, SYNC, TRANSFER_DATA_FILE, Progress
+from tests.support.servers import FileServer, wait_for
 
 from .conftest import Big
 from .harness import Volume, base_env, importer_command, metric, pod_ip, read_message, scrape
-from .servers import FileServer, wait_for
 
 OWNER = "0b1d6e1c-4f1e-4d5e-9a57-1f3c0f2b7e11"
 
@@ -44,7 +44,7 @@ def test_metrics_while_importing(
             done = metric(text, "cdi_importer_phase_bytes_done", ownerUID=OWNER, phase=TRANSFER_DATA_FILE)
             return done is not None and done >= image.file_size * 0.4
 
-        wait_for(half_way, 60, "metrics showing the import half way")
+        wait_for(half_way, 60, message="metrics showing the import half way")
         text = seen["text"]
         progress = metric(text, "kubevirt_cdi_import_progress_total", ownerUID=OWNER)
         assert progress is not None
@@ -83,7 +83,7 @@ def test_no_metrics_without_pod_ip(
     range_server.close_gate(big.raw.file_size // 2)
     proc = subprocess.Popen(importer_command(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: range_server.served(big.raw.name) > 0, 60, "the import to start")
+        wait_for(lambda: range_server.served(big.raw.name) > 0, 60, message="the import to start")
         assert scrape(ip) is None
     finally:
         range_server.open_gate()

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.images import Image, file_name
+from tests.support.servers import FileServer
+
 from .bad_images import build_bad_images
 from .harness import REQUESTED, USABLE, Volume, assert_failed, assert_imported, run_importer
-from .images import Image, file_name
-from .servers import FileServer
 
 
 @pytest.fixture(scope="session")

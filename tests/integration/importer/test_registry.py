@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from cdi.common.imageprobe import ACCESS_STREAM
+from tests.support import oci
+from tests.support.images import Image, file_name
 
-from . import oci
 from .conftest import Registries
 from .harness import (
     CHECKERBOARD,
@@ -24,7 +25,6 @@ from .harness import (
     rule_says_scratch,
     run_importer,
 )
-from .images import Image, file_name
 
 LABEL_ENV = [
     "INSTANCETYPE_KUBEVIRT_IO_DEFAULT_PREFERENCE=fedora",

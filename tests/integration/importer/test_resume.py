@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from cdi.api.sizing import usable_space
+from tests.support.images import Image
+from tests.support.servers import FileServer, wait_for
 
 from .conftest import BIG, Big
 from .harness import OVERHEAD, Volume, assert_imported, base_env, importer_command, read_message, run_importer
-from .images import Image
-from .servers import FileServer, wait_for
 
 USABLE_BIG = usable_space(OVERHEAD, 256 << 20)
 STATE = ".cdi-import-state"
@@ -74,7 +74,7 @@ def test_sigkill_half_way_then_resume(
             wait_for(
                 checkpointed(volume, int(image.file_size * 0.4), scratch=mode == "block"),
                 60,
-                "a checkpoint past 40% of the image",
+                message="a checkpoint past 40% of the image",
             )
         finally:
             proc.kill()
@@ -111,7 +111,7 @@ def test_sigterm_saves_a_checkpoint_and_resumes(
     range_server.reset_counters()
     try:
         proc = start_importer(volume, env)
-        wait_for(checkpointed(volume, int(image.file_size * 0.4)), 60, "a checkpoint past 40% of the image")
+        wait_for(checkpointed(volume, int(image.file_size * 0.4)), 60, message="a checkpoint past 40% of the image")
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     finally:
@@ -144,7 +144,7 @@ def test_changed_source_starts_over(
     try:
         proc = start_importer(volume, env)
         try:
-            wait_for(checkpointed(volume, int(BIG * 0.4)), 60, "a checkpoint past 40%")
+            wait_for(checkpointed(volume, int(BIG * 0.4)), 60, message="a checkpoint past 40%")
         finally:
             proc.kill()
             proc.wait()
@@ -173,7 +173,7 @@ def test_no_resume_without_validators(big: Big, served_dir: Path, make_volume: C
         server.close_gate(image.file_size // 2)
         proc = start_importer(volume, env)
         try:
-            wait_for(lambda: server.served(image.name) >= image.file_size // 3, 60, "a third of the image")
+            wait_for(lambda: server.served(image.name) >= image.file_size // 3, 60, message="a third of the image")
         finally:
             proc.kill()
             proc.wait()

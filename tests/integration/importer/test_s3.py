@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cdi.common.imageprobe import ACCESS_NBD
+from tests.support.images import Image, file_name
 
 from .conftest import S3
 from .harness import (
@@ -22,7 +23,6 @@ from .harness import (
     rule_says_scratch,
     run_importer,
 )
-from .images import Image, file_name
 from .test_http import expected_route
 
 

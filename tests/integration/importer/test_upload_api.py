@@ -17,9 +17,9 @@ from cdi.importer import (
     Reason,
     import_stream,
 )
+from tests.support.images import Image, file_name, sha256_file
 
 from .harness import OVERHEAD, REQUESTED, USABLE
-from .images import Image, file_name, sha256_file
 
 
 def feed(stream: QueueStream, path: Path, chunk: int = 100_000) -> threading.Thread:

@@ -16,7 +16,7 @@ from cdi.api import upload as names
 from cdi.common import pki
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.server import UploadServer
-from tests.integration.importer.images import BUILDER_VERSION, Image, build_image_set
+from tests.support.images import BUILDER_VERSION, Image, build_image_set
 
 VOLUME = 32 << 20
 OVERHEAD = "0.055"

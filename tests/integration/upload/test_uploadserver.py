@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from cdi.api.sizing import usable_space
-from tests.integration.importer.images import Image, file_name, sha256_file
+from tests.support.images import Image, file_name, sha256_file
 
 from .conftest import OVERHEAD, VOLUME, Running, UploadPki, make_volumes, start_server
 

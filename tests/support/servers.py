@@ -28,7 +28,6 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_
 from werkzeug.serving import make_server
 
 from cdi.common import pki
+from tests.support.waiting import wait_for
 
 CHUNK = 256 * 1024
 # importers killed on purpose leave responses half-written: not worth a traceback in the test log
@@ -51,15 +51,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll until `predicate()` holds; fail after `timeout` seconds (tests never sleep to wait)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class _LoopThread:
@@ -367,7 +358,7 @@ class Registry:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        wait_for(self._ready, 30, "docker-registry to listen")
+        wait_for(self._ready, 30, message="docker-registry to listen")
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
