@@ -102,3 +102,10 @@ def needs_scratch(fmt: str, compression: str | None, access: str, *, extended_l2
     if fmt == QCOW2 and not extended_l2:
         return False
     return compression is not None or access != ACCESS_NBD
+
+
+def head_needs_scratch(head: bytes, access: str) -> bool:
+    """The rule applied to a source's first bytes (decompressed once, for the format and the qcow2 header)."""
+    compression = detect_compression(head)
+    inner = decompress_head(head, compression) if compression else head
+    return needs_scratch(detect_format(inner), compression, access, extended_l2=qcow2_extended_l2(inner))

@@ -16,15 +16,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from cdi.api import groups
-from cdi.common.imageprobe import (
-    ACCESS_NBD,
-    ACCESS_STREAM,
-    HEAD_BYTES,
-    decompress_head,
-    needs_scratch,
-    qcow2_extended_l2,
-    sniff,
-)
+from cdi.common.imageprobe import ACCESS_NBD, ACCESS_STREAM, HEAD_BYTES, head_needs_scratch
 from cdi.controller.importpod import ImportSource
 from cdi.kube import ApiError, KubeClient
 
@@ -116,6 +108,4 @@ async def scratch_required(client: KubeClient, pvc: Mapping[str, Any], source: I
     except Exception as exc:  # any failure to probe is the importer's to report, with its reason
         log.info("could not probe %s: %s", source.endpoint, exc)
         return False
-    compression, fmt = sniff(head)
-    inner = decompress_head(head, compression) if compression else head
-    return needs_scratch(fmt, compression, access, extended_l2=qcow2_extended_l2(inner))
+    return head_needs_scratch(head, access)

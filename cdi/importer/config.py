@@ -39,7 +39,7 @@ def parse_bool(name: str, value: str | None, default: bool, strict: bool) -> boo
     return default
 
 
-def _positive_float(environ: Mapping[str, str], name: str, default: float) -> float:
+def positive_float(environ: Mapping[str, str], name: str, default: float) -> float:
     value = environ.get(name, "")
     if not value:
         return default
@@ -130,8 +130,8 @@ class ImporterConfig:
             owner_uid=env.get(envnames.OWNER_UID, ""),
             pod_ip=env.get(envnames.POD_IP, "").strip(),
             paths=paths,
-            retry=RetryPolicy(budget=_positive_float(env, envnames.RETRY_BUDGET, 300.0)),
-            read_timeout=_positive_float(env, envnames.READ_TIMEOUT, 60.0),
+            retry=RetryPolicy(budget=positive_float(env, envnames.RETRY_BUDGET, 300.0)),
+            read_timeout=positive_float(env, envnames.READ_TIMEOUT, 60.0),
         )
 
 

@@ -19,22 +19,9 @@ from cdi.api import upload as names
 from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.api.sizing import overhead_fraction
 from cdi.importer import BlockTarget, FileTarget, ImporterError, Reason, Target
+from cdi.importer.config import parse_bool, positive_float
 
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 IDLE_TIMEOUT = "UPLOAD_IDLE_TIMEOUT"  # ours: seconds without body data before an upload counts as cut off
-
-
-def _positive(env: Mapping[str, str], name: str, default: float) -> float:
-    text = env.get(name, "")
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number") from None
-    if value <= 0:
-        raise ConfigError(f"{name}={text!r} must be positive")
-    return value
 
 
 class ConfigError(ImporterError):
@@ -98,12 +85,12 @@ class UploadServerConfig:
             destination=Path(destination),
             image_size=image_size,
             filesystem_overhead=overhead,
-            preallocation=env.get(envnames.PREALLOCATION, "") in _TRUE,
+            preallocation=parse_bool(envnames.PREALLOCATION, env.get(envnames.PREALLOCATION), False, strict=False),
             content_type=content_type,
             owner_uid=env.get(envnames.OWNER_UID, ""),
             scratch_dir=scratch if scratch.is_dir() else None,
             termination_log=Path(env.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT),
-            idle_timeout=_positive(env, IDLE_TIMEOUT, 120.0),
+            idle_timeout=positive_float(env, IDLE_TIMEOUT, 120.0),
         )
 
     @property

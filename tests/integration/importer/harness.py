@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.sizing import usable_space
-from cdi.common.imageprobe import HEAD_BYTES, decompress_head, needs_scratch, qcow2_extended_l2, sniff
+from cdi.common.imageprobe import HEAD_BYTES, head_needs_scratch
 from tests.support.images import COMPRESSIONS, FORMATS, Image, file_name, sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -187,9 +187,7 @@ def rule_says_scratch(image: Image, access: str) -> bool:
     """What the controller decides from the image's first bytes, before any importer pod exists."""
     with open(image.path, "rb") as f:
         head = f.read(HEAD_BYTES)
-    compression, fmt = sniff(head)
-    inner = decompress_head(head, compression) if compression else head
-    return needs_scratch(fmt, compression, access, extended_l2=qcow2_extended_l2(inner))
+    return head_needs_scratch(head, access)
 
 
 def assert_imported(
