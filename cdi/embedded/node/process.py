@@ -94,8 +94,16 @@ class ContainerProcess:
             self.kill()
 
     def kill(self) -> None:
+        """SIGKILL the sandbox's init (which takes every process of its PID namespace with it) and bwrap.
+
+        The sandbox runs in a session of its own, so killing bwrap's process group does not reach it,
+        and `--die-with-parent` does not either when bwrap dies before the sandbox has armed it (a
+        kill right after the start): its command would then run on, holding the log pipes open."""
         if self.proc is None or self.proc.returncode is not None:
             return
+        if self.sandbox_pid is not None:  # still bwrap's child while bwrap runs: not a reused pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.sandbox_pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
