@@ -196,7 +196,8 @@ def splice(client: socket.socket, inner: socket.socket) -> None:
         if client in readers:
             try:
                 data = client.recv(65536)
-            except OSError:
+            except OSError as exc:  # seen as the client's end; said, since the request is then cut short
+                log.warning("reading a delegated connection failed: %r", exc)
                 data = b""
             if data:
                 try:
