@@ -11,6 +11,28 @@ Resumable uploads (our extension; virtctl never sends these headers, so it sees 
   image and continues the upload there. A different N gets 409 with the server's `Upload-Offset`.
 * `X-CDI-Upload-Target: <namespace>/<pvc>` (optional) names the PVC the client means to upload to;
   the proxy refuses (401) a token for any other PVC instead of silently uploading into it.
+
+End-to-end TLS (our extension; only `cdi image-upload` asks for it): the proxy authorises an upload and
+then steps off the byte path, so the image is encrypted once, by the client, for the upload server.
+
+* The proxy advertises it on its answer to the `HEAD` probe of a raw upload path:
+  `Upgrade: cdi-upload-tls/1` (RFC 9110 §7.8: a server may list protocols it can upgrade to).
+* The client sends `POST <raw upload path>` with its token, `Content-Length: 0`,
+  `Connection: Upgrade` and `Upgrade: cdi-upload-tls/1`. The proxy checks it as any upload request
+  (token, PVC, readiness; refusals are answered as usual), then sends the same request to the upload
+  server over its mutual-TLS connection, adding `Cdi-Upload-Nonce: <random>`.
+* The upload server (which trusts that connection by the proxy's client certificate) answers
+  `101 Switching Protocols`; both close their TLS session (close_notify) and keep the TCP connection.
+  The proxy answers the client `101` with the nonce, `Cdi-Upload-Server-Name` (the name in the upload
+  server's certificate) and `Cdi-Upload-Server-Ca` (the upload-server CA bundle, base64 PEM), closes
+  that TLS session too, and from then on only splices bytes between the two TCP connections.
+* The client starts a new TLS session through the proxy with the upload server, verifying its
+  certificate against that CA and name, and sends the upload (`POST` with `Content-Length`,
+  `Upload-Offset` and the nonce). The upload server serves it only with the nonce it was given on the
+  proxy's authenticated connection, at the path the proxy named; the answer comes back the same way.
+
+So the token is checked by the proxy exactly as before, only the proxy can open an upload on an upload
+server, and the image is never decrypted on the way (the proxy does not see it at all).
 """
 
 from typing import Final
@@ -34,6 +56,11 @@ CONTENT_TYPE_HEADER: Final = "x-cdi-content-type"  # host-assisted clone streams
 OFFSET_HEADER: Final = "Upload-Offset"
 STATE_HEADER: Final = "Upload-State"
 TARGET_HEADER: Final = "X-CDI-Upload-Target"
+TLS_UPGRADE: Final = "cdi-upload-tls/1"
+NONCE_HEADER: Final = "Cdi-Upload-Nonce"
+SERVER_NAME_HEADER: Final = "Cdi-Upload-Server-Name"
+SERVER_CA_HEADER: Final = "Cdi-Upload-Server-Ca"
+RAW_PROXY_PATHS: Final = SYNC_PATHS + ASYNC_PATHS  # the proxy paths that can be upgraded to end-to-end TLS
 
 # upload-server environment (CDI's names)
 ENV_TLS_CERT_FILE: Final = "TLS_CERT_FILE"

@@ -23,18 +23,15 @@ import select
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Awaitable, Callable
-from email.utils import formatdate
-from typing import Any, cast
+from typing import Any
 
 import h11
 
+from cdi.common.sockhttp import HEAD_TIMEOUT, MAX_HEAD, read_event
+
 log = logging.getLogger(__name__)
 
-HEAD_TIMEOUT = 60.0  # for the TLS handshake and the request head
-LINGER_SECONDS = 1.0
-MAX_HEAD = 64 << 10
 MAX_CONNECTIONS = 256  # a thread each: beyond this, new connections are closed at once (not queued)
 RCVBUF = 4 << 20  # fewer wake-ups per byte received (measured: -15 % CPU in the receiving threads)
 PeerCert = dict[str, Any] | None
@@ -123,15 +120,7 @@ class ThreadFront:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         received = bytearray()
         try:
-            while True:
-                event = conn.next_event()
-                if event is not h11.NEED_DATA:
-                    break
-                data = sock.recv(65536)
-                if not data:
-                    return  # closed before a whole request head
-                received += data
-                conn.receive_data(data)
+            event = read_event(sock, conn, received)
         except h11.RemoteProtocolError:
             self._delegate(sock, bytes(received))
             return
@@ -150,36 +139,6 @@ class ThreadFront:
                 raise
             ours.sendall(received)
             splice(sock, ours)
-
-
-def send(conn: h11.Connection, event: h11.Event) -> bytes:
-    return cast(bytes, conn.send(event) or b"")
-
-
-def text_answer(sock: socket.socket, conn: h11.Connection, status: int, text: str,
-                headers: list[tuple[bytes, bytes]] | None = None, *, server: bytes = b"cdi") -> None:
-    """A plain-text answer, as aiohttp's `web.Response(text=...)`, on a connection that closes after it."""
-    body = text.encode()
-    head = [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", str(len(body)).encode()),
-            (b"Date", formatdate(usegmt=True).encode()), (b"Server", server), *(headers or []),
-            (b"Connection", b"close")]
-    try:
-        sock.settimeout(None)
-        sock.sendall(send(conn, h11.Response(status_code=status, headers=head)) + send(conn, h11.Data(data=body)) +
-                     send(conn, h11.EndOfMessage()))
-    except OSError as exc:
-        log.debug("the client went away before its answer: %s", exc)
-
-
-def linger(sock: socket.socket, seconds: float = LINGER_SECONDS) -> None:
-    """Read (and drop) what the client still sends, briefly, so that it sees the answer before the
-    connection closes (closing with unread data would reset it), as aiohttp and Go's server do."""
-    deadline = time.monotonic() + seconds
-    with contextlib.suppress(OSError):
-        while (left := deadline - time.monotonic()) > 0:
-            sock.settimeout(left)
-            if not sock.recv(1 << 20):
-                return
 
 
 def splice(client: socket.socket, inner: socket.socket) -> None:

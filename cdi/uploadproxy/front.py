@@ -22,8 +22,10 @@ connection is one buffer of `BUFFER` bytes."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import secrets
 import select
 import socket
 import ssl
@@ -35,7 +37,7 @@ from urllib.parse import urlsplit
 import h11
 
 from cdi.api import upload as names
-from cdi.common import threadfront
+from cdi.common import sockhttp, threadfront
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,8 @@ class _Upload:
         self.upstream: socket.socket | None = None
 
     def run(self) -> None:
-        if self.conn.they_are_waiting_for_100_continue:  # as aiohttp does, before the handler
+        upgrade = sockhttp.asks_upgrade(self.request, names.TLS_UPGRADE)
+        if self.conn.they_are_waiting_for_100_continue and not upgrade:  # as aiohttp does, before the handler
             self.sock.sendall(self._send(h11.InformationalResponse(status_code=100, headers=[])))
         target = self.request.target.decode("latin-1")
         path, _, query = target.partition("?")
@@ -123,6 +126,8 @@ class _Upload:
         try:
             if isinstance(plan, Answer):
                 self._answer(plan.status, plan.text)
+            elif upgrade:
+                self._pass_through(plan, path, query)
             else:
                 self._forward(plan, query)
         finally:
@@ -131,8 +136,61 @@ class _Upload:
         if not self.body_done:
             self._linger()
 
+    # -- end-to-end TLS (`cdi.api.upload`) ------------------------------------------------------------------
+    def _pass_through(self, plan: Forward, path: str, query: str) -> None:
+        """The upload server switches this connection to end-to-end TLS with the client; the proxy then
+        only splices TCP bytes."""
+        if path not in names.RAW_PROXY_PATHS or self.headers.get("content-length", "0") != "0" \
+                or "transfer-encoding" in self.headers:
+            self._answer(400, f"only a raw upload without a body ({', '.join(names.RAW_PROXY_PATHS)}) can be "
+                              f"upgraded to {names.TLS_UPGRADE}")
+            return
+        if not isinstance(self.conn.next_event(), h11.EndOfMessage):
+            self._answer(400, "an upgrade request carries no body")
+            return
+        upstream = self._connect(plan)
+        if upstream is None:
+            return
+        url = urlsplit(plan.url)
+        nonce = secrets.token_urlsafe(32)
+        headers: list[tuple[bytes, bytes]] = [(b"Host", url.netloc.encode("latin-1"))]
+        headers += [(k, v) for k, v in self.request.headers.raw_items() if k.lower() not in _NOT_FORWARDED]
+        headers += [(b"Content-Length", b"0"), (b"Connection", b"Upgrade"),
+                    (b"Upgrade", names.TLS_UPGRADE.encode()), (names.NONCE_HEADER.encode(), nonce.encode())]
+        up = h11.Connection(h11.CLIENT, max_incomplete_event_size=sockhttp.MAX_HEAD)
+        target = url.path + (f"?{query}" if query else "")
+        try:
+            upstream.settimeout(sockhttp.HEAD_TIMEOUT)
+            upstream.sendall(up.send(h11.Request(method=b"POST", target=target, headers=headers)) +
+                             up.send(h11.EndOfMessage()))
+            answer = sockhttp.read_event(upstream, up)
+            if not (isinstance(answer, h11.InformationalResponse) and answer.status_code == 101):
+                self._relay(upstream, up, answer)  # a refusal (busy, done, ...), as it would answer any upload
+                return
+            self.upstream = sockhttp.unwrap(upstream)
+        except (OSError, h11.ProtocolError) as exc:
+            log.warning("switching an upload to %s to end-to-end TLS failed: %s", plan.server_hostname, exc)
+            if self.conn.our_state is h11.SEND_RESPONSE:
+                self._answer(502, f"error in upload-proxy: {exc}")
+            return
+        ca = "".join(ssl.DER_cert_to_PEM_cert(der) for der in plan.context.get_ca_certs(binary_form=True))
+        self.body_done = True
+        try:
+            client = sockhttp.switch(self.sock, self.conn, [
+                (b"Connection", b"Upgrade"), (b"Upgrade", names.TLS_UPGRADE.encode()),
+                (names.NONCE_HEADER.encode(), nonce.encode()),
+                (names.SERVER_NAME_HEADER.encode(), plan.server_hostname.encode()),
+                (names.SERVER_CA_HEADER.encode(), base64.b64encode(ca.encode()))])
+        except OSError as exc:
+            log.info("the client went away while an upload to %s switched to end-to-end TLS: %s",
+                     plan.server_hostname, exc)
+            return
+        with client:
+            sockhttp.pass_through(client, self.upstream)
+
     # -- forwarding ---------------------------------------------------------------------------------------
-    def _forward(self, plan: Forward, query: str) -> None:
+    def _connect(self, plan: Forward) -> ssl.SSLSocket | None:
+        """A mutual-TLS connection to the upload server (None: the client was answered 502)."""
         url = urlsplit(plan.url)
         host, port = url.hostname or "", url.port or names.UPLOAD_PORT
         try:
@@ -147,9 +205,16 @@ class _Upload:
         except (OSError, ssl.SSLError) as exc:
             log.warning("forwarding to %s failed: %s", plan.server_hostname, exc)
             self._answer(502, f"error in upload-proxy: {exc}")
-            return
+            return None
         upstream.settimeout(None)
         self.upstream = upstream
+        return upstream
+
+    def _forward(self, plan: Forward, query: str) -> None:
+        upstream = self._connect(plan)
+        if upstream is None:
+            return
+        url = urlsplit(plan.url)
         headers: list[tuple[bytes, bytes]] = [(b"Host", f"{url.netloc}".encode("latin-1"))]
         headers += [(k, v) for k, v in self.request.headers.raw_items() if k.lower() not in _NOT_FORWARDED]
         length = self.headers.get("content-length")
@@ -158,7 +223,7 @@ class _Upload:
             headers.append((b"Transfer-Encoding", b"chunked"))
         else:
             headers.append((b"Content-Length", (length or "0").encode()))
-        up = h11.Connection(h11.CLIENT, max_incomplete_event_size=threadfront.MAX_HEAD)
+        up = h11.Connection(h11.CLIENT, max_incomplete_event_size=sockhttp.MAX_HEAD)
         target = url.path + (f"?{query}" if query else "")
         broken: OSError | None = None
         try:
@@ -261,9 +326,9 @@ class _Upload:
                 upstream.sendall(up.send(h11.EndOfMessage()))
                 return False
 
-    def _relay(self, upstream: socket.socket, up: h11.Connection) -> None:
-        """The upload server's answer, streamed to the client."""
-        response = _next(upstream, up)
+    def _relay(self, upstream: socket.socket, up: h11.Connection, response: object = None) -> None:
+        """The upload server's answer (from `response`, when its head was read already), streamed to the client."""
+        response = response or _next(upstream, up)
         while isinstance(response, h11.InformationalResponse):
             response = _next(upstream, up)
         if not isinstance(response, h11.Response):
@@ -287,7 +352,7 @@ class _Upload:
 
     # -- answering ----------------------------------------------------------------------------------------
     def _answer(self, status: int, text: str) -> None:
-        threadfront.text_answer(self.sock, self.conn, status, text, self._finish_headers([])[:-1], server=_SERVER)
+        sockhttp.text_answer(self.sock, self.conn, status, text, self._finish_headers([])[:-1], server=_SERVER)
 
     def _finish_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         if self.origin:
@@ -299,10 +364,10 @@ class _Upload:
         return [*headers, (b"Connection", b"close")]
 
     def _send(self, event: h11.Event) -> bytes:
-        return threadfront.send(self.conn, event)
+        return sockhttp.send(self.conn, event)
 
     def _linger(self) -> None:
-        threadfront.linger(self.sock)
+        sockhttp.linger(self.sock)
 
 
 def _next(upstream: socket.socket, up: h11.Connection) -> h11.Event | type[h11.PAUSED]:

@@ -17,6 +17,8 @@ hands every other request to the aiohttp application below, which answers them a
 buffered beyond one batch: a slow disk makes a slow client (the socket buffers fill), and a client that
 goes away aborts the upstream connection at once, which is what lets the upload server keep the bytes
 for a resumed upload. Headers of our resume extension (`Upload-Offset`, `Upload-State`) pass both ways.
+A raw upload can instead be switched to end-to-end TLS with the upload server (`cdi.api.upload`): the
+proxy authorises it as any other, then only splices TCP bytes; its answer to the `HEAD` probe offers it.
 
 CORS allows every origin, as CDI's (a browser uploading with the form endpoints)."""
 
@@ -139,6 +141,8 @@ class UploadProxy:
                     k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP})
                 if upstream.content_length is not None:
                     response.content_length = upstream.content_length
+                if request.method == "HEAD" and upstream.status == 200 and request.path in names.RAW_PROXY_PATHS:
+                    response.headers["Upgrade"] = names.TLS_UPGRADE  # end-to-end TLS on offer (cdi.api.upload)
                 if request.headers.get("Origin"):
                     _allow(response)
                 await response.prepare(request)

@@ -18,6 +18,7 @@ does."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import socket
 import ssl
@@ -28,7 +29,7 @@ from typing import Any
 import h11
 
 from cdi.api import upload as names
-from cdi.common import threadfront
+from cdi.common import sockhttp, threadfront
 from cdi.uploadserver.session import Outcome
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ BRIDGE_CHUNKS = 4
 POLL_SECONDS = 1.0  # a quiet client: look whether the session still wants the body
 PAUSE_SECONDS = 0.05  # a client that pauses in the middle of a chunk: what arrived is handed on
 _END = object()
+_SERVER = b"cdi-uploadserver"
 _RAW = {**{p: (False, True) for p in names.SYNC_PATHS}, **{p: (False, False) for p in names.ASYNC_PATHS},
         **{p: (True, True) for p in names.ARCHIVE_PATHS}}  # path -> (archive, wait for durable)
 
@@ -90,9 +92,11 @@ class BodyBridge:
 
 
 class Front:
-    def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext, server: Any) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext, server: Any,
+                 end_to_end: ssl.SSLContext | None = None) -> None:
         self.loop = loop
         self.server = server  # UploadServer: admit_raw, receive_raw, authorized_peer, request_done
+        self.end_to_end = end_to_end  # the server side of end-to-end TLS with a client (no client certificate)
         self._front = threadfront.ThreadFront(loop, context, self._serve, server.adopt, name="uploadserver")
 
     def start(self, host: str, port: int) -> int:
@@ -103,16 +107,73 @@ class Front:
 
     def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
         path = request.target.decode("latin-1").partition("?")[0]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers.raw_items()}
+        headers = _headers(request)
+        if request.method == b"POST" and sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
+            self._end_to_end(sock, conn, path, headers)
+            return True
         if request.method != b"POST" or path not in _RAW or "content-length" not in headers:
             return False
+        peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
+        self._serve_raw(sock, conn, path, headers, self.server.authorized_peer(peer))
+        return True
+
+    def _end_to_end(self, sock: socket.socket, conn: h11.Connection, path: str, headers: dict[str, str]) -> None:
+        """The proxy's upgrade: answer 101, end its TLS session, and serve the one upload of the client's new
+        TLS session that carries the nonce the proxy gave (`cdi.api.upload`)."""
+        peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
+        nonce = headers.get(names.NONCE_HEADER.lower(), "")
+        refusal = None
+        if not self.server.authorized_peer(peer):
+            refusal = 401, f"a client certificate for {self.server.config.client_name} is required"
+        elif self.end_to_end is None:
+            refusal = 400, f"this upload server does not offer {names.TLS_UPGRADE}"
+        elif path not in _RAW or len(nonce) < 32 or headers.get("content-length", "0") != "0" or \
+                not isinstance(conn.next_event(), h11.EndOfMessage):
+            refusal = 400, (f"an upgrade to {names.TLS_UPGRADE} needs a raw upload path, no body and a "
+                            f"{names.NONCE_HEADER} of at least 32 characters")
+        if refusal is not None:
+            log.warning("refused an upgrade to end-to-end TLS: %s", refusal[1])
+            sockhttp.text_answer(sock, conn, *refusal, server=_SERVER)
+            return
+        assert self.end_to_end is not None
+        plain = sockhttp.switch(sock, conn, [(b"Connection", b"Upgrade"), (b"Upgrade", names.TLS_UPGRADE.encode())])
+        with plain:
+            plain.settimeout(sockhttp.HEAD_TIMEOUT)
+            try:
+                client = self.end_to_end.wrap_socket(plain, server_side=True)
+            except (OSError, ValueError) as exc:
+                log.warning("the end-to-end TLS handshake with a client failed: %s", exc)
+                return
+        with client:
+            inner = h11.Connection(h11.SERVER, max_incomplete_event_size=sockhttp.MAX_HEAD)
+            try:
+                request = sockhttp.read_event(client, inner)
+            except h11.RemoteProtocolError as exc:
+                sockhttp.text_answer(client, inner, 400, f"a broken request: {exc}", server=_SERVER)
+                return
+            if not isinstance(request, h11.Request):
+                return  # the client went away before its request
+            inner_headers = _headers(request)
+            refusal = None
+            if not hmac.compare_digest(inner_headers.get(names.NONCE_HEADER.lower(), "").encode(), nonce.encode()):
+                log.warning("refused an end-to-end TLS upload without the proxy's nonce")
+                refusal = 401, f"{names.NONCE_HEADER} does not match"
+            elif request.method != b"POST" or "content-length" not in inner_headers:
+                refusal = 400, "an end-to-end TLS upload is a POST with a Content-Length"
+            if refusal is not None:
+                sockhttp.text_answer(client, inner, *refusal, server=_SERVER)
+                sockhttp.linger(client)  # the client may be sending its body: let it see the answer
+                return
+            self._serve_raw(client, inner, path, inner_headers, True)  # at the path the proxy named
+
+    def _serve_raw(self, sock: socket.socket, conn: h11.Connection, path: str, headers: dict[str, str],
+                   authorized: bool) -> None:
         archive, wait = _RAW[path]
         if conn.they_are_waiting_for_100_continue:  # as aiohttp does, before the handler
-            sock.sendall(threadfront.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
-        peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
+            sock.sendall(sockhttp.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
         body_done = False
         try:
-            admitted = self._call(lambda: self.server.admit_raw(self.server.authorized_peer(peer), headers, archive))
+            admitted = self._call(lambda: self.server.admit_raw(authorized, headers, archive))
             if isinstance(admitted, Outcome):
                 outcome = admitted
             else:
@@ -123,19 +184,22 @@ class Front:
                                             length=length), self.loop)
                 body_done = _read_body(sock, conn, bridge, length)
                 outcome = future.result()
-            threadfront.text_answer(sock, conn, outcome.status, outcome.message,
+            sockhttp.text_answer(sock, conn, outcome.status, outcome.message,
                                     [(k.encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers.items()],
-                                    server=b"cdi-uploadserver")
+                                    server=_SERVER)
         finally:
             self.loop.call_soon_threadsafe(self.server.request_done)
         if not body_done:
-            threadfront.linger(sock)
-        return True
+            sockhttp.linger(sock)
 
     def _call(self, make: Callable[[], Any]) -> Any:
         async def call() -> Any:
             return make()
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+
+
+def _headers(request: h11.Request) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers.raw_items()}
 
 
 def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, length: int) -> bool:

@@ -14,6 +14,10 @@
 | image the importer refuses (corrupt, unsupported, backing file) | 400 `Saving stream failed: <reason>: ...` |
 | unexpected failure | 500 `Saving stream failed: ...` |
 
+End-to-end TLS (`cdi.api.upload`): a raw upload `POST` from the proxy (authorised by its certificate)
+with `Upgrade: cdi-upload-tls/1` and a nonce is answered 101; the client then opens a TLS session
+with this server through the proxy and sends the upload with that nonce, served as above.
+
 TLS: the server's certificate from `TLS_CERT_FILE`/`TLS_KEY_FILE`; client certificates are optional
 at the TLS layer (the kubelet's readiness probe has none) and, when presented, must chain to
 `CLIENT_CERT_FILE`; upload requests then require one whose CN is `CLIENT_NAME` (CDI's
@@ -54,6 +58,15 @@ def ssl_context(config: UploadServerConfig) -> ssl.SSLContext:
     if config.client_ca_file is not None:
         context.verify_mode = ssl.CERT_OPTIONAL
         context.load_verify_locations(cafile=str(config.client_ca_file))
+    return context
+
+
+def end_to_end_context(config: UploadServerConfig) -> ssl.SSLContext:
+    """The server side of end-to-end TLS with a client the proxy switched over (`cdi.api.upload`): the same
+    certificate, no client certificate (the client is authorised by the nonce the proxy gave)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.load_cert_chain(config.cert_file, config.key_file)
     return context
 
 
@@ -112,7 +125,7 @@ class UploadServer:
         self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
                                      handler_cancellation=False, lingering_time=LINGER_SECONDS)
         await self._runner.setup()
-        self._front = Front(asyncio.get_running_loop(), ssl_context(self.config), self)
+        self._front = Front(asyncio.get_running_loop(), ssl_context(self.config), self, end_to_end_context(self.config))
         self.port = self._front.start(self.config.listen_host, self.config.listen_port)
         log.info("upload server listening on https://%s:%d", self.config.listen_host, self.port)
 

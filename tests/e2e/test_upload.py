@@ -69,7 +69,7 @@ def test_image_upload_into_filesystem_and_block(cluster: CdiUp, k: Kubectl, imag
         result = results[mode]
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"DataVolume default/{name} created" in result.stdout
-        assert "endpoint /v1beta1/upload-async" in result.stdout
+        assert "endpoint /v1beta1/upload-async (TLS end to end with the upload server)" in result.stdout
         assert f"result     DataVolume default/{name} Succeeded" in result.stdout
         dv = k.get("dv", name)
         assert dv["status"]["phase"] == "Succeeded" and dv["status"]["progress"] == "100.0%"
@@ -196,6 +196,27 @@ def test_token_refusals(cluster: CdiUp, k: Kubectl, images: dict[str, Image]) ->
     wait_phase(k, "guarded", "Succeeded", 60)
     status, body, _ = curl(cluster, k, "/v1beta1/upload", *post, bearer=token(k, "guarded"))
     assert status == 409 and "already finished uploading" in body
+
+
+def test_end_to_end_tls_is_offered_and_guarded_by_the_proxy(cluster: CdiUp, k: Kubectl) -> None:
+    """The upgrade `cdi image-upload` uses (cdi.api.upload) is refused by the proxy as any upload is, before
+    any switch; the image-upload tests above go through it."""
+    k.apply(upload_dv("tls-offer"))
+    wait_ready(k, "tls-offer")
+    bearer = token(k, "tls-offer")
+    status, _, headers = curl(cluster, k, "/v1beta1/upload-async", "-I", bearer=bearer)
+    assert status == 200 and headers["upgrade"] == "cdi-upload-tls/1"
+    status, _, headers = curl(cluster, k, "/v1beta1/upload-form-async", "-I", bearer=bearer)
+    assert status == 200 and "upgrade" not in headers  # forms are multipart: they go the classic way
+    upgrade = ("-X", "POST", "-H", "Connection: Upgrade", "-H", "Upgrade: cdi-upload-tls/1", "-H", "Content-Length: 0")
+    status, body, _ = curl(cluster, k, "/v1beta1/upload", *upgrade)
+    assert status == 400 and "Authorization: Bearer <token>" in body
+    status, body, _ = curl(cluster, k, "/v1beta1/upload", *upgrade, "-H", "X-CDI-Upload-Target: default/tls-offer",
+                           bearer=token(k, "other-pvc"))
+    assert status == 401 and "not default/tls-offer" in body
+    status, body, _ = curl(cluster, k, "/v1beta1/upload-form", *upgrade, bearer=bearer)
+    assert status == 400 and "only a raw upload without a body" in body
+    assert phase(k, "tls-offer") == "UploadReady"
 
 
 def test_a_second_concurrent_upload_gets_503(cluster: CdiUp, k: Kubectl, images: dict[str, Image]) -> None:

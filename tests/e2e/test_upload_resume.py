@@ -94,18 +94,24 @@ def disk(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_dropped_upload_resumes_and_sends_only_the_rest(cluster: CdiUp, tmp_path: Path, disk: Path) -> None:
+@pytest.mark.parametrize("end_to_end", [True, False], ids=["end-to-end-tls", "through-the-proxy-tls"])
+def test_a_dropped_upload_resumes_and_sends_only_the_rest(cluster: CdiUp, tmp_path: Path, disk: Path,
+                                                          end_to_end: bool) -> None:
+    """Both ways of sending: TLS with the upload server (the default), and TLS with the proxy as virtctl's."""
     k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
     proxy = urlsplit(proxy_url(k))
     relay = CuttingRelay((str(proxy.hostname), int(proxy.port or 443)), cut_after=SIZE // 2)
+    name = f"resumed-{int(end_to_end)}"
     try:
-        result = image_upload(cluster, "dv", "resumed", "--size", "128Mi", "--volume-mode", "block",
-                              "--image-path", str(disk), "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
+        result = image_upload(cluster, "dv", name, "--size", "128Mi", "--volume-mode", "block",
+                              "--image-path", str(disk), "--uploadproxy-url", f"https://127.0.0.1:{relay.port}",
+                              env={"CDI_IMAGE_UPLOAD_END_TO_END": "1" if end_to_end else "0"})
     finally:
         relay.close()
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert relay.cuts == 1
+    assert ("(TLS end to end with the upload server)" in output) == end_to_end
     assert "asking the upload server where to resume" in output
     assert "2 attempts" in output
     resumed = re.search(r"resumed    at .*?\((\d+) bytes\); the last attempt sent .*?\((\d+) bytes\)", output)
@@ -116,5 +122,5 @@ def test_a_dropped_upload_resumes_and_sends_only_the_rest(cluster: CdiUp, tmp_pa
     # queue) is all that is sent twice
     assert SIZE // 2 - (48 << 20) < offset <= SIZE // 2
     assert last < SIZE * 0.6
-    assert "result     DataVolume default/resumed Succeeded" in output
-    assert read_back(k, "resumed", SIZE, block=True) == hashlib.sha256(disk.read_bytes()).hexdigest()
+    assert f"result     DataVolume default/{name} Succeeded" in output
+    assert read_back(k, name, SIZE, block=True) == hashlib.sha256(disk.read_bytes()).hexdigest()

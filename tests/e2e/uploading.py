@@ -13,9 +13,10 @@ from typing import Any
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
 
-def image_upload(cluster: CdiUp, *args: str, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
+def image_upload(cluster: CdiUp, *args: str, timeout: float = 180.0,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`cdi image-upload ARGS --kubeconfig ...` in a subprocess (its output not a terminal)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("KUBECONFIG", None)
     return subprocess.run([sys.executable, "-m", "cdi.cli.main", "image-upload", *args, "--kubeconfig",
                            str(cluster.kubeconfig)], capture_output=True, text=True, env=env, timeout=timeout,

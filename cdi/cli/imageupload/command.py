@@ -232,7 +232,8 @@ def summary(request: Request, image: ImageFacts, stats: TransferStats, phase: st
         "Summary:",
         f"  image      {image.path} ({image.describe()})",
         f"  sent       {human(stats.sent)} ({stats.sent} bytes) in {stats.seconds:.1f}s ({human(rate)}/s), "
-        f"{len(stats.attempts)} attempt{'s' if len(stats.attempts) != 1 else ''}, endpoint {stats.path}",
+        f"{len(stats.attempts)} attempt{'s' if len(stats.attempts) != 1 else ''}, endpoint {stats.path}"
+        + (" (TLS end to end with the upload server)" if stats.attempts and stats.attempts[-1].end_to_end else ""),
     ]
     if len(stats.attempts) > 1:
         last = stats.attempts[-1]

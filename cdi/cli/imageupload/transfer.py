@@ -16,12 +16,18 @@ Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
    resume, or a server without the extension) sends the whole file again. At most `attempts`
    connections are tried. A token older than 4 minutes is replaced before a new request (tokens
    live 5 minutes and are only checked when a request starts).
-4. An answer other than 200 is final: it is the server's verdict on the image (too large, corrupt)
+4. When the proxy offers end-to-end TLS (`Upgrade: cdi-upload-tls/1` on its answer to the probe), the
+   `POST` of step 2 is an upgrade: the proxy checks the token and switches the connection, and the
+   image goes in a TLS session with the upload server itself (`cdi.api.upload`), so it is encrypted
+   once instead of decrypted and encrypted again by the proxy. `CDI_IMAGE_UPLOAD_END_TO_END=0` sends
+   through the proxy's TLS instead, as virtctl does.
+5. An answer other than 200 is final: it is the server's verdict on the image (too large, corrupt)
    or on the request (token, readiness), and sending again would not change it. A 409 "already
    finished uploading" after a break means the first attempt did get through."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import logging
 import os
@@ -32,8 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import h11
+
 from cdi.api import upload as names
 from cdi.cli.imageupload.progress import Progress, human
+from cdi.common import sockhttp
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +53,7 @@ SETTLE_TIMEOUT = 120.0  # how long to wait for the upload server to notice a dro
 ASYNC_PATH = "/v1beta1/upload-async"
 SYNC_PATH = "/v1beta1/upload"
 FINISHED_MARK = "already finished uploading"
+END_TO_END_ENV = "CDI_IMAGE_UPLOAD_END_TO_END"  # "0": send through the proxy's TLS, as virtctl does
 
 
 class UploadFailed(Exception):
@@ -55,6 +65,7 @@ class Attempt:
     offset: int
     sent: int = 0
     error: str = ""
+    end_to_end: bool = False  # TLS with the upload server itself, through the proxy
 
 
 @dataclass
@@ -106,6 +117,7 @@ class Transfer:
         self.progress = progress
         self.max_attempts = max(1, attempts)
         self.failed = failed or (lambda: None)  # the reason the upload failed for good, if it did
+        self.end_to_end = False  # TLS with the upload server itself (the proxy offered it)
 
     # -- requests ---------------------------------------------------------------------------------------
     def _connect(self, timeout: float | None) -> http.client.HTTPSConnection:
@@ -134,16 +146,23 @@ class Transfer:
             conn.close()
 
     def choose_path(self) -> str:
-        """The async endpoint when the proxy has it (CDI's HEAD probe), else the sync one."""
+        """The async endpoint when the proxy has it (CDI's HEAD probe), else the sync one; and whether the proxy
+        offers end-to-end TLS with the upload server (`Upgrade` on that answer, `cdi.api.upload`)."""
         try:
-            status, _, _ = self._head(ASYNC_PATH)
+            status, headers, _ = self._head(ASYNC_PATH)
         except (OSError, http.client.HTTPException):
             return SYNC_PATH
         if status == 401:
             self.tokens.get(fresh=True)
+        offered = {p.strip().lower() for p in headers.get("upgrade", "").split(",")}
+        wanted = os.environ.get(END_TO_END_ENV, "1").strip().lower() not in ("0", "false", "no")
+        self.end_to_end = wanted and status == 200 and names.TLS_UPGRADE in offered
         return ASYNC_PATH if status == 200 else SYNC_PATH
 
     def _post(self, path: str, offset: int, attempt: Attempt) -> tuple[int, str]:
+        attempt.end_to_end = self.end_to_end
+        if self.end_to_end:
+            return self._post_end_to_end(path, offset, attempt)
         headers = self._headers(**{"Content-Type": "application/octet-stream",
                                    "Content-Length": str(self.size - offset)})
         if offset:
@@ -155,7 +174,8 @@ class Transfer:
                 conn.putheader(key, value)
             conn.endheaders()
             try:
-                self._send_body(conn, offset, attempt)
+                assert conn.sock is not None
+                self._send_body(conn.sock, offset, attempt)
             except OSError as exc:
                 early = _early_answer(conn)  # the server may have answered (and closed) before the end
                 if early is not None:
@@ -168,9 +188,62 @@ class Transfer:
         finally:
             conn.close()
 
-    def _send_body(self, conn: http.client.HTTPSConnection, offset: int, attempt: Attempt) -> None:
-        assert conn.sock is not None
-        sock = conn.sock
+    def _post_end_to_end(self, path: str, offset: int, attempt: Attempt) -> tuple[int, str]:
+        """The upload over TLS with the upload server itself, through the proxy (`cdi.api.upload`)."""
+        conn = self._connect(SEND_TIMEOUT)
+        sock, conn.sock = conn.sock, None
+        assert sock is not None
+        with sock:
+            outer = h11.Connection(h11.CLIENT)
+            head = [(b"Host", f"{self.host}:{self.port}".encode()), *_encoded(self._headers()),
+                    (b"Content-Length", b"0"), (b"Connection", b"Upgrade"), (b"Upgrade", names.TLS_UPGRADE.encode())]
+            sock.sendall(outer.send(h11.Request(method=b"POST", target=self.prefix + path, headers=head)) +
+                         (outer.send(h11.EndOfMessage()) or b""))
+            answer = _read_event(sock, outer)
+            if isinstance(answer, h11.Response):
+                return answer.status_code, _read_text(sock, outer)  # a refusal, as for any upload
+            nonce, name, ca = (sockhttp.header(answer, h) if isinstance(answer, h11.InformationalResponse) else None
+                               for h in (names.NONCE_HEADER, names.SERVER_NAME_HEADER, names.SERVER_CA_HEADER))
+            if not (isinstance(answer, h11.InformationalResponse) and answer.status_code == 101 and nonce and name
+                    and ca):
+                self.end_to_end = False  # the next attempt goes the classic way
+                raise ConnectionError(f"the upload proxy answered {answer!r} to an upgrade to {names.TLS_UPGRADE}")
+            plain = sockhttp.unwrap(sock)
+        with plain:
+            try:
+                context = ssl.create_default_context(cadata=base64.b64decode(ca).decode())
+            except (ValueError, ssl.SSLError) as exc:
+                raise UploadFailed(f"the upload proxy gave an unusable upload-server CA: {exc}") from None
+            try:
+                tls = context.wrap_socket(plain, server_hostname=name)
+            except ssl.SSLCertVerificationError as exc:
+                raise UploadFailed(f"cannot verify the upload server's certificate ({exc.verify_message}) with the "
+                                   "CA the upload proxy gave") from None
+        with tls:
+            inner = h11.Connection(h11.CLIENT)
+            extra = {names.OFFSET_HEADER: str(offset)} if offset else {}
+            head = [(b"Host", name.encode()), (b"Content-Type", b"application/octet-stream"),
+                    (b"Content-Length", str(self.size - offset).encode()),
+                    (names.NONCE_HEADER.encode(), nonce.encode()), *_encoded(extra)]
+            tls.sendall(inner.send(h11.Request(method=b"POST", target=path, headers=head)) or b"")
+            try:
+                self._send_body(tls, offset, attempt)
+            except OSError as exc:
+                try:  # the server may have answered (and closed) before the end
+                    tls.settimeout(5.0)
+                    answer = _read_event(tls, inner)
+                    if isinstance(answer, h11.Response):
+                        return answer.status_code, _read_text(tls, inner)
+                except (OSError, h11.ProtocolError):
+                    pass
+                raise ConnectionError(f"the connection broke after {human(offset + attempt.sent)}: {exc}") from exc
+            tls.settimeout(None)  # a sync upload answers only once the image is converted
+            answer = _read_event(tls, inner)
+            if not isinstance(answer, h11.Response):
+                raise ConnectionError("the upload server closed the connection without an answer")
+            return answer.status_code, _read_text(tls, inner)
+
+    def _send_body(self, sock: socket.socket, offset: int, attempt: Attempt) -> None:
         buffer = bytearray(CHUNK)
         view = memoryview(buffer)
         with open(self.file, "rb", buffering=0) as f:
@@ -255,6 +328,27 @@ class Transfer:
         self.progress.finish()
         stats.seconds = time.monotonic() - started
         return stats
+
+
+def _read_event(sock: socket.socket, conn: h11.Connection) -> h11.Event:
+    try:
+        event = sockhttp.read_event(sock, conn)
+    except h11.RemoteProtocolError as exc:
+        raise ConnectionError(f"a broken answer: {exc}") from None
+    if event is None:
+        raise ConnectionError("the connection closed before an answer")
+    return event
+
+
+def _read_text(sock: socket.socket, conn: h11.Connection) -> str:
+    body = bytearray()
+    while isinstance(event := _read_event(sock, conn), h11.Data):
+        body += event.data
+    return body.decode(errors="replace").strip()
+
+
+def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
 def _early_answer(conn: http.client.HTTPSConnection) -> tuple[int, str] | None:
