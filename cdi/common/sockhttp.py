@@ -44,17 +44,17 @@ def read_event(sock: socket.socket, conn: h11.Connection, received: bytearray | 
         conn.receive_data(data)
 
 
-def header(request: h11.Request | h11.InformationalResponse | h11.Response, name: str) -> str | None:
-    """One header's value (the first, if repeated), without regard to case."""
-    wanted = name.lower().encode("latin-1")
-    return next((v.decode("latin-1") for k, v in request.headers.raw_items() if k.lower() == wanted), None)
+def headers(event: h11.Request | h11.InformationalResponse | h11.Response) -> dict[str, str]:
+    """A head's headers by lower-case name (the last, if repeated)."""
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers.raw_items()}
 
 
 def asks_upgrade(request: h11.Request, protocol: str) -> bool:
     """Whether the request asks to switch this connection to `protocol` (`Connection: Upgrade` with it listed
     in `Upgrade`)."""
-    connection = {t.strip().lower() for t in (header(request, "connection") or "").split(",")}
-    offered = {t.strip().lower() for t in (header(request, "upgrade") or "").split(",")}
+    head = headers(request)
+    connection = {t.strip().lower() for t in head.get("connection", "").split(",")}
+    offered = {t.strip().lower() for t in head.get("upgrade", "").split(",")}
     return "upgrade" in connection and protocol.lower() in offered
 
 

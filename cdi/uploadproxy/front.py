@@ -109,7 +109,7 @@ class _Upload:
         self.sock = sock
         self.conn = conn
         self.request = request
-        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers.raw_items()}
+        self.headers = sockhttp.headers(request)
         self.origin = self.headers.get("origin")
         self.body_done = False  # the client's whole body was read
         self.upstream: socket.socket | None = None
@@ -145,16 +145,13 @@ class _Upload:
             self._answer(400, f"only a raw upload without a body ({', '.join(names.RAW_PROXY_PATHS)}) can be "
                               f"upgraded to {names.TLS_UPGRADE}")
             return
-        if not isinstance(self.conn.next_event(), h11.EndOfMessage):
-            self._answer(400, "an upgrade request carries no body")
-            return
+        self.conn.next_event()  # the end of the (empty) request: h11 lets the connection switch after it
         upstream = self._connect(plan)
         if upstream is None:
             return
         url = urlsplit(plan.url)
         nonce = secrets.token_urlsafe(32)
-        headers: list[tuple[bytes, bytes]] = [(b"Host", url.netloc.encode("latin-1"))]
-        headers += [(k, v) for k, v in self.request.headers.raw_items() if k.lower() not in _NOT_FORWARDED]
+        headers = self._forwarded_headers(url.netloc)
         headers += [(b"Content-Length", b"0"), (b"Connection", b"Upgrade"),
                     (b"Upgrade", names.TLS_UPGRADE.encode()), (names.NONCE_HEADER.encode(), nonce.encode())]
         up = h11.Connection(h11.CLIENT, max_incomplete_event_size=sockhttp.MAX_HEAD)
@@ -210,13 +207,17 @@ class _Upload:
         self.upstream = upstream
         return upstream
 
+    def _forwarded_headers(self, netloc: str) -> list[tuple[bytes, bytes]]:
+        """The client's end-to-end headers for the upload server (framing and credentials are the proxy's)."""
+        return [(b"Host", netloc.encode("latin-1")),
+                *((k, v) for k, v in self.request.headers.raw_items() if k.lower() not in _NOT_FORWARDED)]
+
     def _forward(self, plan: Forward, query: str) -> None:
         upstream = self._connect(plan)
         if upstream is None:
             return
         url = urlsplit(plan.url)
-        headers: list[tuple[bytes, bytes]] = [(b"Host", f"{url.netloc}".encode("latin-1"))]
-        headers += [(k, v) for k, v in self.request.headers.raw_items() if k.lower() not in _NOT_FORWARDED]
+        headers = self._forwarded_headers(url.netloc)
         length = self.headers.get("content-length")
         chunked = length is None and "chunked" in self.headers.get("transfer-encoding", "").lower()
         if chunked:

@@ -107,7 +107,7 @@ class Front:
 
     def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
         path = request.target.decode("latin-1").partition("?")[0]
-        headers = _headers(request)
+        headers = sockhttp.headers(request)
         if request.method == b"POST" and sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
             self._end_to_end(sock, conn, path, headers)
             return True
@@ -153,7 +153,7 @@ class Front:
                 return
             if not isinstance(request, h11.Request):
                 return  # the client went away before its request
-            inner_headers = _headers(request)
+            inner_headers = sockhttp.headers(request)
             refusal = None
             if not hmac.compare_digest(inner_headers.get(names.NONCE_HEADER.lower(), "").encode(), nonce.encode()):
                 log.warning("refused an end-to-end TLS upload without the proxy's nonce")
@@ -196,10 +196,6 @@ class Front:
         async def call() -> Any:
             return make()
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
-
-
-def _headers(request: h11.Request) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers.raw_items()}
 
 
 def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, length: int) -> bool:

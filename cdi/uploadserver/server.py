@@ -34,6 +34,7 @@ import logging
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import BodyPartReader, web
@@ -51,9 +52,9 @@ LINGER_SECONDS = 1.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def ssl_context(config: UploadServerConfig) -> ssl.SSLContext:
+def ssl_context(config: UploadServerConfig, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.minimum_version = minimum
     context.load_cert_chain(config.cert_file, config.key_file)
     if config.client_ca_file is not None:
         context.verify_mode = ssl.CERT_OPTIONAL
@@ -64,10 +65,7 @@ def ssl_context(config: UploadServerConfig) -> ssl.SSLContext:
 def end_to_end_context(config: UploadServerConfig) -> ssl.SSLContext:
     """The server side of end-to-end TLS with a client the proxy switched over (`cdi.api.upload`): the same
     certificate, no client certificate (the client is authorised by the nonce the proxy gave)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_3
-    context.load_cert_chain(config.cert_file, config.key_file)
-    return context
+    return ssl_context(replace(config, client_ca_file=None), ssl.TLSVersion.TLSv1_3)
 
 
 class UploadServer:

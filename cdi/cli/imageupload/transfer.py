@@ -202,8 +202,9 @@ class Transfer:
             answer = _read_event(sock, outer)
             if isinstance(answer, h11.Response):
                 return answer.status_code, _read_text(sock, outer)  # a refusal, as for any upload
-            nonce, name, ca = (sockhttp.header(answer, h) if isinstance(answer, h11.InformationalResponse) else None
-                               for h in (names.NONCE_HEADER, names.SERVER_NAME_HEADER, names.SERVER_CA_HEADER))
+            given = sockhttp.headers(answer) if isinstance(answer, h11.InformationalResponse) else {}
+            nonce, name, ca = (given.get(h.lower()) for h in (names.NONCE_HEADER, names.SERVER_NAME_HEADER,
+                                                              names.SERVER_CA_HEADER))
             if not (isinstance(answer, h11.InformationalResponse) and answer.status_code == 101 and nonce and name
                     and ca):
                 self.end_to_end = False  # the next attempt goes the classic way

@@ -27,8 +27,9 @@ class Answer:
     text: str
 
 
-def _answer(sock: socket.socket, conn: h11.Connection) -> Answer:
-    event = sockhttp.read_event(sock, conn)
+def _answer(sock: socket.socket, conn: h11.Connection, event: h11.Event | None = None) -> Answer:
+    """The answer (from `event`, when its head was read already)."""
+    event = event or sockhttp.read_event(sock, conn)
     assert isinstance(event, h11.Response), event
     body = bytearray()
     while isinstance(chunk := sockhttp.read_event(sock, conn), h11.Data):
@@ -49,11 +50,7 @@ def upgrade(running: Running, context: ssl.SSLContext, nonce: str, path: str = "
     if isinstance(event, h11.InformationalResponse) and event.status_code == 101:
         return sockhttp.unwrap(sock)
     with sock:
-        assert isinstance(event, h11.Response), event
-        text = bytearray()
-        while isinstance(chunk := sockhttp.read_event(sock, conn), h11.Data):
-            text += chunk.data
-        return Answer(event.status_code, text.decode())
+        return _answer(sock, conn, event)
 
 
 def send_upload(plain: socket.socket, upload_pki: UploadPki, nonce: str, data: bytes) -> Answer:
