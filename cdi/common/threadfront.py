@@ -68,8 +68,8 @@ class ThreadFront:
             self._listener = None
         with self._lock:
             for sock in self._open:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):  # the TCP socket under a TLS one too, its thread sees the end
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -95,6 +95,7 @@ class ThreadFront:
             threading.Thread(target=self._connection, args=(sock,), name=f"{self.name}-conn", daemon=True).start()
 
     def _connection(self, raw: socket.socket) -> None:
+        sock = raw
         with self._lock:
             self._open.add(raw)
         try:
@@ -104,6 +105,9 @@ class ThreadFront:
             except (OSError, ValueError) as exc:
                 log.debug("TLS handshake with a client failed: %s", exc)
                 return
+            with self._lock:  # wrap_socket detached `raw`: `stop` must reach the descriptor through `sock`
+                self._open.discard(raw)
+                self._open.add(sock)
             with sock:
                 self._request(sock)
         except OSError as exc:
@@ -113,6 +117,8 @@ class ThreadFront:
         finally:
             with self._lock:
                 self._open.discard(raw)
+                if sock is not raw:
+                    self._open.discard(sock)
                 self._threads -= 1
             raw.close()
 

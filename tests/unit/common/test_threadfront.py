@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+from pathlib import Path
 
 import pytest
 
-from cdi.common import threadfront
+from cdi.common import pki, threadfront
 
 
 async def _front(monkeypatch: pytest.MonkeyPatch, limit: int) -> tuple[threadfront.ThreadFront, int]:
@@ -64,3 +66,35 @@ async def test_connections_beyond_the_cap_are_closed_at_once(monkeypatch: pytest
         assert (await _get(port)).endswith(b"ok")
     finally:
         front.stop()
+
+
+async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A TLS client in the middle of its request head: `stop` ends its connection (and the thread)."""
+    monkeypatch.setattr(threadfront, "HEAD_TIMEOUT", 60.0)
+    ca = pki.make_ca("test-ca")
+    context = pki.server_context(pki.issue(ca, "front", ["127.0.0.1"]), tmp_path)
+    front = threadfront.ThreadFront(asyncio.get_running_loop(), context, lambda *_: False, _never_adopted)
+    port = front.start("127.0.0.1", 0)
+    client = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname="127.0.0.1")
+        writer.write(b"POST / HTTP/1.1\r\n")  # and nothing more
+        await writer.drain()
+        for _ in range(250):
+            if any(isinstance(s, ssl.SSLSocket) for s in front._open):
+                break
+            await asyncio.sleep(0.02)
+        front.stop()
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        for _ in range(250):
+            if not front._threads:
+                break
+            await asyncio.sleep(0.02)
+        assert front._threads == 0
+        writer.close()
+    finally:
+        front.stop()
+
+
+async def _never_adopted(sock: socket.socket, peer: object) -> None:
+    raise AssertionError("nothing is delegated in this test")
