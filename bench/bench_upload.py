@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -241,6 +242,9 @@ def main() -> None:
           f"(transfer {gib / best['ours_transfer'] * 1024:.0f} MiB/s)")
     print(f"ratio ours / file sink: {best['file'] / best['ours']:.2f} (target >= 0.70); "
           f"ours / discard sink: {best['discard'] / best['ours']:.2f}")
+    paired = sorted(f / o for f, o in zip(results["file"], results["ours"], strict=True))
+    print(f"run by run (file sink / ours, same run): {', '.join(f'{r:.2f}' for r in paired)}; "
+          f"median {statistics.median(paired):.2f}")
     if "classic" in best:
         print(f"through the proxy's TLS: {gib / best['classic'] * 1024:.0f} MiB/s, ratio / file sink "
               f"{best['file'] / best['classic']:.2f}; end to end is {best['classic'] / best['ours']:.2f}x as fast")
