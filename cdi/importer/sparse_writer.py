@@ -13,7 +13,7 @@ Why each piece exists:
   (measured here: -30 % CPU in the writing thread, -15 % CPU of the whole machine for a 4 GiB write),
   and the page cache of the pod stays empty whatever the image size (CDI#1414, KV#15971: dirty pages
   charged to the pod's cgroup got importers OOM-killed). The unaligned head and tail of a write, and
-  every write where O_DIRECT is refused (tmpfs before Linux 6.6, some FUSE and network filesystems),
+  every write where O_DIRECT is refused (tmpfs before Linux 6.6, some FUSE filesystems),
   go through the page cache, which then stays bounded: writeback is started every `KICK_BYTES` with
   sync_file_range, and every `DROP_BYTES` the written pages are waited for and dropped with
   POSIX_FADV_DONTNEED.

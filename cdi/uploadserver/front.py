@@ -243,7 +243,7 @@ def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, le
             break
     buffers = ReceiveBuffers(CHUNK)
     while remaining > 0:
-        buffer = buffers.get(min(CHUNK, remaining))  # handed on whole: the importer writes it without a copy
+        buffer = buffers.get(min(CHUNK, remaining))  # handed on whole, no copy on the way to the importer's writer
         view = memoryview(buffer)
         fill = 0
         error: BaseException | None = None
