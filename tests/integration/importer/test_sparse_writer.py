@@ -72,6 +72,7 @@ def test_writes_at_any_offset_land_byte_for_byte(target: Path, direct: bool) -> 
     assert hashlib.sha256(target.read_bytes()).hexdigest() == hashlib.sha256(model).hexdigest()
 
 
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="fincore (util-linux) is not installed")
 def test_a_large_direct_write_leaves_the_page_cache_empty_and_holes_sparse(target: Path) -> None:
     """64 MiB of data and 64 MiB of zeros: the data goes to disk without passing through the page cache
     (the pod's memory does not grow with the image), the zeros are a hole."""
@@ -138,7 +139,3 @@ def test_close_releases_the_second_descriptor(target: Path) -> None:
     finally:
         os.close(fd)
     assert target.read_bytes() == b"after close"
-
-
-if shutil.which("fincore") is None:  # util-linux, on every Debian
-    pytestmark = pytest.mark.skip(reason="fincore (util-linux) is not installed")
