@@ -1,11 +1,14 @@
-"""The bridge from the event loop (the request body) to the importer's thread (the pipeline).
+"""The queue from a request body (the event loop, or a reading thread) to the importer's thread (the
+pipeline).
 
 The importer reads a blocking `Stream` (`read(n)`); the body arrives in an asyncio handler. The
 importer's own `QueueStream` makes the producer block on a full queue, which an event loop can only
 do through a worker thread per chunk. This queue is the same idea with an asyncio producer side: a
 full queue makes `put` await a future that the consumer completes (once, when it frees space), so
-backpressure costs no thread hand-off per chunk. Memory stays bounded by `max_bytes` (plus one
-chunk). Chunks are handed to the pipeline whole when they fit its read, without copying.
+backpressure costs no thread hand-off per chunk. A producer that is a thread (the upload server's
+reading thread, `front.BodyBridge`) uses `put_blocking` and skips the event loop altogether. Memory
+stays bounded by `max_bytes` (plus one chunk). Chunks are handed to the pipeline whole when they fit its
+read, without copying.
 
 A failure (`fail`, the client went away) is raised to the pipeline only after the chunks that
 arrived before it: every byte received is good, and written, so a resumed upload needs to resend as
@@ -24,7 +27,7 @@ class FedStream:
     def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int) -> None:
         self._loop = loop
         self._max = max_bytes
-        self._chunks: deque[bytes] = deque()
+        self._chunks: deque[Chunk] = deque()
         self._size = 0
         self._done = False
         self._closed = False
@@ -34,7 +37,7 @@ class FedStream:
         self._current = memoryview(b"")
 
     # -- producer (event loop) ------------------------------------------------------------------------
-    async def put(self, chunk: bytes) -> bool:
+    async def put(self, chunk: Chunk) -> bool:
         """Queue a chunk, waiting while the queue is full; False once the consumer has gone."""
         while True:
             with self._cond:
@@ -48,6 +51,21 @@ class FedStream:
                 self._space = self._loop.create_future()
                 space = self._space
             await space
+
+    def put_blocking(self, chunk: Chunk, stopped: threading.Event, poll: float = 1.0) -> bool:
+        """`put` for a producing thread: queue a chunk, blocking while the queue is full; False once the
+        consumer has gone or `stopped` is set."""
+        with self._cond:
+            while not self._closed and self._size >= self._max:
+                if stopped.is_set():
+                    return False
+                self._cond.wait(poll)
+            if self._closed:
+                return False
+            self._chunks.append(chunk)
+            self._size += len(chunk)
+            self._cond.notify_all()
+            return True
 
     def finish(self) -> None:
         with self._cond:
@@ -87,9 +105,11 @@ class FedStream:
             self._wake_producer()
 
     def _wake_producer(self) -> None:  # with the lock held
-        if self._space is not None and (self._size < self._max or self._closed):
-            space, self._space = self._space, None
-            self._loop.call_soon_threadsafe(_set, space)
+        if self._size < self._max or self._closed:
+            self._cond.notify_all()  # a producing thread in put_blocking
+            if self._space is not None:
+                space, self._space = self._space, None
+                self._loop.call_soon_threadsafe(_set, space)
 
 
 def _set(future: asyncio.Future[None]) -> None:

@@ -7,13 +7,12 @@ the GIL released while OpenSSL decrypts, so the importer's threads run meanwhile
 
 A `POST` with a `Content-Length` to a raw upload path (sync, async, archive) is served here: the request
 is checked and admitted by the same code as before (`UploadServer.admit_raw`, on the event loop), the
-body is read in 1 MiB chunks and handed to the session (`UploadSession.receive`, unchanged) through
-`BodyBridge`, an async iterator bounded to `BRIDGE_CHUNKS` chunks in flight, and the session's answer is
-written back. The client's certificate is checked as before (`getpeercert`). Everything else (healthz,
-HEAD, forms, chunked bodies, other methods) goes to the aiohttp application with the client's verified
-certificate. A connection that carried an upload is closed after its answer; when the answer comes
-before the whole body (a refusal, the importer gave up), the rest is drained briefly first, as aiohttp
-does."""
+body is read in 1 MiB chunks and put by the reading thread straight into the importer's queue of the
+session (`UploadSession.receive`; `BodyBridge`), and the session's answer is written back. The client's
+certificate is checked as before (`getpeercert`). Everything else (healthz, HEAD, forms, chunked bodies,
+other methods) goes to the aiohttp application with the client's verified certificate. A connection
+that carried an upload is closed after its answer; when the answer comes before the whole body (a
+refusal, the importer gave up), the rest is drained briefly first, as aiohttp does."""
 
 from __future__ import annotations
 
@@ -31,12 +30,12 @@ import h11
 
 from cdi.api import upload as names
 from cdi.common import sockhttp, threadfront
+from cdi.uploadserver.feed import Chunk, FedStream
 from cdi.uploadserver.session import Outcome
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
-BRIDGE_CHUNKS = 4
 POLL_SECONDS = 1.0  # a quiet client: look whether the session still wants the body
 PAUSE_SECONDS = 0.05  # a client that pauses in the middle of a chunk: what arrived is handed on
 _END = object()
@@ -46,23 +45,38 @@ _RAW = {**{p: (False, True) for p in names.SYNC_PATHS}, **{p: (False, False) for
 
 
 class BodyBridge:
-    """Chunks read by a thread, consumed on the event loop as an async iterator (at most `slots` queued)."""
+    """A body read by a thread and fed straight into the importer's queue, its end seen by the event loop.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, slots: int = BRIDGE_CHUNKS) -> None:
+    The session attaches its queue before it waits for the body (`attach`); the reading thread then puts
+    every chunk into that queue itself, blocking while it is full, with the session's `arrived` and `fed`
+    around each (its counters, the head it sniffs, the clock of its idle watchdog). The event loop sees
+    no chunk, only the end of the body or the client's error, through this async iterator. Handing each
+    MiB through the event loop cost 0.7-1 CPU-s per 4 GiB there; without that hop, A/B through `cdi up`:
+    +7 % throughput (4 pairs of 5), -5 % upload-server CPU."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.slots = threading.Semaphore(slots)
+        self.ends: asyncio.Queue[BaseException | object] = asyncio.Queue()
         self.stopped = threading.Event()  # the consumer is gone (done, failed, cancelled)
+        self._attached = threading.Event()
+        self._feed: tuple[FedStream, Callable[[Chunk], None], Callable[[], None]] | None = None
+
+    def attach(self, queue: FedStream, arrived: Callable[[Chunk], None], fed: Callable[[], None]) -> None:
+        self._feed = queue, arrived, fed
+        self._attached.set()
 
     # -- the reading thread -----------------------------------------------------------------------------
-    def put(self, chunk: bytes | bytearray) -> bool:
-        """Hand a chunk on, waiting while `slots` are queued; False once the consumer stopped."""
-        while not self.slots.acquire(timeout=POLL_SECONDS):
+    def put(self, chunk: Chunk) -> bool:
+        """Hand a chunk to the importer, waiting while its queue is full; False once the consumer stopped."""
+        while not self._attached.wait(POLL_SECONDS):
             if self.stopped.is_set():
                 return False
-        if self.stopped.is_set():
+        assert self._feed is not None
+        queue, arrived, fed = self._feed
+        arrived(chunk)
+        if self.stopped.is_set() or not queue.put_blocking(chunk, self.stopped, POLL_SECONDS):
             return False
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, chunk)
+        fed()
         return True
 
     def close(self) -> None:
@@ -70,26 +84,21 @@ class BodyBridge:
         self.stopped.set()
 
     def end(self, error: BaseException | None = None) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, _END if error is None else error)
+        """The body is complete (after its last `put`), or broke with `error`."""
+        self.loop.call_soon_threadsafe(self.ends.put_nowait, _END if error is None else error)
 
     # -- the event loop ---------------------------------------------------------------------------------
     def __aiter__(self) -> BodyBridge:
         return self
 
-    async def __anext__(self) -> bytes | bytearray:
+    async def __anext__(self) -> Chunk:
         try:
-            item = await self.queue.get()
-        except BaseException:
+            item = await self.ends.get()
+        finally:
             self.stopped.set()
-            raise
-        if item is _END:
-            self.stopped.set()
-            raise StopAsyncIteration
         if isinstance(item, BaseException):
-            self.stopped.set()
             raise item
-        self.slots.release()
-        return item  # type: ignore[no-any-return]
+        raise StopAsyncIteration
 
 
 class Front:

@@ -51,7 +51,7 @@ from cdi.importer import (
     import_stream,
 )
 from cdi.uploadserver.config import UploadServerConfig
-from cdi.uploadserver.feed import FedStream
+from cdi.uploadserver.feed import Chunk, FedStream
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class UploadSession:
         self.state = UPLOADING
 
     # -- receiving ------------------------------------------------------------------------------------
-    async def receive(self, chunks: AsyncIterator[bytes], *, archive: bool, wait_for_durable: bool,
+    async def receive(self, chunks: AsyncIterator[Chunk], *, archive: bool, wait_for_durable: bool,
                       offset: int = 0, length: int | None = None) -> Outcome:
         """Feed one request body through the importer; the state must be `uploading` (see `admit`)."""
         loop = asyncio.get_running_loop()
@@ -179,8 +179,23 @@ class UploadSession:
         waiting_since: float | None = None  # when the body last went quiet (None: busy feeding the pipeline)
         stalled = False
 
+        def arrived(chunk: Chunk) -> None:  # before a chunk goes into `queue` (here, or in a reading thread)
+            nonlocal received, waiting_since
+            waiting_since = None
+            if offset == 0 and len(head) < HEAD_BYTES:
+                head.extend(chunk[: HEAD_BYTES - len(head)])
+            received += len(chunk)
+            self.bytes_received += len(chunk)
+
+        def fed() -> None:  # after a reading thread put a chunk into `queue`
+            nonlocal waiting_since
+            waiting_since = time.monotonic()
+
         async def pump() -> None:
-            nonlocal received, client_error, waiting_since
+            nonlocal client_error, waiting_since
+            attach = getattr(chunks, "attach", None)
+            if attach is not None:
+                attach(queue, arrived, fed)  # then only the end (or the client's error) comes through here
             iterator = chunks.__aiter__()
             try:
                 while True:
@@ -189,11 +204,7 @@ class UploadSession:
                         chunk = await iterator.__anext__()
                     except StopAsyncIteration:
                         break
-                    waiting_since = None
-                    if offset == 0 and len(head) < HEAD_BYTES:
-                        head.extend(chunk[: HEAD_BYTES - len(head)])
-                    received += len(chunk)
-                    self.bytes_received += len(chunk)
+                    arrived(chunk)
                     if not await queue.put(chunk):
                         return  # the pipeline stopped early: its error is the answer
                 queue.finish()
