@@ -250,9 +250,8 @@ class SparseWriter:
             bounce = self._local.bounce = memoryview(mmap.mmap(-1, BOUNCE_BYTES))
         return bounce
 
-    def _advance(self, end: int, written: int, cached: int | None = None) -> None:
-        """Count `written` bytes ending at `end`; `cached` of them (all unless said) in the page cache."""
-        cached = written if cached is None else cached
+    def _advance(self, end: int, written: int, cached: int = 0) -> None:
+        """Count `written` bytes ending at `end`, `cached` of them through the page cache."""
         kick = drop = False
         with self._lock:
             self.bytes_written += written

@@ -44,9 +44,7 @@ class FedStream:
                 if self._closed:
                     return False
                 if self._size < self._max:
-                    self._chunks.append(chunk)
-                    self._size += len(chunk)
-                    self._cond.notify()
+                    self._append(chunk)
                     return True
                 self._space = self._loop.create_future()
                 space = self._space
@@ -62,10 +60,13 @@ class FedStream:
                 self._cond.wait(poll)
             if self._closed:
                 return False
-            self._chunks.append(chunk)
-            self._size += len(chunk)
-            self._cond.notify_all()
+            self._append(chunk)
             return True
+
+    def _append(self, chunk: Chunk) -> None:  # with the lock held
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        self._cond.notify_all()  # the consumer (a producing thread re-checks the queue and waits on)
 
     def finish(self) -> None:
         with self._cond:
