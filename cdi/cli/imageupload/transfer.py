@@ -245,6 +245,7 @@ class Transfer:
             return answer.status_code, _read_text(tls, inner)
 
     def _send_body(self, sock: socket.socket, offset: int, attempt: Attempt) -> None:
+        sock.settimeout(SEND_TIMEOUT)  # a peer that stops reading is a dropped connection: the upload resumes
         buffer = bytearray(CHUNK)
         view = memoryview(buffer)
         with open(self.file, "rb", buffering=0) as f:

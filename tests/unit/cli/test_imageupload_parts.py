@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import io
+import socket
+import ssl
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from cdi.cli.imageupload import transfer
 from cdi.cli.imageupload.command import UsageError, parse, register
 from cdi.cli.imageupload.preflight import PreflightError, capacity, check_fits, inspect
 from cdi.cli.imageupload.progress import Progress
@@ -83,3 +86,21 @@ def test_fit_check_uses_the_volume_the_controller_will_make(tmp_path: Path) -> N
         check_fits(facts, capacity(100 << 20, "Filesystem", "0.055"), "100Mi", datavolume_storage_api=False)
     with pytest.raises(PreflightError, match=r"use --size 100Mi or more"):
         check_fits(facts, capacity(99 << 20, "Block", "0"), "99Mi", datavolume_storage_api=True)
+
+
+def test_a_peer_that_stops_reading_is_a_dropped_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of sending (through the proxy's TLS, and end to end over a socket that the TLS switch
+    left blocking without a timeout) give up on a connection that takes no bytes for `SEND_TIMEOUT`,
+    so the upload is resumed instead of hanging."""
+    image = tmp_path / "disk.raw"
+    image.write_bytes(bytes(64 << 20))
+    monkeypatch.setattr(transfer, "SEND_TIMEOUT", 0.5)
+    upload = transfer.Transfer("https://127.0.0.1:1", ssl.create_default_context(), transfer.TokenSource(lambda: "t"),
+                               "default/disk", str(image), Progress(64 << 20, out=io.StringIO(), tty=False))
+    ours, silent = socket.socketpair()
+    with ours, silent:
+        ours.settimeout(None)
+        attempt = transfer.Attempt(offset=0)
+        with pytest.raises(TimeoutError):
+            upload._send_body(ours, 0, attempt)
+        assert attempt.sent < 64 << 20
