@@ -270,6 +270,11 @@ class _Import:
             return TapStream(stream, hasher.update)
         return stream
 
+    @property
+    def _wire_is_pushed(self) -> bool:
+        """Whether reading `_wire()` costs nothing but the wait for its producer (`WriteBehind`, depth 0)."""
+        return self.origin.pushed and self.hasher is None
+
     def _read_at(self, offset: int, length: int) -> bytes | None:
         ranges = self.origin.ranges
         if ranges is None:
@@ -283,7 +288,8 @@ class _Import:
 
     def _kubevirt(self) -> tuple[int, bool]:
         if self.resume_offset:
-            return self._stream_raw(self._wire(), ImageInfo(formats.RAW, None), start=self.resume_offset)
+            return self._stream_raw(self._wire(), ImageInfo(formats.RAW, None), start=self.resume_offset,
+                                    pushed=self._wire_is_pushed)
         head = self.origin.head
         if not head:
             raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} is empty")
@@ -301,7 +307,7 @@ class _Import:
         if not info.needs_conversion:
             if self.origin.ranges is not None:
                 return self._ranges_raw(info)
-            return self._stream_raw(self._wire(), info)
+            return self._stream_raw(self._wire(), info, pushed=self._wire_is_pushed)
         self._check_size(info.virtual_size, info.format)
         if self.origin.ranges is not None:
             if info.format == formats.QCOW2:
@@ -664,7 +670,7 @@ class _Import:
             os.close(fd)
         return size, self._finish(size)
 
-    def _stream_raw(self, stream: Stream, info: ImageInfo, start: int = 0) -> tuple[int, bool]:
+    def _stream_raw(self, stream: Stream, info: ImageInfo, start: int = 0, *, pushed: bool = False) -> tuple[int, bool]:
         self.route = ROUTE_STREAM
         self._check_size(info.virtual_size, info.format)
         resume.remove(self.state_path)
@@ -675,7 +681,7 @@ class _Import:
                 resume.rehash_prefix(fd, start, self.hasher)
             self._plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
             self.progress.begin(TRANSFER_DATA_FILE, self.origin.wire_size)
-            pos = self._copy(stream, writer, self.usable, "the target", start)
+            pos = self._copy(stream, writer, self.usable, "the target", start, pushed=pushed)
             if pos == 0:
                 raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} holds no data")
             writer.sync()
@@ -699,14 +705,16 @@ class _Import:
         log.info("resuming a raw stream at byte %d", start)
         return fd
 
-    def _copy(self, stream: Stream, writer: SparseWriter, limit: int, where: str, start: int = 0) -> int:
+    def _copy(self, stream: Stream, writer: SparseWriter, limit: int, where: str, start: int = 0, *,
+              pushed: bool = False) -> int:
         """Copy a stream to offset start.. of the writer, stopping the moment it passes `limit`.
 
         Reading (which is where decompression happens) and writing run in two threads with a few
-        chunks between them: both release the GIL, so a gzip import decompresses while it writes."""
+        chunks between them: both release the GIL, so a gzip import decompresses while it writes.
+        A `pushed` stream (an upload body, read by a thread of its own) is written as it is read."""
         pos = start
         meter = self.origin.meter
-        behind = WriteBehind(writer)
+        behind = WriteBehind(writer, depth=0 if pushed else 4)
         try:
             while True:
                 if self.stop.is_set():

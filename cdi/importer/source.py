@@ -55,6 +55,7 @@ class Origin:
     head: bytes = b""
     ranges: RangeReader | None = None
     identity: dict[str, Any] | None = None  # what a resumed import must find unchanged
+    pushed: bool = False  # `stream()` only hands on chunks another thread produced (reading costs no work)
     labels: dict[str, str]
     meter: ByteMeter
 
@@ -87,6 +88,8 @@ class Origin:
 
 class StreamOrigin(Origin):
     """A plain sequential stream (an upload request body): no ranges, no resume."""
+
+    pushed = True
 
     def __init__(self, stream: Stream, name: str = "stream", size: int | None = None) -> None:
         super().__init__()

@@ -8,7 +8,9 @@ Why each piece exists:
   device, a resumed file) they are punched/zeroed instead, never just skipped. Unlike CDI, a failed
   hole punch only changes the zeroing method, it never switches zero detection off.
 * Data goes around the page cache (O_DIRECT, through a second descriptor of the same file, from a
-  page-aligned buffer of the writing thread), as CDI's `qemu-img convert -t none` does: the bytes are
+  page-aligned buffer of the writing thread, filled by `ctypes.memmove`, which lets go of the GIL: the
+  upload server's receiving thread, the busiest of an upload, waits for the GIL after every TLS
+  record it reads, and a 1 MiB copy under the GIL made it wait), as CDI's `qemu-img convert -t none` does: the bytes are
   copied once instead of into dirty pages that the kernel must then account, write back and reclaim
   (measured here: -30 % CPU in the writing thread, -15 % CPU of the whole machine for a 4 GiB write),
   and the page cache of the pod stays empty whatever the image size (CDI#1414, KV#15971: dirty pages
@@ -107,6 +109,13 @@ def write_zeros(fd: int, offset: int, length: int) -> None:
         length -= n
 
 
+def _address(buf: bytes | bytearray | mmap.mmap) -> int:
+    """Where a (non-empty) buffer's bytes are in memory."""
+    if isinstance(buf, bytes):
+        return ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value or 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
 def is_zero(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> bool:
     """Whether buf[start:end] is all zeros, without copying."""
     end = len(buf) if end is None else end
@@ -177,6 +186,10 @@ class SparseWriter:
         if self.preallocate and not self.known_zero:
             self._data(offset, buf, start, end)
             return
+        heads = buf[start + (-offset % GRANULARITY) : end : GRANULARITY]  # the first byte of each block
+        if buf[start] and 0 not in heads:  # no block is all zeros (the usual case of image data): one run
+            self._data(offset, buf, start, end)
+            return
         pos = start
         run_start = start
         run_zero: bool | None = None
@@ -223,13 +236,16 @@ class SparseWriter:
         direct_fd = self._direct_fd
         last = max(first, stop // DIRECT_ALIGN * DIRECT_ALIGN) if direct_fd is not None else first
         view = memoryview(buf)
+        if not 0 <= start <= end <= len(buf):  # memmove checks no bounds
+            raise ValueError(f"bytes {start}..{end} of a buffer of {len(buf)}")
+        source = _address(buf) if last > first else 0
         pos = first
         try:
             while pos < last:
                 assert direct_fd is not None
-                bounce = self._bounce()
+                bounce, bounce_at = self._bounce()
                 n = min(last - pos, len(bounce))
-                bounce[:n] = view[start + pos - offset : start + pos - offset + n]
+                ctypes.memmove(bounce_at, source + start + pos - offset, n)
                 pwrite_all(direct_fd, bounce[:n], pos)
                 pos += n
         except OSError as exc:
@@ -243,11 +259,12 @@ class SparseWriter:
             pwrite_all(self.fd, view[start + last - offset : end], last)
         return (end - start) - (last - first)
 
-    def _bounce(self) -> memoryview:
-        """This thread's page-aligned buffer (anonymous mmap) for O_DIRECT writes."""
-        bounce: memoryview | None = getattr(self._local, "bounce", None)
+    def _bounce(self) -> tuple[memoryview, int]:
+        """This thread's page-aligned buffer (anonymous mmap) for O_DIRECT writes, and its address."""
+        bounce: tuple[memoryview, int] | None = getattr(self._local, "bounce", None)
         if bounce is None:
-            bounce = self._local.bounce = memoryview(mmap.mmap(-1, BOUNCE_BYTES))
+            area = mmap.mmap(-1, BOUNCE_BYTES)
+            bounce = self._local.bounce = (memoryview(area), _address(area))
         return bounce
 
     def _advance(self, end: int, written: int, cached: int = 0) -> None:
@@ -340,14 +357,21 @@ class SparseWriter:
 
 
 class WriteBehind:
-    """Writes chunks in a thread of its own, at most `depth` chunks behind the reader."""
+    """Writes chunks in a thread of its own, at most `depth` chunks behind the reader.
+
+    `depth=0` writes in the caller's thread instead: for a stream whose reading costs nothing but the
+    wait for a producer that already runs in a thread of its own (an upload body), a second thread
+    only adds a hand-off per chunk and more threads taking turns at the GIL (measured through
+    `cdi up`: +9 % upload throughput without it)."""
 
     def __init__(self, writer: SparseWriter, depth: int = 4) -> None:
         self.writer = writer
         self.queue: queue.Queue[tuple[int, bytes | bytearray] | None] = queue.Queue(depth)
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="write-behind", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        if depth:
+            self.thread = threading.Thread(target=self._run, name="write-behind", daemon=True)
+            self.thread.start()
 
     def _run(self) -> None:
         while True:
@@ -363,10 +387,15 @@ class WriteBehind:
     def write(self, pos: int, chunk: bytes | bytearray) -> None:
         if self.error is not None:
             raise self.error
-        self.queue.put((pos, chunk))
+        if self.thread is None:
+            self.writer.write_at(pos, chunk)
+        else:
+            self.queue.put((pos, chunk))
 
     def close(self, quiet: bool = False) -> None:
         """Wait for the writes queued so far; re-raise a write failure (unless already failing)."""
+        if self.thread is None:
+            return
         self.queue.put(None)
         self.thread.join()
         if self.error is not None and not quiet:

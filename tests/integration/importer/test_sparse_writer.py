@@ -115,7 +115,8 @@ def test_where_o_direct_is_refused_writes_go_through_the_page_cache(
         monkeypatch.undo()
         writer = SparseWriter(fd, known_zero=True)
         assert writer.direct
-        unaligned = memoryview(mmap.mmap(-1, 2 << 20))[1:(1 << 20) + 1]
+        area = mmap.mmap(-1, 2 << 20)
+        unaligned = memoryview(area)[1:(1 << 20) + 1], sparse_writer._address(area) + 1
         monkeypatch.setattr(writer, "_bounce", lambda: unaligned)
         writer.write_at(1 << 20, data, 1 << 20, 3 << 20)
         assert not writer.direct
@@ -139,3 +140,52 @@ def test_close_releases_the_second_descriptor(target: Path) -> None:
     finally:
         os.close(fd)
     assert target.read_bytes() == b"after close"
+
+
+@pytest.mark.parametrize("data_type", [bytes, bytearray])
+def test_blocks_that_start_with_zeros_are_data_and_zero_blocks_stay_holes(target: Path, data_type: type) -> None:
+    """A chunk whose blocks all start with a non-zero byte is written in one go; one where some block
+    starts with zeros is looked at block by block: zeros at the start of a block are still data, a
+    whole block of zeros (not at a block boundary of the chunk: the write starts mid-block) a hole."""
+    rng = random.Random(9)
+    plain = rng.randbytes(1 << 20).replace(b"\0", b"\1")
+    mixed = bytearray(rng.randbytes(1 << 20))
+    for block in range(0, len(mixed), GRANULARITY):
+        mixed[block:block + 100] = bytes(100)  # every block of the chunk starts with zeros, and holds data
+    shift = GRANULARITY // 2  # the chunk's blocks straddle the target's
+    mixed[shift + 4 * GRANULARITY:shift + 8 * GRANULARITY] = bytes(4 * GRANULARITY)  # 3 whole target blocks
+    fd = os.open(target, os.O_RDWR)
+    try:
+        writer = SparseWriter(fd, known_zero=True)
+        writer.write_at(0, data_type(plain))
+        writer.write_at((1 << 20) + shift, data_type(mixed), shift, len(mixed))
+        os.ftruncate(fd, 2 << 20)
+        writer.sync()
+        writer.close()
+    finally:
+        os.close(fd)
+    expected = plain + bytes(shift) + bytes(mixed[shift:])
+    assert target.read_bytes() == expected
+    holes = (1 << 20) + 5 * GRANULARITY
+    with target.open("rb") as f:
+        assert os.lseek(f.fileno(), 1 << 20, os.SEEK_HOLE) == (1 << 20)  # before `shift`: never written
+        assert os.lseek(f.fileno(), holes, os.SEEK_HOLE) == holes  # the zero blocks were skipped
+
+
+def test_write_behind_of_depth_0_writes_in_the_callers_thread(target: Path) -> None:
+    """No thread, no queue: the write is on the target when `write` returns, and its error raised there."""
+    fd = os.open(target, os.O_RDWR)
+    try:
+        writer = SparseWriter(fd, known_zero=True)
+        inline = WriteBehind(writer, depth=0)
+        assert inline.thread is None
+        inline.write(0, b"x" * DIRECT_ALIGN)
+        assert writer.bytes_written == DIRECT_ALIGN
+        with pytest.raises(ValueError, match="bytes 0..9 of a buffer of 8"):
+            writer.write_at(1 << 20, bytearray(8), 0, 9)
+        inline.close()
+        writer.sync()
+        writer.close()
+    finally:
+        os.close(fd)
+    assert target.read_bytes() == b"x" * DIRECT_ALIGN
