@@ -190,7 +190,9 @@ class ClientGaveUp(Exception):
 
 
 async def cut_upload(running: Running, data: bytes, cut: int, path: str = "/v1beta1/upload", offset: int = 0) -> None:
-    """POST `data` but abort the connection after `cut` bytes, as a dropped network would."""
+    """POST `data` but abort the connection after `cut` bytes, as a dropped network would; returns once the
+    server has seen the request (a HEAD right after the client gave up may come before it: still `idle`)."""
+    before = running.server.session.bytes_received
     async def body():
         sent = 0
         while sent < cut:
@@ -205,6 +207,11 @@ async def cut_upload(running: Running, data: bytes, cut: int, path: str = "/v1be
                                         headers={"Content-Length": str(len(data)),
                                                  **({"Upload-Offset": str(offset)} if offset else {})}) as resp:
             await resp.read()
+    for _ in range(3000):
+        if running.server.session.bytes_received > before:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the upload server never saw the cut request")
 
 
 async def offset_when_idle(running: Running) -> int:
