@@ -8,9 +8,7 @@ Why each piece exists:
   device, a resumed file) they are punched/zeroed instead, never just skipped. Unlike CDI, a failed
   hole punch only changes the zeroing method, it never switches zero detection off.
 * Data goes around the page cache (O_DIRECT, through a second descriptor of the same file, from a
-  page-aligned buffer of the writing thread, filled by `ctypes.memmove`, which lets go of the GIL: the
-  upload server's receiving thread, the busiest of an upload, waits for the GIL after every TLS
-  record it reads, and a 1 MiB copy under the GIL made it wait), as CDI's `qemu-img convert -t none` does: the bytes are
+  page-aligned buffer of the writing thread), as CDI's `qemu-img convert -t none` does: the bytes are
   copied once instead of into dirty pages that the kernel must then account, write back and reclaim
   (measured here: -30 % CPU in the writing thread, -15 % CPU of the whole machine for a 4 GiB write),
   and the page cache of the pod stays empty whatever the image size (CDI#1414, KV#15971: dirty pages
@@ -19,6 +17,9 @@ Why each piece exists:
   go through the page cache, which then stays bounded: writeback is started every `KICK_BYTES` with
   sync_file_range, and every `DROP_BYTES` the written pages are waited for and dropped with
   POSIX_FADV_DONTNEED.
+* The copy into the O_DIRECT buffer is a `ctypes.memmove`, which lets go of the GIL: the upload
+  server's receiving thread, the busiest of an upload, takes the GIL again after every TLS record it
+  reads, and a 1 MiB copy under the GIL kept it waiting.
 * Writes are positional (pwrite) so that range workers can write out of order from several threads.
 """
 

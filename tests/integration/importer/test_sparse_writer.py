@@ -181,7 +181,7 @@ def test_write_behind_of_depth_0_writes_in_the_callers_thread(target: Path) -> N
         assert inline.thread is None
         inline.write(0, b"x" * DIRECT_ALIGN)
         assert writer.bytes_written == DIRECT_ALIGN
-        with pytest.raises(ValueError, match="bytes 0..9 of a buffer of 8"):
+        with pytest.raises(ValueError, match=r"bytes 0\.\.9 of a buffer of 8"):
             writer.write_at(1 << 20, bytearray(8), 0, 9)
         inline.close()
         writer.sync()
