@@ -714,7 +714,7 @@ class _Import:
         A `pushed` stream (an upload body, read by a thread of its own) is written as it is read."""
         pos = start
         meter = self.origin.meter
-        behind = WriteBehind(writer, depth=0 if pushed else 4)
+        behind = WriteBehind(writer, depth=0) if pushed else WriteBehind(writer)
         try:
             while True:
                 if self.stop.is_set():
