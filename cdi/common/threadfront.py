@@ -12,7 +12,15 @@ the request (returns True; the connection is closed afterwards) or declines (Fal
 from its first byte, is then handed over a socket pair to an asyncio server (`adopt`), with the
 client's verified certificate, so that every request the thread does not serve is answered by one
 implementation, unchanged. Requests h11 cannot parse are handed over too (the asyncio server says
-what is wrong with them)."""
+what is wrong with them).
+
+Stopping is in two steps around the asyncio server's own shutdown: `stop` stops accepting, cuts the
+connections the threads serve, and ends the requests of handed-over ones (the asyncio server reads the
+end of their bytes) without cutting them; once the asyncio server has answered and closed its side,
+`closed` waits until the threads have passed on its last bytes, then cuts what is left. Cutting a
+handed-over connection at once lost an answer the asyncio server had written but the thread had not
+passed on yet: an upload server that exits right after answering an upload (a form upload of a small
+image) sometimes closed the proxy's connection without an answer, which the proxy reports as 502."""
 
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 256  # a thread each: beyond this, new connections are closed at once (not queued)
 RCVBUF = 4 << 20  # fewer wake-ups per byte received (measured: -15 % CPU in the receiving threads)
+CLOSE_SECONDS = 5.0  # for the last answers of handed-over connections to go out when stopping
 PeerCert = dict[str, Any] | None
 Serve = Callable[[socket.socket, h11.Connection, h11.Request], bool]
 Adopt = Callable[[socket.socket, PeerCert], Awaitable[None]]
@@ -49,8 +58,11 @@ class ThreadFront:
         self.name = name
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
+        self._handed_over: dict[socket.socket, socket.socket] = {}  # client connection -> our end of the pair
         self._lock = threading.Lock()
         self._threads = 0
+        self._stopping = False
+        self._ended = asyncio.Event()  # set (from a thread) when the last connection thread ends
 
     def start(self, host: str, port: int, backlog: int = 128) -> int:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -61,15 +73,36 @@ class ThreadFront:
         return int(listener.getsockname()[1])
 
     def stop(self) -> None:
-        """Stop accepting, and cut the connections being served (their threads end)."""
+        """Stop accepting, cut the connections being served (their threads end), and end the requests of
+        handed-over ones: the asyncio server reads the end of their bytes, its answers still go out."""
         if self._listener is not None:
             self.loop.remove_reader(self._listener.fileno())
             self._listener.close()
             self._listener = None
         with self._lock:
+            self._stopping = True
             for sock in self._open:
+                inner = self._handed_over.get(sock)
                 with contextlib.suppress(OSError):  # the TCP socket under a TLS one too, its thread sees the end
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                    if inner is not None:
+                        inner.shutdown(socket.SHUT_WR)
+                    else:
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    async def closed(self, timeout: float = CLOSE_SECONDS) -> None:
+        """After the asyncio server closed its connections: wait (up to `timeout`) until the threads passed
+        on its last bytes and ended, then cut whatever is still open."""
+        deadline = self.loop.time() + timeout
+        while self._threads and self.loop.time() < deadline:
+            self._ended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), deadline - self.loop.time())
+        with self._lock:
+            for inner in self._handed_over.values():
+                with contextlib.suppress(OSError):
+                    inner.shutdown(socket.SHUT_RDWR)  # the thread stops waiting for the asyncio server
+            self._handed_over.clear()
+        self.stop()
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -120,7 +153,11 @@ class ThreadFront:
                 if sock is not raw:
                     self._open.discard(sock)
                 self._threads -= 1
+                last = not self._threads
             raw.close()
+            if last:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                    self.loop.call_soon_threadsafe(self._ended.set)
 
     def _request(self, sock: socket.socket) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
@@ -144,7 +181,15 @@ class ThreadFront:
                 theirs.close()
                 raise
             ours.sendall(received)
-            splice(sock, ours)
+            with self._lock:
+                self._handed_over[sock] = ours
+                if self._stopping:
+                    ours.shutdown(socket.SHUT_WR)
+            try:
+                splice(sock, ours)
+            finally:
+                with self._lock:
+                    self._handed_over.pop(sock, None)
 
 
 def splice(client: socket.socket, inner: socket.socket) -> None:

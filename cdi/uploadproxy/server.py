@@ -95,6 +95,8 @@ class UploadProxy:
             self._front.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._front is not None:
+            await self._front.closed()
         if self._session is not None:
             await self._session.close()
         self.tls.close()

@@ -115,6 +115,9 @@ class Front:
     def stop(self) -> None:
         self._front.stop()
 
+    async def closed(self) -> None:
+        await self._front.closed()
+
     def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
         path = request.target.decode("latin-1").partition("?")[0]
         headers = sockhttp.headers(request)

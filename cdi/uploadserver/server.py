@@ -128,10 +128,13 @@ class UploadServer:
         log.info("upload server listening on https://%s:%d", self.config.listen_host, self.port)
 
     async def stop(self) -> None:
+        """Stop serving; answers being written still reach their clients (`ThreadFront.stop`)."""
         if self._front is not None:
             self._front.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._front is not None:
+            await self._front.closed()
 
     async def adopt(self, sock: socket.socket, peer: dict[str, Any] | None) -> None:
         """A connection the front hands over (all but raw upload bodies), with the client's certificate."""

@@ -98,3 +98,77 @@ async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.Monkey
 
 async def _never_adopted(sock: socket.socket, peer: object) -> None:
     raise AssertionError("nothing is delegated in this test")
+
+
+async def _handed_over(front: threadfront.ThreadFront) -> None:
+    for _ in range(250):
+        if front._handed_over:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the connection was not handed over")
+
+
+async def test_an_answer_written_while_stopping_still_reaches_the_client() -> None:
+    """The asyncio server answers after `stop` (its shutdown lets handlers finish): the client gets the
+    answer, not a connection closed without one (which the upload proxy reported as 502)."""
+    release = asyncio.Event()
+    request_ended = asyncio.Event()
+
+    async def adopt(sock: socket.socket, peer: object) -> None:
+        async def answer() -> None:
+            reader, writer = await asyncio.open_connection(sock=sock)
+            await reader.readuntil(b"\r\n\r\n")
+            if await reader.read() == b"":  # stopping ends the request's bytes, not the connection
+                request_ended.set()
+            await release.wait()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+
+        tasks.add(asyncio.ensure_future(answer()))
+
+    tasks: set[asyncio.Future[None]] = set()
+    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, lambda *_: False, adopt)
+    port = front.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        await _handed_over(front)
+        front.stop()
+        await asyncio.wait_for(request_ended.wait(), 10)
+        release.set()
+        await asyncio.gather(*tasks)
+        await front.closed(10)
+        assert (await asyncio.wait_for(reader.read(), 10)).endswith(b"\r\n\r\nok")
+        assert front._threads == 0
+    finally:
+        writer.close()
+        front.stop()
+
+
+async def test_closed_cuts_a_handed_over_connection_the_asyncio_server_keeps_open() -> None:
+    kept: list[socket.socket] = []
+
+    async def adopt(sock: socket.socket, peer: object) -> None:
+        kept.append(sock)  # never answered, never closed
+
+    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, lambda *_: False, adopt)
+    port = front.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        await _handed_over(front)
+        front.stop()
+        await front.closed(0.2)
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        for _ in range(250):
+            if not front._threads:
+                break
+            await asyncio.sleep(0.02)
+        assert front._threads == 0
+    finally:
+        writer.close()
+        for sock in kept:
+            sock.close()
