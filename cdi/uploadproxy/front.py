@@ -379,12 +379,16 @@ def _next(upstream: socket.socket, up: h11.Connection) -> h11.Event | type[h11.P
         event = up.next_event()
         if event is not h11.NEED_DATA:
             return cast("h11.Event | type[h11.PAUSED]", event)
-        up.receive_data(upstream.recv(65536))
+        data = upstream.recv(65536)
+        if not data and up.their_state is h11.SEND_RESPONSE:  # said plainly, not in h11's state names
+            raise h11.RemoteProtocolError("the upload server closed the connection without an answer")
+        up.receive_data(data)
 
 
 def _answered(upstream: socket.socket, up: h11.Connection) -> bool:
-    """Whether the upload server answered (or closed) already; what it sent is given to `up`. (TLS 1.3
-    session tickets make the socket readable without any answer: they are consumed here.)"""
+    """Whether the upload server answered (or closed) already; what it sent is given to `up`, a broken
+    connection raises as a send would. (TLS 1.3 session tickets make the socket readable without any
+    answer: they are consumed here.)"""
     if not (isinstance(upstream, ssl.SSLSocket) and upstream.pending()) and \
             not select.select([upstream], [], [], 0)[0]:
         return False
@@ -393,9 +397,8 @@ def _answered(upstream: socket.socket, up: h11.Connection) -> bool:
         data = upstream.recv(65536)
     except (ssl.SSLWantReadError, BlockingIOError):
         return False
-    except OSError:
-        data = b""
     finally:
         upstream.settimeout(None)
-    up.receive_data(data)
-    return True
+    if data:
+        up.receive_data(data)
+    return True  # or closed: `_next` says so
