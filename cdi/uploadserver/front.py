@@ -218,7 +218,10 @@ class ReceiveBuffers:
     count: every holder of a chunk (queues, memoryviews, a write in progress) holds a reference, so a
     buffer still in use is never filled again; at worst one is not reused."""
 
-    KEEP = 16  # more than the chunks in flight (bridge, importer queue, write-behind)
+    # more than the chunks in flight while the disk keeps up (bridge, importer queue, a write); when it
+    # falls behind, the session's queue holds up to QUEUE_BYTES and the extra buffers are fresh ones,
+    # which costs the reading thread nothing that matters then: it waits for the disk anyway
+    KEEP = 16
 
     def __init__(self, size: int) -> None:
         self.size = size
