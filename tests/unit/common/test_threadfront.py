@@ -59,10 +59,7 @@ async def test_connections_beyond_the_cap_are_closed_at_once(monkeypatch: pytest
             await asyncio.sleep(0.02)
         assert await _get(port) == b""  # closed without an answer
         idle.close()
-        for _ in range(250):  # the thread ends when the idle client goes; then a request is served
-            if not front._threads:
-                break
-            await asyncio.sleep(0.02)
+        await _threads_end(front)  # when the idle client goes; then a request is served
         assert (await _get(port)).endswith(b"ok")
     finally:
         front.stop()
@@ -86,11 +83,7 @@ async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.Monkey
             await asyncio.sleep(0.02)
         front.stop()
         assert await asyncio.wait_for(reader.read(), 10) == b""
-        for _ in range(250):
-            if not front._threads:
-                break
-            await asyncio.sleep(0.02)
-        assert front._threads == 0
+        await _threads_end(front)
         writer.close()
     finally:
         front.stop()
@@ -100,12 +93,27 @@ async def _never_adopted(sock: socket.socket, peer: object) -> None:
     raise AssertionError("nothing is delegated in this test")
 
 
-async def _handed_over(front: threadfront.ThreadFront) -> None:
+async def _handed_over_request(adopt: threadfront.Adopt) -> tuple[threadfront.ThreadFront, asyncio.StreamReader,
+                                                                 asyncio.StreamWriter]:
+    """A front, and a client whose GET it has handed over to `adopt`."""
+    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, lambda *_: False, adopt)
+    port = front.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
     for _ in range(250):
         if front._handed_over:
-            return
+            return front, reader, writer
         await asyncio.sleep(0.02)
     raise AssertionError("the connection was not handed over")
+
+
+async def _threads_end(front: threadfront.ThreadFront) -> None:
+    for _ in range(250):
+        if not front._threads:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{front._threads} connection threads still run")
 
 
 async def test_an_answer_written_while_stopping_still_reaches_the_client() -> None:
@@ -128,13 +136,8 @@ async def test_an_answer_written_while_stopping_still_reaches_the_client() -> No
         tasks.add(asyncio.ensure_future(answer()))
 
     tasks: set[asyncio.Future[None]] = set()
-    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, lambda *_: False, adopt)
-    port = front.start("127.0.0.1", 0)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    front, reader, writer = await _handed_over_request(adopt)
     try:
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        await writer.drain()
-        await _handed_over(front)
         front.stop()
         await asyncio.wait_for(request_ended.wait(), 10)
         release.set()
@@ -153,21 +156,12 @@ async def test_closed_cuts_a_handed_over_connection_the_asyncio_server_keeps_ope
     async def adopt(sock: socket.socket, peer: object) -> None:
         kept.append(sock)  # never answered, never closed
 
-    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, lambda *_: False, adopt)
-    port = front.start("127.0.0.1", 0)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    front, reader, writer = await _handed_over_request(adopt)
     try:
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        await writer.drain()
-        await _handed_over(front)
         front.stop()
         await front.closed(0.2)
         assert await asyncio.wait_for(reader.read(), 10) == b""
-        for _ in range(250):
-            if not front._threads:
-                break
-            await asyncio.sleep(0.02)
-        assert front._threads == 0
+        await _threads_end(front)
     finally:
         writer.close()
         for sock in kept:
