@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import CdiUp, Kubectl
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
+                                                                                           pytest.TestReport]:
+    """A failing test that ran against `cdi up` shows the last container logs on its node and the
+    control plane's log (worker pods, and their logs with `kubectl`, are gone by the time it fails)."""
+    report = yield
+    if report.failed and call.when == "call":
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, CdiUp):
+                report.sections.append((f"cdi up {value.data_dir}: recent logs", value.recent_logs()))
+    return report
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tests.e2e.workloads import (
     wait_bound,
     wait_phase,
 )
-from tests.support.cluster import Kubectl, wait_for
+from tests.support.cluster import CdiUp, Kubectl, wait_for
 
 WRITE = """
 import hashlib, os, random
@@ -167,7 +167,7 @@ def test_missing_secret_is_a_config_error(shared_kubectl: Kubectl) -> None:
     wait_phase(k, ns, "needs", "Succeeded")
 
 
-def test_logs_follow_containers_and_probes(shared_kubectl: Kubectl) -> None:
+def test_logs_follow_containers_and_probes(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
     k = shared_kubectl
     ns = new_namespace(k, "logs")
     manifest = pod("talker", "for i in 1 2 3; do echo first-$i; sleep 0.2; done")
@@ -189,6 +189,11 @@ def test_logs_follow_containers_and_probes(shared_kubectl: Kubectl) -> None:
     assert logs(k, ns, "talker", "-c", "main", "--tail=1").split() == ["first-3"]
     stamped = logs(k, ns, "talker", "-c", "main", "--timestamps").splitlines()
     assert stamped[0].split(" ", 1)[1] == "first-1" and stamped[0].startswith("20")
+    k("delete", "pod", "talker", "-n", ns, "--wait=true", timeout=30)  # its logs stay on the node
+    kept = wait_for(lambda: list((shared_cdi_up.data_dir / "node" / "terminated").glob(f"{ns}_talker_*")), 10,
+                    message="the logs of the deleted pod kept")
+    assert sorted(p.name for p in kept[0].iterdir()) == ["main-0.log", "second-0.log"]
+    assert (kept[0] / "main-0.log").read_text().splitlines()[0].endswith(" stdout F first-1")
 
 
 def test_liveness_probe_restarts_and_readiness_gates_ready(shared_kubectl: Kubectl) -> None:

@@ -70,6 +70,19 @@ class CdiUp:
         self.stop()
         self.start()
 
+    def recent_logs(self, files: int = 6, lines: int = 40) -> str:
+        """The tails of the container logs written last on the node (pods running or removed), and of
+        `cdi up`'s own log: what a failing end-to-end test prints, since worker pods are gone by then."""
+        node = self.data_dir / "node"
+        found = [*node.glob("pods/*/containers/*/*.log"), *node.glob("terminated/*/*.log")]
+        found.sort(key=lambda path: path.stat().st_mtime_ns)
+        parts = []
+        for path in [*found[-files:], self.log_path]:
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- {path.relative_to(self.data_dir.parent)}\n" + "\n".join(tail))
+        return "\n".join(parts)
+
 
 def kubectl_binary() -> str:
     found = shutil.which("kubectl")

@@ -22,7 +22,7 @@ from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.control import LocalApi
 from cdi.embedded.node.environment import ConfigError, build_env, expand_args
 from cdi.embedded.node.images import ImagePullError, entrypoint
-from cdi.embedded.node.logs import ContainerLogs, NodeLogs, tail_text
+from cdi.embedded.node.logs import TERMINATED, ContainerLogs, NodeLogs, keep_terminated, tail_text
 from cdi.embedded.node.podips import PodIPs
 from cdi.embedded.node.podstatus import carry_transition_times, now, pod_conditions, pod_phase
 from cdi.embedded.node.probes import Prober, ProbeResult
@@ -625,6 +625,9 @@ class PodWorker:
 
     def cleanup(self) -> None:
         self.kubelet.forget(self)
+        with contextlib.suppress(OSError):  # logs are a courtesy; removing the pod is not
+            keep_terminated(self.dir / "containers", self.kubelet.config.root / TERMINATED,
+                            f"{self.namespace}_{self.name}_{self.uid}")
         shutil.rmtree(self.dir, ignore_errors=True)
 
     async def shutdown(self, grace: float) -> None:

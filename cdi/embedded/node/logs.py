@@ -1,17 +1,26 @@
 """Container logs as the kubelet keeps them: one file per container start
 (`pods/<uid>/containers/<name>/<restart>.log`), each line in the CRI format
 `<RFC3339Nano> <stdout|stderr> <F|P> <text>` (P: the line had no newline), so that `kubectl logs`
-can ask for timestamps, the last N lines, the previous start, or to follow a running container."""
+can ask for timestamps, the last N lines, the previous start, or to follow a running container.
+
+When a pod is removed, its log files move to `terminated/<namespace>_<name>_<uid>/` on the node (the
+newest `KEEP_TERMINATED` pods only): a worker pod is deleted as soon as its DataVolume is done, and
+what it said is often the one clue left when something went wrong; a real kubelet has the container
+runtime's and the node's logs for that."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cdi.embedded.apiserver import errors
+
+TERMINATED = "terminated"
+KEEP_TERMINATED = 50  # pods whose logs are kept after their removal
 
 
 def _stamp() -> str:
@@ -201,3 +210,18 @@ class NodeLogs:
                 if lines and not lines[-1].endswith(b"\n"):
                     pending = lines.pop()
 
+
+
+def keep_terminated(containers: Path, into: Path, pod: str, keep: int = KEEP_TERMINATED) -> None:
+    """Move the log files of a pod being removed (`containers/<name>/<restart>.log`) to `into/pod/`
+    as `<name>-<restart>.log`, and drop the kept logs of all but the newest `keep` pods."""
+    files = sorted(containers.glob("*/*.log"))
+    if not files:
+        return
+    target = into / pod
+    target.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        path.replace(target / f"{path.parent.name}-{path.name}")
+    kept = sorted((d for d in into.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime_ns)
+    for old in kept[:-keep] if keep else kept:
+        shutil.rmtree(old, ignore_errors=True)

@@ -4,6 +4,7 @@ sandbox layout, pod phase and conditions, scheduling predicates, endpoints."""
 from __future__ import annotations
 
 import base64
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from cdi.embedded.node.environment import ConfigError, build_env, field_value
 from cdi.embedded.node.expansion import expand
 from cdi.embedded.node.images import ImagePullError, base_name, entrypoint
+from cdi.embedded.node.logs import keep_terminated
 from cdi.embedded.node.podips import PodIPs
 from cdi.embedded.node.podstatus import pod_conditions, pod_phase
 from cdi.embedded.node.sandbox import Mount, SandboxSpec, bwrap_argv, layout
@@ -195,3 +197,20 @@ def test_endpoint_subsets_split_ready_and_resolve_named_ports() -> None:
 
 def test_python_of_mapped_images_is_this_interpreter() -> None:
     assert entrypoint("cdi-cloner", None, None).argv[0] == sys.executable
+
+
+def test_a_removed_pods_logs_are_kept_for_the_newest_pods_only(tmp_path: Path) -> None:
+    kept = tmp_path / "terminated"
+    for i, pod in enumerate(("ns_a_1", "ns_b_2", "ns_c_3")):
+        containers = tmp_path / pod / "containers"
+        for name, text in (("importer/0.log", "first start"), ("importer/1.log", "second start"),
+                           ("importer/termination-log", "{}")):
+            (containers / name).parent.mkdir(parents=True, exist_ok=True)
+            (containers / name).write_text(text)
+        keep_terminated(containers, kept, pod, keep=2)
+        os.utime(kept / pod, ns=(i * 10**9, i * 10**9))  # the order of removal, whatever the clock's resolution
+    assert sorted(p.name for p in kept.iterdir()) == ["ns_b_2", "ns_c_3"]
+    assert sorted(p.name for p in (kept / "ns_c_3").iterdir()) == ["importer-0.log", "importer-1.log"]
+    assert (kept / "ns_c_3" / "importer-1.log").read_text() == "second start"
+    keep_terminated(tmp_path / "no-such-pod" / "containers", kept, "ns_d_4", keep=2)  # no logs: nothing kept
+    assert sorted(p.name for p in kept.iterdir()) == ["ns_b_2", "ns_c_3"]
