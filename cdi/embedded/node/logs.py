@@ -211,7 +211,6 @@ class NodeLogs:
                     pending = lines.pop()
 
 
-
 def keep_terminated(containers: Path, into: Path, pod: str, keep: int = KEEP_TERMINATED) -> None:
     """Move the log files of a pod being removed (`containers/<name>/<restart>.log`) to `into/pod/`
     as `<name>-<restart>.log`, and drop the kept logs of all but the newest `keep` pods."""

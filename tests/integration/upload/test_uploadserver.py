@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from cdi.api.sizing import usable_space
+from tests.support.cluster import async_wait_for
 from tests.support.images import Image, file_name, sha256_file
 
 from .conftest import OVERHEAD, VOLUME, Running, UploadPki, make_volumes, start_server
@@ -207,11 +208,8 @@ async def cut_upload(running: Running, data: bytes, cut: int, path: str = "/v1be
                                         headers={"Content-Length": str(len(data)),
                                                  **({"Upload-Offset": str(offset)} if offset else {})}) as resp:
             await resp.read()
-    for _ in range(3000):
-        if running.server.session.bytes_received > before:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the upload server never saw the cut request")
+    await async_wait_for(lambda: running.server.session.bytes_received > before, 30.0, 0.01,
+                         message="the upload server to see the cut request")
 
 
 async def offset_when_idle(running: Running) -> int:

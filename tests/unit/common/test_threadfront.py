@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cdi.common import pki, threadfront
+from tests.support.cluster import async_wait_for
 
 
 async def _front(monkeypatch: pytest.MonkeyPatch, limit: int) -> tuple[threadfront.ThreadFront, int]:
@@ -101,19 +102,12 @@ async def _handed_over_request(adopt: threadfront.Adopt) -> tuple[threadfront.Th
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     await writer.drain()
-    for _ in range(250):
-        if front._handed_over:
-            return front, reader, writer
-        await asyncio.sleep(0.02)
-    raise AssertionError("the connection was not handed over")
+    await async_wait_for(lambda: front._handed_over, 5.0, message="the connection handed over")
+    return front, reader, writer
 
 
 async def _threads_end(front: threadfront.ThreadFront) -> None:
-    for _ in range(250):
-        if not front._threads:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{front._threads} connection threads still run")
+    await async_wait_for(lambda: not front._threads, 5.0, message="the connection threads to end")
 
 
 async def test_an_answer_written_while_stopping_still_reaches_the_client() -> None:
