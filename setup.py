@@ -1,0 +1,7 @@
+"""The one C extension (everything else is in pyproject.toml): `cdi.common._tlsread`, how upload bodies
+are read from TLS (`cdi.common.sockfill`). Optional: without a C compiler the package still installs,
+and bodies are read by a Python loop (same behaviour, more CPU)."""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("cdi.common._tlsread", ["cdi/common/_tlsread.c"], optional=True)])
