@@ -9,7 +9,7 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -25,25 +25,31 @@ def contexts(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, 
     return server, ssl.create_default_context(cadata=ca.cert_pem.decode())
 
 
-class Pair:
-    """A TLS connection: `receiver` here, the sending side run by `send` in a thread."""
+@contextlib.contextmanager
+def connected(contexts: tuple[ssl.SSLContext, ssl.SSLContext], send: Callable[[ssl.SSLSocket], object] = bool,
+              *, hold: bool = True) -> Iterator[ssl.SSLSocket]:
+    """A TLS connection over a socket pair: the receiving socket, while a thread sends with `send` and
+    then (`hold`) keeps its end open until the block ends."""
+    ours, theirs = socket.socketpair()
+    server, client = contexts
+    release = threading.Event()
 
-    def __init__(self, contexts: tuple[ssl.SSLContext, ssl.SSLContext], send: Callable[[ssl.SSLSocket], None]) -> None:
-        ours, theirs = socket.socketpair()
-        server, client = contexts
+    def sender() -> None:
+        with client.wrap_socket(theirs, server_hostname="127.0.0.1") as tls:
+            send(tls)
+            if hold:
+                release.wait(30)
 
-        def sender() -> None:
-            with client.wrap_socket(theirs, server_hostname="127.0.0.1") as tls:
-                send(tls)
-
-        self.thread = threading.Thread(target=sender, daemon=True)
-        self.thread.start()
-        self.receiver = server.wrap_socket(ours, server_side=True)
-
-    def close(self) -> None:
-        self.receiver.close()
-        self.thread.join(10)
-        assert not self.thread.is_alive()
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    receiver = server.wrap_socket(ours, server_side=True)
+    try:
+        yield receiver
+    finally:
+        release.set()
+        receiver.close()
+        thread.join(10)
+        assert not thread.is_alive()
 
 
 @pytest.fixture(params=["c", "python"])
@@ -67,15 +73,8 @@ def test_the_c_loop_is_built_and_bound() -> None:
 
 def test_fills_whole_buffers_across_many_records(contexts, filler_of) -> None:
     data = os.urandom(3 * MiB + 12345)
-    done = threading.Event()
-
-    def send(tls: ssl.SSLSocket) -> None:
-        tls.sendall(data)
-        done.wait(10)
-
-    pair = Pair(contexts, send)
-    try:
-        filler = filler_of(pair.receiver)
+    with connected(contexts, lambda tls: tls.sendall(data)) as receiver:
+        filler = filler_of(receiver)
         received = hashlib.sha256()
         buffer = bytearray(MiB)
         sizes = []
@@ -86,24 +85,14 @@ def test_fills_whole_buffers_across_many_records(contexts, filler_of) -> None:
             sizes.append(n)
         assert received.digest() == hashlib.sha256(data).digest()
         assert sizes == [MiB, MiB, MiB, 12345]  # full buffers, not a record each
-    finally:
-        done.set()
-        pair.close()
 
 
 def test_a_pause_hands_over_what_arrived(contexts, filler_of) -> None:
     """The sender stops after 100 KiB and waits: the filler returns those bytes instead of waiting for
     a full MiB."""
-    proceed = threading.Event()
     data = os.urandom(100 << 10)
-
-    def send(tls: ssl.SSLSocket) -> None:
-        tls.sendall(data)
-        proceed.wait(30)
-
-    pair = Pair(contexts, send)
-    try:
-        filler = filler_of(pair.receiver)
+    with connected(contexts, lambda tls: tls.sendall(data)) as receiver:
+        filler = filler_of(receiver)
         buffer = bytearray(MiB)
         got = b""
         while len(got) < len(data):
@@ -111,20 +100,11 @@ def test_a_pause_hands_over_what_arrived(contexts, filler_of) -> None:
             assert 0 < n < len(buffer)
             got += buffer[:n]
         assert got == data
-    finally:
-        proceed.set()
-        pair.close()
 
 
 def test_nothing_arriving_is_a_timeout(contexts, filler_of) -> None:
-    proceed = threading.Event()
-    pair = Pair(contexts, lambda tls: proceed.wait(30) and None)
-    try:
-        with pytest.raises(TimeoutError):
-            filler_of(pair.receiver).fill(bytearray(MiB), 0.1, 0.1)
-    finally:
-        proceed.set()
-        pair.close()
+    with connected(contexts) as receiver, pytest.raises(TimeoutError):
+        filler_of(receiver).fill(bytearray(MiB), 0.1, 0.1)
 
 
 @pytest.mark.parametrize("notify", [True, False], ids=["close_notify", "no_close_notify"])
@@ -140,17 +120,14 @@ def test_the_end_comes_after_the_bytes_before_it(contexts, filler_of, notify: bo
         else:
             tls.shutdown(socket.SHUT_RDWR)  # the TCP connection ends, the TLS session never does
 
-    pair = Pair(contexts, send)
-    try:
-        filler = filler_of(pair.receiver)
+    with connected(contexts, send, hold=False) as receiver:
+        filler = filler_of(receiver)
         buffer = bytearray(MiB)
         got = b""
         while (n := filler.fill(buffer, 10.0, 10.0)) > 0:
             got += buffer[:n]
         assert got == data
         assert filler.fill(buffer, 10.0, 10.0) == 0  # and stays ended
-    finally:
-        pair.close()
 
 
 def test_a_broken_tls_stream_fails_after_the_good_bytes(contexts, filler_of) -> None:
@@ -163,9 +140,8 @@ def test_a_broken_tls_stream_fails_after_the_good_bytes(contexts, filler_of) -> 
         raw.sendall(b"\x17\x03\x03\x00\x20" + b"x" * 32)  # an application-data record that does not decrypt
         raw.close()
 
-    pair = Pair(contexts, send)
-    try:
-        filler = filler_of(pair.receiver)
+    with connected(contexts, send, hold=False) as receiver:
+        filler = filler_of(receiver)
         buffer = bytearray(MiB)
         got = b""
         while len(got) < len(data):
@@ -175,20 +151,13 @@ def test_a_broken_tls_stream_fails_after_the_good_bytes(contexts, filler_of) -> 
         assert got == data
         with pytest.raises(ssl.SSLError):
             filler.fill(buffer, 10.0, 10.0)
-    finally:
-        pair.close()
 
 
 def test_the_c_loop_refuses_a_connection_that_is_not_the_sockets(contexts) -> None:
     from cdi.common import _tlsread
 
-    proceed = threading.Event()
-    pair = Pair(contexts, lambda tls: proceed.wait(30) and None)
-    try:
+    with connected(contexts) as receiver:
         with pytest.raises(ValueError, match="does not read from this socket"):
-            _tlsread.fill(pair.receiver._sslobj, pair.receiver.fileno() + 1000, bytearray(16), 100, 100)
+            _tlsread.fill(receiver._sslobj, receiver.fileno() + 1000, bytearray(16), 100, 100)
         with pytest.raises(TypeError, match="_SSLSocket"):
-            _tlsread.fill(object(), pair.receiver.fileno(), bytearray(16), 100, 100)
-    finally:
-        proceed.set()
-        pair.close()
+            _tlsread.fill(object(), receiver.fileno(), bytearray(16), 100, 100)
