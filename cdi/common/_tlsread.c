@@ -44,7 +44,7 @@ static struct {
     void (*clear_error)(void);
 } ossl;
 
-static PyObject *bind(PyObject *module, PyObject *arg) {
+static PyObject *bind(PyObject *Py_UNUSED(module), PyObject *arg) {
     const char *path = NULL; /* None: the program itself (an interpreter with _ssl built in) */
     if (arg != Py_None && (path = PyUnicode_AsUTF8(arg)) == NULL)
         return NULL;
@@ -90,7 +90,7 @@ static void *ssl_of(PyObject *sslobj, int fd) {
 }
 
 /* fill(sslobj, fd, buffer, first_ms, pause_ms) -> (bytes read, why it stopped, errno or reason) */
-static PyObject *fill(PyObject *module, PyObject *args) {
+static PyObject *fill(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *sslobj;
     int fd, first_ms, pause_ms;
     Py_buffer view;
@@ -161,6 +161,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tlsread", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_tlsread", .m_size = -1, .m_methods = methods};
 
 PyMODINIT_FUNC PyInit__tlsread(void) { return PyModule_Create(&module); }
