@@ -8,31 +8,27 @@ extension was not built, or the socket is not TLS, the same semantics come from 
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import ssl
 from types import ModuleType
 
-log = logging.getLogger(__name__)
-
 # why _tlsread.fill stopped (its enum)
 _FULL, _PAUSED, _TIMEOUT, _CLOSED, _OS_ERROR, _TLS_ERROR = range(6)
 
 
-def _bind() -> ModuleType | None:
+def _bind() -> tuple[ModuleType | None, str]:
     try:
         import _ssl
 
         from cdi.common import _tlsread
         _tlsread.bind(getattr(_ssl, "__file__", None))
     except (ImportError, OSError) as exc:
-        log.debug("TLS bodies are read record by record (%s)", exc)
-        return None
-    return _tlsread
+        return None, f"a TLS record per call ({exc})"
+    return _tlsread, "a MiB per call"
 
 
-_tlsread = _bind()
+_tlsread, HOW = _bind()  # HOW: how TLS bodies are read, for the log of the programs that read them
 
 
 def accelerated() -> bool:

@@ -40,6 +40,7 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from cdi.api import upload as names
+from cdi.common import sockfill
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.front import BodyBridge, Front
 from cdi.uploadserver.session import Outcome, Refusal, UploadSession
@@ -125,7 +126,8 @@ class UploadServer:
         await self._runner.setup()
         self._front = Front(asyncio.get_running_loop(), ssl_context(self.config), self, end_to_end_context(self.config))
         self.port = self._front.start(self.config.listen_host, self.config.listen_port)
-        log.info("upload server listening on https://%s:%d", self.config.listen_host, self.port)
+        log.info("upload server listening on https://%s:%d (TLS bodies read %s)", self.config.listen_host, self.port,
+                 sockfill.HOW)
 
     async def stop(self) -> None:
         """Stop serving; answers being written still reach their clients (`ThreadFront.stop`)."""
