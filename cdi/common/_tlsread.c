@@ -44,7 +44,7 @@ static struct {
     void (*clear_error)(void);
 } ossl;
 
-static PyObject *bind(PyObject *Py_UNUSED(module), PyObject *arg) {
+static PyObject *tlsread_bind(PyObject *Py_UNUSED(module), PyObject *arg) {
     const char *path = NULL; /* None: the program itself (an interpreter with _ssl built in) */
     if (arg != Py_None && (path = PyUnicode_AsUTF8(arg)) == NULL)
         return NULL;
@@ -90,7 +90,7 @@ static void *ssl_of(PyObject *sslobj, int fd) {
 }
 
 /* fill(sslobj, fd, buffer, first_ms, pause_ms) -> (bytes read, why it stopped, errno or reason) */
-static PyObject *fill(PyObject *Py_UNUSED(module), PyObject *args) {
+static PyObject *tlsread_fill(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *sslobj;
     int fd, first_ms, pause_ms;
     Py_buffer view;
@@ -156,8 +156,8 @@ static PyObject *fill(PyObject *Py_UNUSED(module), PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_O, "Look up the OpenSSL functions in the library at this path (or what it links)."},
-    {"fill", fill, METH_VARARGS, "Read from a TLS connection until the buffer is full or it stops."},
+    {"bind", tlsread_bind, METH_O, "Look up the OpenSSL functions in the library at this path (or what it links)."},
+    {"fill", tlsread_fill, METH_VARARGS, "Read from a TLS connection until the buffer is full or it stops."},
     {NULL, NULL, 0, NULL},
 };
 
