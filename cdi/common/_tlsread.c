@@ -8,8 +8,13 @@
    No OpenSSL headers and no link against libssl: the few functions are looked up (`bind`) in the
    libssl that `_ssl` itself is linked to, so the `SSL *` is always handled by its own library. The
    `SSL *` sits right after the weak reference to the socket at the start of `_ssl._SSLSocket`, which
-   has been so since Python 3.6; `fill` checks the type's name and that `SSL_get_fd` gives the socket's
-   descriptor before it reads. */
+   has been so from Python 3.6 to 3.15 at least; the module refuses to load for other versions (the
+   fallback in sockfill.py then reads record by record), and `fill` checks the type's name and that
+   `SSL_get_fd` gives the socket's descriptor before it reads.
+
+   Timeouts are deadlines, as in the `ssl` module: `first_ms` from the call for the first byte,
+   `pause_ms` from the latest byte; bytes trickling into a TLS record that is not complete yet do not
+   extend them. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,12 +23,18 @@
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
+#include <time.h>
+
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x03100000
+#error "the layout of _ssl._SSLSocket was checked for Python 3.11 to 3.15 only"
+#endif
 
 /* SSL_get_error results (OpenSSL ABI, unchanged since 1.0) */
 #define E_WANT_READ 2
 #define E_WANT_WRITE 3
 #define E_SYSCALL 5
 #define E_ZERO_RETURN 6
+#define LIB_SSL 20 /* ERR_LIB_SSL */
 #define REASON_UNEXPECTED_EOF 294 /* SSL_R_UNEXPECTED_EOF_WHILE_READING (OpenSSL 3) */
 
 /* why `fill` stopped (mirrored in sockfill.py) */
@@ -45,14 +56,14 @@ static struct {
 } ossl;
 
 static PyObject *tlsread_bind(PyObject *Py_UNUSED(module), PyObject *arg) {
-    const char *path = NULL; /* None: the program itself (an interpreter with _ssl built in) */
-    if (arg != Py_None && (path = PyUnicode_AsUTF8(arg)) == NULL)
+    const char *path = PyUnicode_AsUTF8(arg); /* _ssl's file; built into the interpreter, there is none */
+    if (path == NULL)
         return NULL;
     void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (lib == NULL)
         lib = dlopen(path, RTLD_NOW);
     if (lib == NULL) {
-        PyErr_Format(PyExc_OSError, "cannot open %s: %s", path ? path : "the program", dlerror());
+        PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, dlerror());
         return NULL;
     }
     struct { void **slot; const char *name; } wanted[] = {
@@ -64,12 +75,18 @@ static PyObject *tlsread_bind(PyObject *Py_UNUSED(module), PyObject *arg) {
         void *found = dlsym(lib, wanted[i].name);
         if (found == NULL) {
             memset(&ossl, 0, sizeof ossl);
-            PyErr_Format(PyExc_OSError, "%s has no %s", path ? path : "the program", wanted[i].name);
+            PyErr_Format(PyExc_OSError, "%s has no %s", path, wanted[i].name);
             return NULL;
         }
         *wanted[i].slot = found;
     }
     Py_RETURN_NONE;
+}
+
+static long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 static void *ssl_of(PyObject *sslobj, int fd) {
@@ -105,19 +122,23 @@ static PyObject *tlsread_fill(PyObject *Py_UNUSED(module), PyObject *args) {
     int why = FULL, err = 0;
     char reason[256] = "";
     Py_BEGIN_ALLOW_THREADS
+    long long deadline = now_ms() + first_ms;
+    ossl.clear_error(); /* what an earlier call on this thread left there is not ours to report */
     while (got < len) {
         size_t n = 0;
         errno = 0;
         int ret = ossl.read_ex(ssl, (char *)view.buf + got, len - got, &n);
         if (ret > 0) {
             got += n;
+            deadline = now_ms() + pause_ms;
             continue;
         }
         int code = ossl.get_error(ssl, ret);
         err = errno;
         if (code == E_WANT_READ || code == E_WANT_WRITE) { /* a renegotiation may want to write */
             struct pollfd p = {fd, code == E_WANT_READ ? POLLIN : POLLOUT, 0};
-            int ready = poll(&p, 1, got ? pause_ms : first_ms);
+            long long left = deadline - now_ms();
+            int ready = left > 0 ? poll(&p, 1, (int)left) : 0;
             if (ready == 0) {
                 why = got ? PAUSED : TIMEOUT;
                 break;
@@ -135,7 +156,7 @@ static PyObject *tlsread_fill(PyObject *Py_UNUSED(module), PyObject *args) {
             why = OS_ERROR;
         } else {
             unsigned long e = ossl.peek_error();
-            if ((e & 0x80000000UL) == 0 && (e & 0x7FFFFFUL) == REASON_UNEXPECTED_EOF) {
+            if ((e & 0x80000000UL) == 0 && ((e >> 23) & 0xFFUL) == LIB_SSL && (e & 0x7FFFFFUL) == REASON_UNEXPECTED_EOF) {
                 why = CLOSED; /* no close_notify: Python's suppress_ragged_eofs reads it as the end too */
             } else {
                 why = TLS_ERROR;

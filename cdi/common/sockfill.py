@@ -22,8 +22,8 @@ def _bind() -> tuple[ModuleType | None, str]:
         import _ssl
 
         from cdi.common import _tlsread
-        _tlsread.bind(getattr(_ssl, "__file__", None))
-    except (ImportError, OSError) as exc:
+        _tlsread.bind(_ssl.__file__)  # no file (built into the interpreter): AttributeError
+    except (ImportError, AttributeError, OSError) as exc:
         return None, f"a TLS record per call ({exc})"
     return _tlsread, "a MiB per call"
 

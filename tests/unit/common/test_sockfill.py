@@ -9,6 +9,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -117,10 +118,10 @@ def test_the_end_comes_after_the_bytes_before_it(contexts, filler_of, notify: bo
         if notify:
             with contextlib.suppress(OSError):  # unwrap() also waits for the receiver's close_notify
                 tls.unwrap()
-        else:
-            tls.shutdown(socket.SHUT_RDWR)  # the TCP connection ends, the TLS session never does
+        else:  # the TCP stream ends, the TLS session never does; the socket stays open until the end (closing
+            tls.shutdown(socket.SHUT_WR)  # it with the session tickets unread would send a reset instead)
 
-    with connected(contexts, send, hold=False) as receiver:
+    with connected(contexts, send) as receiver:
         filler = filler_of(receiver)
         buffer = bytearray(MiB)
         got = b""
@@ -161,3 +162,26 @@ def test_the_c_loop_refuses_a_connection_that_is_not_the_sockets(contexts) -> No
             _tlsread.fill(receiver._sslobj, receiver.fileno() + 1000, bytearray(16), 100, 100)
         with pytest.raises(TypeError, match="_SSLSocket"):
             _tlsread.fill(object(), receiver.fileno(), bytearray(16), 100, 100)
+
+
+def test_bytes_trickling_into_an_unfinished_record_do_not_extend_the_wait(contexts, filler_of) -> None:
+    """A sender that drips a TLS record's bytes slowly (a slow-loris client) gets the same timeout as a
+    silent one: the wait is a deadline, not restarted by every packet."""
+    stop = threading.Event()
+
+    def send(tls: ssl.SSLSocket) -> None:
+        raw = socket.socket(fileno=os.dup(tls.fileno()))
+        raw.sendall(b"\x17\x03\x03\x40\x11")  # the head of a 16 KiB application-data record
+        while not stop.wait(0.02):
+            raw.send(b"x")
+        raw.close()
+
+    with connected(contexts, send, hold=False) as receiver:
+        filler = filler_of(receiver)
+        started = time.monotonic()
+        try:
+            with pytest.raises(TimeoutError):
+                filler.fill(bytearray(MiB), 0.3, 0.3)
+            assert time.monotonic() - started < 10  # the drip would go on for minutes
+        finally:
+            stop.set()
