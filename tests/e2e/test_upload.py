@@ -93,6 +93,27 @@ def test_image_upload_into_a_new_pvc(cluster: CdiUp, k: Kubectl, images: dict[st
     assert read_back(k, "plain-pvc", image.virtual_size) == image.sha256
 
 
+def test_datasource_is_created_or_repointed_at_the_uploaded_volume(cluster: CdiUp, k: Kubectl,
+                                                                   images: dict[str, Image]) -> None:
+    """`--datasource` as virtctl's: a DataSource named like the volume, pointing at it, labelled with the
+    instance-type flags; one that exists already is re-pointed and keeps its other labels."""
+    image = images[file_name("raw")]
+    k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource",
+             "metadata": {"name": "golden-old", "namespace": "default", "labels": {"team": "vms"}},
+             "spec": {"source": {"snapshot": {"name": "last-week", "namespace": "default"}}}})
+    for name, verb in (("golden-new", "Created a new"), ("golden-old", "Updated an existing")):
+        result = image_upload(cluster, "dv", name, "--size", "64Mi", "--image-path", str(image.path), "--datasource",
+                              "--default-preference", "fedora")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"{verb} DataSource default/{name}" in result.stdout
+        source = k.get("datasource", name)
+        assert source["spec"]["source"] == {"pvc": {"name": name, "namespace": "default"}}
+        assert source["metadata"]["labels"]["instancetype.kubevirt.io/default-preference"] == "fedora"
+        assert k.get("dv", name)["status"]["phase"] == "Succeeded"
+    assert k.get("datasource", "golden-old")["metadata"]["labels"]["team"] == "vms"
+    assert read_back(k, "golden-new", image.virtual_size) == image.sha256
+
+
 def test_checks_refuse_before_anything_is_created(cluster: CdiUp, k: Kubectl, images: dict[str, Image],
                                                   tmp_path: Path) -> None:
     qcow2 = images[file_name("qcow2")]

@@ -290,6 +290,25 @@ class Cluster:
             raise ClusterError("the UploadTokenRequest came back without a token")
         return str(token)
 
+    async def point_datasource(self, request: Request) -> str:
+        """A DataSource named like the volume and pointing at it (virtctl's `--datasource`), with the
+        instance-type labels: created, or an existing one re-pointed (keeping its other labels; a
+        snapshot or DataSource it pointed at is dropped, where virtctl's patch would fail)."""
+        pvc = {"name": request.name, "namespace": request.namespace}
+        try:
+            await self.client.get(groups.DATASOURCES, request.name, request.namespace)
+        except NotFound:
+            body = {"apiVersion": groups.DATASOURCES.api_version, "kind": groups.DATASOURCES.kind,
+                    "metadata": {"name": request.name, "namespace": request.namespace, "labels": dict(request.labels)},
+                    "spec": {"source": {"pvc": pvc}}}
+            await self.client.create(groups.DATASOURCES, body, request.namespace)
+            return f"Created a new DataSource {request.key}"
+        patch: Obj = {"spec": {"source": {"pvc": pvc, "snapshot": None, "dataSource": None}}}
+        if request.labels:
+            patch["metadata"] = {"labels": dict(request.labels)}
+        await self.client.patch(groups.DATASOURCES, request.name, patch, request.namespace)
+        return f"Updated an existing DataSource {request.key}"
+
     async def failure(self, request: Request) -> str | None:
         """Why the upload failed for good (DataVolume Failed, or the PVC's fatal-error annotation), if it did."""
         try:

@@ -54,6 +54,8 @@ EXAMPLES = """examples:
   cdi image-upload dv fedora-dv --uploadproxy-url=https://cdi-uploadproxy.example.com --image-path=fedora.img
   # an archive (tar) into a Filesystem DataVolume
   cdi image-upload dv files-dv --size=1Gi --archive-path=/tmp/files.tar
+  # and a DataSource of the same name pointing at the result, labelled for instance types
+  cdi image-upload dv fedora --size=10Gi --image-path=fedora.qcow2 --datasource --default-preference=fedora
 """
 
 
@@ -81,6 +83,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--wait-secs", type=int, default=300, help="seconds to wait for the upload pod (default 300)")
     parser.add_argument("--retry", type=int, default=5,
                         help="connections to try when the upload is cut off, resuming each time (default 5)")
+    parser.add_argument("--datasource", action="store_true",
+                        help="create a DataSource pointing to the DataVolume/PVC (or re-point one of that name)")
     parser.add_argument("--pvc-name", default="", help="DEPRECATED: the name as the second argument instead")
     parser.add_argument("--pvc-size", default="", help="DEPRECATED: --size")
     for flag, what in (("default-instancetype", "default instance type"),
@@ -216,6 +220,8 @@ async def _upload(args: argparse.Namespace, request: Request, image: ImageFacts,
     transfer = Transfer(url, context, tokens, request.key, str(image.path), progress, attempts=max(1, args.retry),
                         failed=failed)
     stats = await asyncio.to_thread(transfer.run)
+    if args.datasource:
+        say(await cluster.point_datasource(request))
     say("Uploading data completed successfully, waiting for processing to complete, you can hit ctrl-c without "
         "interrupting the progress")
     started = time.monotonic()
