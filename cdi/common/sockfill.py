@@ -53,6 +53,8 @@ class Filler:
         `pause` seconds after the first byte, or when the connection ended (the next call then returns 0
         or raises). 0: the peer closed the connection before anything arrived. TimeoutError: nothing
         arrived within `first` seconds. OSError (`ssl.SSLError` too): the connection failed."""
+        if not len(buffer):
+            raise ValueError("nothing to fill: 0 would read as the end of the connection")
         if self._end is not None:
             raise self._end
         if self._closed:
