@@ -99,6 +99,14 @@ def pvc_body(request: Request) -> Obj:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
 
 
+def datasource_body(request: Request) -> Obj:
+    metadata: Obj = {"name": request.name, "namespace": request.namespace}
+    if request.labels:
+        metadata["labels"] = dict(request.labels)
+    return {"apiVersion": groups.CDI_API_VERSION, "kind": "DataSource", "metadata": metadata,
+            "spec": {"source": {"pvc": {"name": request.name, "namespace": request.namespace}}}}
+
+
 class Cluster:
     def __init__(self, client: KubeClient, kubeconfig: Path | None) -> None:
         self.client = client
@@ -294,15 +302,12 @@ class Cluster:
         """A DataSource named like the volume and pointing at it (virtctl's `--datasource`), with the
         instance-type labels: created, or an existing one re-pointed (keeping its other labels; a
         snapshot or DataSource it pointed at is dropped, where virtctl's patch would fail)."""
-        pvc = {"name": request.name, "namespace": request.namespace}
         try:
             await self.client.get(groups.DATASOURCES, request.name, request.namespace)
         except NotFound:
-            body = {"apiVersion": groups.DATASOURCES.api_version, "kind": groups.DATASOURCES.kind,
-                    "metadata": {"name": request.name, "namespace": request.namespace, "labels": dict(request.labels)},
-                    "spec": {"source": {"pvc": pvc}}}
-            await self.client.create(groups.DATASOURCES, body, request.namespace)
+            await self.client.create(groups.DATASOURCES, datasource_body(request), request.namespace)
             return f"Created a new DataSource {request.key}"
+        pvc = {"name": request.name, "namespace": request.namespace}
         patch: Obj = {"spec": {"source": {"pvc": pvc, "snapshot": None, "dataSource": None}}}
         if request.labels:
             patch["metadata"] = {"labels": dict(request.labels)}
