@@ -202,3 +202,8 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         },
         "spec": spec,
     }
+
+
+def mounts_scratch(pod: Body) -> bool:
+    """Whether an importer pod had a scratch claim (a pod without one may ask for it)."""
+    return any(v.get("name") == SCRATCH_VOLUME for v in dig(pod, "spec", "volumes") or [])
