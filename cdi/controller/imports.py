@@ -33,6 +33,7 @@ from cdi.controller.claims import (
     delete_if_present,
     ensure_scratch,
     preallocation_wanted,
+    scratch_name,
 )
 from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, mounts_scratch, pod_name
 from cdi.controller.runtime import Context, Reconciler
@@ -292,7 +293,7 @@ class ImportReconciler(Reconciler):
                                 str(dig(pod, "metadata", "namespace")), cached=False, grace_period_seconds=0)
 
     async def _delete_scratch(self, namespace: str, name: str) -> None:
-        await delete_if_present(self.ctx, groups.PVCS, f"{name}-scratch", namespace)
+        await delete_if_present(self.ctx, groups.PVCS, scratch_name(name), namespace)
 
     async def _cleanup(self, pvc: Body, pod: Body | None, *, succeeded: bool) -> None:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}

@@ -115,3 +115,22 @@ def test_both_content_length_and_chunked_is_refused(cluster: CdiUp, k: Kubectl) 
     answer = _send(cluster, k, bearer, "/v1beta1/upload", framing, image=IMAGE[:1 << 20])
     assert answer.status == 400 and "ambiguous" in answer.text, answer
     assert phase(k, "ambiguous") == "UploadReady"
+
+
+def test_long_names_that_share_a_prefix_get_their_own_upload_servers(cluster: CdiUp, k: Kubectl) -> None:
+    """DataVolume names may be 253 characters long; a Service name only 63. Cut at 63, two names that share
+    their first 52 characters shared one upload Service, and one's upload could land on the other's volume."""
+    prefix = "golden-image-for-the-team-that-runs-the-windows-builds-"
+    names = [prefix + "a", prefix + "b"]
+    images = {name: os.urandom(4 << 20) for name in names}
+    bearers = {name: _ready(k, name, "16Mi") for name in names}  # both upload servers up at once
+    services = k.json("get", "svc", "-l", "app=containerized-data-importer", "-o", "json")["items"]
+    service_names = {item["metadata"]["name"] for item in services}
+    assert len([s for s in service_names if s.startswith("cdi-upload-golden")]) == 2
+    assert all(len(s) <= 63 for s in service_names), service_names
+    for name in names:
+        answer = _send(cluster, k, bearers[name], "/v1beta1/upload", Framing(), image=images[name])
+        assert answer.status == 200, answer
+    for name in names:
+        wait_phase(k, name, "Succeeded", 120)
+        assert read_back(k, name, 4 << 20) == hashlib.sha256(images[name]).hexdigest()
