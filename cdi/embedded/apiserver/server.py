@@ -17,6 +17,7 @@ from aiohttp import web
 
 from cdi.api.crds import all_crds
 from cdi.common import pki
+from cdi.embedded import datadir
 from cdi.embedded.apiserver.aggregator import Aggregator
 from cdi.embedded.apiserver.authz import RbacAuthorizer, bootstrap_policy
 from cdi.embedded.apiserver.errors import StatusError
@@ -58,7 +59,7 @@ class ApiServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.dir = config.data_dir
-        self.dir.mkdir(parents=True, exist_ok=True)
+        datadir.prepare(self.dir)  # 0700 before anything is written in it
         self.store = Store(self.dir / "state.db", config.watch_history)
         self.registry = Registry()
         self.strategies = Strategies(ServiceIPs())
@@ -104,8 +105,7 @@ class ApiServer:
         if path.exists():
             return path.read_text().strip()
         token = secrets.token_hex(32)
-        path.touch(mode=0o600)
-        path.write_text(token + "\n")
+        pki.write_private(path, f"{token}\n".encode())
         return token
 
     def kubeconfig(self) -> dict[str, Any]:
@@ -220,8 +220,7 @@ class ApiServer:
         assert server is not None and server.sockets
         self.port = server.sockets[0].getsockname()[1]
         port_file.write_text(f"{self.port}\n")
-        self.kubeconfig_path.touch(mode=0o600)
-        self.kubeconfig_path.write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
+        pki.write_private(self.kubeconfig_path, yaml.safe_dump(self.kubeconfig(), sort_keys=False).encode())
 
     async def stop(self) -> None:
         for task in self._tasks:
