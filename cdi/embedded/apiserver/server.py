@@ -28,11 +28,13 @@ from cdi.embedded.apiserver.resources import Registry
 from cdi.embedded.apiserver.store import ADDED, Store
 from cdi.embedded.apiserver.strategies import ServiceIPs, Strategies
 from cdi.embedded.apiserver.webhooks import WebhookAdmission
+from cdi.embedded.ranges import SERVICE_NETWORK, claim_range
 
 log = logging.getLogger(__name__)
 
 ADMIN = UserInfo("admin", ("system:masters", "system:authenticated"))
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+SERVICE_RANGE_FILE = "service-cidr"  # this instance's /24 of 127.20.0.0/16, kept across restarts
 
 
 @dataclass
@@ -62,7 +64,8 @@ class ApiServer:
         datadir.prepare(self.dir)  # 0700 before anything is written in it
         self.store = Store(self.dir / "state.db", config.watch_history)
         self.registry = Registry()
-        self.strategies = Strategies(ServiceIPs())
+        self.service_range = claim_range(SERVICE_NETWORK, self.dir / SERVICE_RANGE_FILE)
+        self.strategies = Strategies(ServiceIPs(self.service_range.network))
         self.objects = Objects(self.registry, self.store, self.strategies)
         self.webhooks = WebhookAdmission(self.store)
         self.objects.admission.append(self.webhooks)
@@ -237,3 +240,4 @@ class ApiServer:
         await self.webhooks.close()
         await self.aggregator.close()
         self.store.close()
+        self.service_range.close()
