@@ -9,9 +9,9 @@ A range is chosen once per data directory and kept:
 - derived: the /24 a hash of the data directory names, else the next ones in turn;
 - checked free: no other live instance claims it (a claim is an abstract Unix socket named after the
   range, bound while the instance runs: atomic, seen by every user of the machine, and gone when the
-  process dies, even by `kill -9`), nothing listens on any of its addresses, and no stopped instance
-  whose data directory still exists has it recorded (`ranges/` in `$XDG_RUNTIME_DIR/cdi`, else
-  `/tmp/cdi-<uid>`);
+  process dies, even by `kill -9`), nothing listens on any of its addresses, and, while another
+  range is free, no stopped instance whose data directory still exists has it recorded (`ranges/`
+  in `$XDG_RUNTIME_DIR/cdi`, else `/tmp/cdi-<uid>`);
 - persisted: in a file of the data directory, so a restart takes the same range back and the
   addresses stored in objects (Services' cluster IPs, pods' IPs) stay valid.
 
@@ -64,6 +64,7 @@ def claim_range(within: str, record: Path) -> AddressRange:
     if kept is not None:
         candidates = [kept, *(s for s in candidates if s != kept)]
     busy = listening()
+    recorded_elsewhere = []
     for network in candidates:
         claim = _claim(network)
         if claim is None:
@@ -71,15 +72,31 @@ def claim_range(within: str, record: Path) -> AddressRange:
                 log.warning("the address range %s this data directory used is held by another cdi up; "
                             "taking another", network)
             continue
-        if network != kept and (_reserved_elsewhere(network, record) or
-                                any(ipaddress.IPv4Address(ip) in network for ip in busy)):
-            claim.close()
-            continue
         if network != kept:
-            record.write_text(f"{network}\n")
-        _register(network, record)
-        return AddressRange(network, claim)
+            if any(ipaddress.IPv4Address(ip) in network for ip in busy):
+                claim.close()
+                continue
+            if _reserved_elsewhere(network, record):
+                claim.close()
+                recorded_elsewhere.append(network)
+                continue
+        return _take(network, claim, record, kept)
+    # every other range is held or recorded: a stopped instance's record is a preference, not a lock
+    # (data directories nobody will start again must not use the ranges up)
+    for network in recorded_elsewhere:
+        claim = _claim(network)
+        if claim is not None:
+            log.warning("taking the address range %s another (stopped) cdi up recorded: none other is free",
+                        network)
+            return _take(network, claim, record, kept)
     raise RuntimeError(f"no free /{PREFIX} left in {parent} for this cdi up")
+
+
+def _take(network: Network, claim: socket.socket, record: Path, kept: Network | None) -> AddressRange:
+    if network != kept:
+        record.write_text(f"{network}\n")
+    _register(network, record)
+    return AddressRange(network, claim)
 
 
 class AddressPool:

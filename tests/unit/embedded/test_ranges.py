@@ -53,19 +53,32 @@ def test_a_live_claim_wins_over_what_a_data_dir_recorded(tmp_path: Path) -> None
     other.close()
 
 
-def test_a_stopped_instances_range_is_left_to_it_while_its_data_dir_exists(tmp_path: Path) -> None:
+def test_a_stopped_instances_range_is_left_to_it_while_another_is_free(tmp_path: Path) -> None:
     within = "127.31.8.0/23"  # two /24s only
     stopped = claim_range(within, data_dir(tmp_path, "a") / "range")
     stopped.close()
     running = claim_range(within, data_dir(tmp_path, "b") / "range")
     assert running.network != stopped.network
-    with pytest.raises(RuntimeError, match=r"no free /24 left in 127\.31\.8\.0/23"):
-        claim_range(within, data_dir(tmp_path, "c") / "range")
-    shutil.rmtree(tmp_path / "a")
+    # none other free: a record is a preference (data directories never started again must not use
+    # every range up), a live claim is not
     third = claim_range(within, data_dir(tmp_path, "c") / "range")
     assert third.network == stopped.network
+    with pytest.raises(RuntimeError, match=r"no free /24 left in 127\.31\.8\.0/23"):
+        claim_range(within, data_dir(tmp_path, "d") / "range")
     running.close()
     third.close()
+
+
+def test_a_stopped_instances_record_ends_with_its_data_dir(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    within = "127.31.14.0/23"
+    stopped = claim_range(within, data_dir(tmp_path, "a") / "range")
+    stopped.close()
+    shutil.rmtree(tmp_path / "a")
+    held = [claim_range(within, data_dir(tmp_path, name) / "range") for name in ("b", "c")]
+    assert {h.network for h in held} == set(ipaddress.IPv4Network(within).subnets(new_prefix=24))
+    assert "another (stopped) cdi up recorded" not in caplog.text  # a's record did not count
+    for h in held:
+        h.close()
 
 
 def test_a_range_something_listens_in_is_not_chosen(tmp_path: Path) -> None:
