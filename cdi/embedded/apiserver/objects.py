@@ -275,11 +275,21 @@ class Objects:
             self._prepare_crd(obj)
         if self.store.get(rtype.key, ns, name) is not None:
             raise errors.already_exists(rtype.plural, rtype.group, name)
-        storage = self._storage(rtype)
-        stored = to_storage(rtype, obj, storage) if needs_conversion(rtype, storage.api_version) else obj
-        if ctx.dry_run:
-            return obj
-        entry = self.store.put(rtype.key, ns, name, stored)
+        # addresses (a Service's cluster IP) last, once nothing can refuse the object: a refused create
+        # or a dry run holds none
+        causes = self.strategies.allocate(rtype, obj)
+        if causes:
+            raise errors.invalid(rtype.kind, rtype.group, name, causes)
+        try:
+            storage = self._storage(rtype)
+            stored = to_storage(rtype, obj, storage) if needs_conversion(rtype, storage.api_version) else obj
+            if ctx.dry_run:
+                self.strategies.released(rtype, obj)
+                return obj
+            entry = self.store.put(rtype.key, ns, name, stored)
+        except BaseException:
+            self.strategies.released(rtype, obj)
+            raise
         self._after_write(rtype, None, entry)
         return self.view(rtype, entry)
 
