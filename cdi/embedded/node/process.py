@@ -27,10 +27,12 @@ def _children(pid: int) -> list[int]:
 
 
 class ContainerProcess:
-    def __init__(self, spec: SandboxSpec, log_writer: LogWriter, bwrap: str = "bwrap") -> None:
+    def __init__(self, spec: SandboxSpec, log_writer: LogWriter, bwrap: str = "bwrap",
+                 setpriv: str = "setpriv") -> None:
         self.spec = spec
         self.log = log_writer
         self.bwrap = bwrap
+        self.setpriv = setpriv
         self.proc: asyncio.subprocess.Process | None = None
         self.sandbox_pid: int | None = None  # PID 1 of the container, as the host sees it
         self._pumps: list[asyncio.Task[None]] = []
@@ -50,12 +52,13 @@ class ContainerProcess:
     async def start(self) -> None:
         read_fd, write_fd = os.pipe()
         self.spec.info_fd = write_fd
-        argv = bwrap_argv(self.spec, self.bwrap)
+        argv = bwrap_argv(self.spec, self.bwrap, setpriv=self.setpriv)
+        userns = () if self.spec.userns_fd is None else (self.spec.userns_fd,)
         try:
+            # an empty environment: bwrap's reaper, the sandbox's PID 1, keeps the one it started with
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=(write_fd,), env={
-                    "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=(write_fd, *userns), env={})
         finally:
             os.close(write_fd)
         self._pumps = [asyncio.create_task(self._pump(self.proc.stdout, "stdout")),
