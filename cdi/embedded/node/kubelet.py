@@ -251,6 +251,12 @@ class ContainerRunner:
                            worker.kubelet.config.python)
         argv = expand_args(point.argv, env)
         mounts = worker.volumes.mounts(self.spec) if worker.volumes else []
+        for mount in mounts:
+            if mount.device:  # the device is the container user's, as device_ownership_from_security_context
+                try:
+                    own_device(mount.source, user.uid, user.gid)
+                except OSError as exc:
+                    raise VolumeError(f"giving {mount.target} to the container's user: {exc}") from exc
         return argv, env, mounts, user
 
     async def _start_once(self, argv: list[str], env: dict[str, str], mounts: list[Mount],
@@ -262,9 +268,6 @@ class ContainerRunner:
         message_file.write_bytes(b"")
         os.chmod(message_file, 0o666)
         message_path = self.spec.get("terminationMessagePath") or "/dev/termination-log"
-        for mount in mounts:
-            if mount.device:  # the device belongs to the container's user, as device_ownership_from_security_context
-                own_device(mount.source, user.uid, user.gid)
         all_mounts = [*kubelet.config.runtime_mounts(), *mounts, Mount(message_file, message_path)]
         spec = SandboxSpec(argv=argv, env=env, mounts=all_mounts, working_dir=self.spec.get("workingDir", ""),
                            hostname=worker.name, hide=kubelet.config.hide, identity=user,
