@@ -68,6 +68,18 @@ class ContainerProcess:
             self.sandbox_pid = int(json.loads(info)["child-pid"])
         except (ValueError, KeyError, TypeError):
             self.sandbox_pid = None  # bwrap failed before starting the container; wait() reports it
+        else:
+            await self._until_forked()
+
+    async def _until_forked(self, timeout: float = 30.0) -> None:
+        """Wait until the sandbox is set up and the container's command forked (or bwrap gave up): a
+        runtime reports a container started once its process exists, and only then can a stop be the
+        SIGTERM its command may handle rather than a SIGKILL of a sandbox still being built."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.main_pid() is None and self.proc is not None and self.proc.returncode is None \
+                and loop.time() < deadline:
+            await asyncio.sleep(0.005)
 
     async def _pump(self, stream: asyncio.StreamReader | None, name: str) -> None:
         if stream is None:
