@@ -106,7 +106,10 @@ class ImportReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         cached = self.ctx.cached(groups.PVCS, name, namespace)
-        if cached is None or dig(cached, "metadata", "deletionTimestamp") or not is_import_claim(cached):
+        if cached is None or not is_import_claim(cached):
+            return None
+        if dig(cached, "metadata", "deletionTimestamp"):
+            await self._stop_for_deletion(cached)
             return None
         # the claim's annotations are this reconciler's memory (attempt, retry time, pod name): read them
         # fresh, never from a cache that may not have seen our last write yet
@@ -294,6 +297,18 @@ class ImportReconciler(Reconciler):
 
     async def _delete_scratch(self, namespace: str, name: str) -> None:
         await delete_if_present(self.ctx, groups.PVCS, scratch_name(name), namespace)
+
+    async def _stop_for_deletion(self, pvc: Body) -> None:
+        """The claim is being deleted (its DataVolume was): stop the import now, as CDI does. Left alone,
+        the importer would download to the end, or wait on a stalled server, while pvc-protection
+        holds the claim `Terminating`; its data is going anyway, so no grace period."""
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        for pod in self.ctx.cached_list(groups.PODS, namespace):
+            owners = dig(pod, "metadata", "ownerReferences") or []
+            if dig(pod, "metadata", "labels", ann.LABEL_COMPONENT) == "importer" and any(
+                    r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name for r in owners):
+                await self._delete_pod(pod)
+        await self._delete_scratch(namespace, name)
 
     async def _cleanup(self, pvc: Body, pod: Body | None, *, succeeded: bool) -> None:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
