@@ -12,7 +12,8 @@ not a restart, as in CDI.
 The importer reports `reason` and `retryable` in its termination message. A permanent failure
 (bad checksum, image too large, 404, refused credentials ...) ends the import at once, and nothing
 is downloaded again; a transient one is retried with exponential backoff until the retry budget is
-spent. `storage.pod.restarts` counts the retries, so DataVolume `restartCount` stays meaningful."""
+spent. `storage.pod.restarts` counts the importer pods started again, so DataVolume `restartCount`
+counts pod restarts as in CDI; failures the importer retried inside its pod are not restarts."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ class ImportReconciler(Reconciler):
             resources=status.get("defaultPodResourceRequirements"), import_proxy=status.get("importProxy"),
             insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()),
             image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
-            node_placement=dig(cdi, "spec", "workload") or {},
+            node_placement=dig(cdi, "spec", "workload") or {}, retry_budget=settings.import_retry_budget,
         )
 
     def _dv_of(self, pvc: Body) -> Body | None:
@@ -232,8 +233,8 @@ class ImportReconciler(Reconciler):
                         ann.POD_READY: "false", ann.IMPORT_REASON: None})
         if result.get("preallocationApplied"):
             changes[ann.PREALLOCATION_APPLIED] = "true"
-        if result.get("retries"):  # transient failures the importer absorbed count as restarts too
-            changes[ann.POD_RESTARTS] = str(int(changes.get(ann.POD_RESTARTS) or 0) + int(result["retries"]))
+        if result.get("retries"):  # failures retried inside the pod: not restarts (restartCount counts pods)
+            changes[ann.IMPORT_RETRIES] = str(int(result["retries"]))
         checksum = result.get("checksum")
         if checksum:
             changes[ann.IMPORT_CHECKSUM_RESULT] = str(checksum)
