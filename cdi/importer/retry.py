@@ -3,9 +3,10 @@
 CDI leaves retries to kubelet restarting the pod (CrashLoopBackOff), which starts the download over;
 here a reset or a 503 costs one range request and a pause. The budget (IMPORTER_RETRY_BUDGET, set
 by the controller's `--import-retry-budget`) bounds how long an operation may keep failing, counted
-from the start of its first failed attempt: once spent, the import fails for good (`retryable:
-false`), since a new pod would only wait on the same silent source again. Every retry is announced
-to the listeners (the progress endpoint shows it, the DataVolume's Running condition says it)."""
+from the start of its first failed attempt, or from the last failure that still delivered bytes.
+Once spent, the import fails for good (`retryable: false`): a new pod would only wait on the same
+silent source again. Every retry is announced to the listeners (the progress endpoint shows it, the
+DataVolume's Running condition says it)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ class RetryPolicy:
                 result = fn()
             except TransientError as exc:
                 now = time.monotonic()
+                if getattr(exc, "partial", 0):  # bytes arrived before it failed: count afresh from here
+                    started, delay, attempt = now, self.initial_delay, 0
                 # from the start of the first failed attempt: a server that never answers spends
                 # the budget in read timeouts, not only in pauses
                 started = began if started is None else started
