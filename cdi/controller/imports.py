@@ -306,7 +306,8 @@ class ImportReconciler(Reconciler):
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         for pod in self.ctx.cached_list(groups.PODS, namespace):
             owners = dig(pod, "metadata", "ownerReferences") or []
-            if dig(pod, "metadata", "labels", ann.LABEL_COMPONENT) == "importer" and any(
+            if dig(pod, "metadata", "labels", ann.LABEL_COMPONENT) == "importer" and \
+                    not dig(pod, "metadata", "deletionTimestamp") and any(
                     r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name for r in owners):
                 await self._delete_pod(pod)
         await self._delete_scratch(namespace, name)
