@@ -17,19 +17,6 @@ from tests.support.images import Image
 from tests.support.servers import FileServer
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
-    up = CdiUp(tmp_path_factory.mktemp("delete") / "cdi")
-    up.start()
-    yield up
-    up.stop()
-
-
-@pytest.fixture(scope="module")
-def k(cluster: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
-    return Kubectl(cluster.kubeconfig, tmp_path_factory.mktemp("kc"))
-
-
 @pytest.fixture
 def stalled_server(served_dir: Path) -> Iterator[FileServer]:
     server = FileServer(served_dir)
@@ -39,21 +26,18 @@ def stalled_server(served_dir: Path) -> Iterator[FileServer]:
     server.close()
 
 
-def delete_and_expect_gone(k: Kubectl, cluster: CdiUp, name: str, pod: str) -> None:
+def delete_and_expect_gone(k: Kubectl, name: str, pod: str) -> None:
     k("delete", "dv", name, "--wait=false")
 
     def gone() -> bool:
         return not k.exists("pod", pod) and not k.exists("pvc", name)
-    try:
-        wait_for(gone, 20, interval=0.2, message=f"pod {pod} and claim {name} gone after the DataVolume was deleted")
-    except AssertionError:
-        print(cluster.recent_logs())
-        raise
+    wait_for(gone, 20, interval=0.2, message=f"pod {pod} and claim {name} gone after the DataVolume was deleted")
     assert not k.exists("dv", name)
 
 
 def test_deleting_a_datavolume_stops_its_import(
-        k: Kubectl, cluster: CdiUp, stalled_server: FileServer, images: dict[str, Image]) -> None:
+        shared_cdi_up: CdiUp, shared_kubectl: Kubectl, stalled_server: FileServer, images: dict[str, Image]) -> None:
+    k = shared_kubectl
     image = images["raw.img"]
     k.apply(datavolume("doomed", {"http": {"url": f"{stalled_server.url}/{image.name}"}}, "64Mi"))
     wait_phase(k, "doomed", "ImportInProgress")
@@ -62,11 +46,12 @@ def test_deleting_a_datavolume_stops_its_import(
     assert [p["metadata"]["name"] for p in pods] == ["importer-doomed"]
     # the importer would otherwise sit on the stalled response for its read timeout (a minute), then
     # retry, with the claim Terminating all along
-    delete_and_expect_gone(k, cluster, "doomed", "importer-doomed")
+    delete_and_expect_gone(k, "doomed", "importer-doomed")
 
 
-def test_deleting_an_upload_datavolume_stops_its_upload_server(k: Kubectl, cluster: CdiUp) -> None:
+def test_deleting_an_upload_datavolume_stops_its_upload_server(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
     k.apply(upload_dv("unwanted"))
     wait_ready(k, "unwanted")
     assert k.exists("pod", "cdi-upload-unwanted")
-    delete_and_expect_gone(k, cluster, "unwanted", "cdi-upload-unwanted")
+    delete_and_expect_gone(k, "unwanted", "cdi-upload-unwanted")

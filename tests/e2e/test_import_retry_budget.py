@@ -56,9 +56,6 @@ def test_a_source_that_never_delivers_fails_within_the_budget(
         # status updates on a busy machine; without a bound this takes half an hour
         dv = wait_for(failed, BUDGET * 3 + 30, interval=0.3, message=f"{name} Failed")
         elapsed = time.monotonic() - started
-    except BaseException:
-        print(cluster.recent_logs())
-        raise
     finally:
         server.close()
     assert elapsed < BUDGET * 3 + 30
