@@ -164,6 +164,7 @@ class DataVolumeReconciler(Reconciler):
         old_conditions = json.loads(json.dumps(status.get("conditions") or []))
         event: Event | None = None
         requeue: float | None = None
+        running_message: str | None = None
         status.setdefault("progress", PROGRESS_UNKNOWN)
         if phase is not None:
             status["phase"] = phase
@@ -172,11 +173,13 @@ class DataVolumeReconciler(Reconciler):
                 status["phase"] = "Pending"
         elif not dig(pvc, "metadata", "deletionTimestamp"):
             status["claimName"] = dig(pvc, "metadata", "name")
-            event, requeue = await self._phase_from_claim(view, pvc, status)
+            event, requeue = self._phase_from_claim(view, pvc, status)
+            if status.get("phase") == "ImportInProgress":
+                running_message = await self._refresh_progress(view, pvc, status)
             restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
-        conditions.update_all(status, pvc, message, reason)
+        conditions.update_all(status, pvc, message, reason, running_message=running_message)
         if status == view.status:
             return requeue
         # conditional on the version we computed from: a reconcile working from a stale cache runs again
@@ -200,8 +203,8 @@ class DataVolumeReconciler(Reconciler):
                 (was_running is None or was_running.get("message") != running.get("message")):
             self.ctx.recorder.record(dv, WARNING, str(running.get("reason", "")), str(running["message"]))
 
-    async def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
-                                status: Obj) -> tuple[Event | None, float | None]:
+    def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
+                          status: Obj) -> tuple[Event | None, float | None]:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         name = str(dig(pvc, "metadata", "name"))
         claim_phase = dig(pvc, "status", "phase")
@@ -234,7 +237,6 @@ class DataVolumeReconciler(Reconciler):
             return (WARNING, "ImportFailed", f"Failed to import into PVC {name}"), None
         if pod_phase == "Running":
             status["phase"] = "ImportInProgress"
-            await self._refresh_progress(view, annotations, status)
             return (NORMAL, "ImportInProgress", f"Import into {name} in progress"), self.ctx.settings.progress_interval
         status["phase"] = "ImportScheduled"
         return (NORMAL, "ImportScheduled", f"Import into {name} scheduled"), None
@@ -249,16 +251,24 @@ class DataVolumeReconciler(Reconciler):
         status["phase"] = "UploadScheduled"
         return NORMAL, "UploadScheduled", f"Upload into {name} scheduled"
 
-    async def _refresh_progress(self, view: DataVolumeView, annotations: Mapping[str, str], status: Obj) -> None:
-        pod_name = annotations.get(ann.IMPORT_POD_NAME)
+    async def _refresh_progress(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
+        """Read the importer's progress into `status`; returns the Running condition's message: what the
+        importer is retrying ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the
+        pod could not be asked, to keep what the condition says."""
+        pod_name = (dig(pvc, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
         pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
         pod_ip = dig(pod, "status", "podIP") if pod else None
         if not pod_ip:
-            return
+            return None
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        value = await scrape(self._session, str(pod_ip), view.uid)
-        if value is not None:
+        report = await scrape(self._session, str(pod_ip), view.uid)
+        if report is None:
+            running = conditions.find(status.get("conditions") or [], "Running")
+            return str(running.get("message", "")) if running and running.get("status") == "True" else None
+        if report.progress is not None:
             # 100 is held back until the importer's result is in: conversion may still be running
-            status["progress"] = format_progress(min(value, 99.99))
-            self.ctx.metrics.import_progress.labels(view.uid).set(value)
+            status["progress"] = format_progress(min(report.progress, 99.99))
+            self.ctx.metrics.import_progress.labels(view.uid).set(report.progress)
+        return report.retry.describe() if report.retry else \
+            (dig(pvc, "metadata", "annotations") or {}).get(ann.CONDITION_RUNNING_MESSAGE, "")

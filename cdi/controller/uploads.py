@@ -90,7 +90,11 @@ class UploadReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         cached = self.ctx.cached(groups.PVCS, name, namespace)
-        if cached is None or dig(cached, "metadata", "deletionTimestamp") or not is_upload_claim(cached):
+        if cached is None or not is_upload_claim(cached):
+            return None
+        if dig(cached, "metadata", "deletionTimestamp"):
+            # as CDI: a claim being deleted loses its upload server now, which pvc-protection waits for
+            await self._cleanup(cached, self.ctx.cached(groups.PODS, upload_name(name), namespace))
             return None
         try:
             pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
