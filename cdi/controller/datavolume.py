@@ -17,7 +17,14 @@ from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions
 from cdi.controller.progress import format_progress, scrape
-from cdi.controller.rendering import ClusterStorage, NoStorageClass, RenderError, render_claim_spec
+from cdi.controller.rendering import (
+    ClusterStorage,
+    NoStorageClass,
+    RenderError,
+    render_claim_spec,
+    unrendered_claim_spec,
+    webhook_rendering_enabled,
+)
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
@@ -117,7 +124,8 @@ class DataVolumeReconciler(Reconciler):
     async def _create_claim(self, dv: Body) -> float | None:
         view = DataVolumeView(dv)
         try:
-            spec = render_claim_spec(dv, self.cluster_storage())
+            spec = unrendered_claim_spec(dv) if self._left_to_pvc_webhook(view) else \
+                render_claim_spec(dv, self.cluster_storage())
         except NoStorageClass as exc:
             self._set_pending(view.key, True)
             return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")
@@ -155,6 +163,14 @@ class DataVolumeReconciler(Reconciler):
         except AlreadyExists:
             return 0.5  # our cache is behind; look again
         return await self._update_status(dv, created)
+
+    def _left_to_pvc_webhook(self, view: DataVolumeView) -> bool:
+        """As CDI: a `storage` DataVolume labelled applyStorageProfile, while the PVC mutating webhook is
+        enabled, gets its claim rendered by the webhook alone (rendering twice would inflate it twice)."""
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+        return view.spec.get("storage") is not None and \
+            view.labels.get(ann.LABEL_APPLY_STORAGE_PROFILE) == "true" and \
+            webhook_rendering_enabled(config.get("spec") or {})
 
     async def _update_status(self, dv: Body, pvc: Body | None, *, message: str = "", reason: str = "",
                              phase: str | None = None) -> float | None:
