@@ -96,6 +96,7 @@ class DataVolumeReconciler(Reconciler):
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
         if dv is None or dig(dv, "metadata", "deletionTimestamp"):
             self._set_pending(key, False)
+            self.ctx.metrics.clear_import_progress(key)
             return None
         view = DataVolumeView(dv)
         kind = view.source_kind
@@ -119,7 +120,6 @@ class DataVolumeReconciler(Reconciler):
             self.pending_on_storage.add(key)
         else:
             self.pending_on_storage.discard(key)
-        self.ctx.metrics.datavolume_pending.set(len(self.pending_on_storage))
 
     async def _create_claim(self, dv: Body) -> float | None:
         view = DataVolumeView(dv)
@@ -193,6 +193,8 @@ class DataVolumeReconciler(Reconciler):
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
         conditions.update_all(status, pvc, message, reason)
+        if status.get("phase") != "ImportInProgress":
+            self.ctx.metrics.clear_import_progress(view.key)
         if status == view.status:
             return requeue
         # conditional on the version we computed from: a reconcile working from a stale cache runs again
@@ -277,4 +279,4 @@ class DataVolumeReconciler(Reconciler):
         if value is not None:
             # 100 is held back until the importer's result is in: conversion may still be running
             status["progress"] = format_progress(min(value, 99.99))
-            self.ctx.metrics.import_progress.labels(view.uid).set(value)
+            self.ctx.metrics.set_import_progress(view.key, view.uid, value)
