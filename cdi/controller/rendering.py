@@ -179,12 +179,14 @@ def _render_size(spec: dict[str, Any], cluster: ClusterStorage, is_clone: bool) 
     class_name = spec.get("storageClassName")
     if (spec.get("volumeMode") or "Filesystem") == "Filesystem":
         size = required_space(cluster.filesystem_overhead(class_name), requested)
-    if class_name:
-        profile = cluster.storage_profiles.get(class_name)
-        minimum = (dig(profile, "metadata", "annotations") or {}).get(ann.MINIMUM_PVC_SIZE)
-        if minimum:
-            try:
-                size = max(size, parse_bytes(minimum))
-            except QuantityError:
-                pass
     requests["storage"] = str(size)
+    if class_name:
+        # CDI raises the (inflated) request of either volume mode to the profile's minimum, and then asks for
+        # the minimum as the annotation writes it ("4Gi"); an unparsable annotation is ignored.
+        profile = cluster.storage_profiles.get(class_name)
+        minimum = str((dig(profile, "metadata", "annotations") or {}).get(ann.MINIMUM_PVC_SIZE) or "").strip()
+        try:
+            if minimum and size < parse_bytes(minimum):
+                requests["storage"] = minimum
+        except QuantityError:
+            pass

@@ -83,7 +83,10 @@ def test_given_access_modes_pick_the_volume_mode() -> None:
 
 def test_profile_minimum_size_is_applied() -> None:
     spec = render_claim_spec(dv({"storageClassName": "block"}), CLUSTER)
-    assert spec["resources"]["requests"]["storage"] == str(4 * 1024 ** 3)
+    assert spec["resources"]["requests"]["storage"] == "4Gi"  # the minimum as the annotation writes it
+    spec = render_claim_spec(dv({"storageClassName": "block", "resources": {"requests": {"storage": "5Gi"}}}),
+                             CLUSTER)
+    assert spec["resources"]["requests"]["storage"] == str(5 * 1024 ** 3)
 
 
 def test_profile_without_claim_properties_is_an_invalid_claim() -> None:
