@@ -17,7 +17,14 @@ from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions
 from cdi.controller.progress import format_progress, scrape
-from cdi.controller.rendering import ClusterStorage, NoStorageClass, RenderError, render_claim_spec
+from cdi.controller.rendering import (
+    ClusterStorage,
+    NoStorageClass,
+    RenderError,
+    render_claim_spec,
+    unrendered_claim_spec,
+    webhook_rendering_enabled,
+)
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
@@ -89,6 +96,7 @@ class DataVolumeReconciler(Reconciler):
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
         if dv is None or dig(dv, "metadata", "deletionTimestamp"):
             self._set_pending(key, False)
+            self.ctx.metrics.clear_import_progress(key)
             return None
         view = DataVolumeView(dv)
         kind = view.source_kind
@@ -112,12 +120,12 @@ class DataVolumeReconciler(Reconciler):
             self.pending_on_storage.add(key)
         else:
             self.pending_on_storage.discard(key)
-        self.ctx.metrics.datavolume_pending.set(len(self.pending_on_storage))
 
     async def _create_claim(self, dv: Body) -> float | None:
         view = DataVolumeView(dv)
         try:
-            spec = render_claim_spec(dv, self.cluster_storage())
+            spec = unrendered_claim_spec(dv) if self._left_to_pvc_webhook(view) else \
+                render_claim_spec(dv, self.cluster_storage())
         except NoStorageClass as exc:
             self._set_pending(view.key, True)
             return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")
@@ -156,6 +164,14 @@ class DataVolumeReconciler(Reconciler):
             return 0.5  # our cache is behind; look again
         return await self._update_status(dv, created)
 
+    def _left_to_pvc_webhook(self, view: DataVolumeView) -> bool:
+        """As CDI: a `storage` DataVolume labelled applyStorageProfile, while the PVC mutating webhook is
+        enabled, gets its claim rendered by the webhook alone (rendering twice would inflate it twice)."""
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+        return view.spec.get("storage") is not None and \
+            view.labels.get(ann.LABEL_APPLY_STORAGE_PROFILE) == "true" and \
+            webhook_rendering_enabled(config.get("spec") or {})
+
     async def _update_status(self, dv: Body, pvc: Body | None, *, message: str = "", reason: str = "",
                              phase: str | None = None) -> float | None:
         view = DataVolumeView(dv)
@@ -180,6 +196,8 @@ class DataVolumeReconciler(Reconciler):
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
         conditions.update_all(status, pvc, message, reason, running_message=running_message)
+        if status.get("phase") != "ImportInProgress":
+            self.ctx.metrics.clear_import_progress(view.key)
         if status == view.status:
             return requeue
         # conditional on the version we computed from: a reconcile working from a stale cache runs again
@@ -269,6 +287,6 @@ class DataVolumeReconciler(Reconciler):
         if report.progress is not None:
             # 100 is held back until the importer's result is in: conversion may still be running
             status["progress"] = format_progress(min(report.progress, 99.99))
-            self.ctx.metrics.import_progress.labels(view.uid).set(report.progress)
+            self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
         return report.retry.describe() if report.retry else \
             (dig(pvc, "metadata", "annotations") or {}).get(ann.CONDITION_RUNNING_MESSAGE, "")
