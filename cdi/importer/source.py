@@ -82,6 +82,10 @@ class Origin:
     def abort(self) -> None:
         """Release requests still in flight (the import stopped or failed)."""
 
+    def give_back(self, chunk: Any) -> None:
+        """The pipeline is done with `chunk`, a chunk `stream()` returned: it is written, and nothing holds it
+        or a view of it any more (only said for a `pushed` stream, whose producer may reuse its buffer)."""
+
     def close(self) -> None:
         pass
 
@@ -99,12 +103,17 @@ class StreamOrigin(Origin):
         self._peek = PeekStream(counted)
         self.head = self._peek.peek(HEAD_SIZE)
         self._used = False
+        self._give_back = getattr(stream, "give_back", None)
 
     def stream(self) -> Stream:
         if self._used:
             raise RuntimeError("a stream origin can be read once")
         self._used = True
         return self._peek
+
+    def give_back(self, chunk: Any) -> None:
+        if self._give_back is not None:
+            self._give_back(chunk)
 
     def close(self) -> None:
         self._peek.close()

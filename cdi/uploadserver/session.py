@@ -99,16 +99,23 @@ class _Progress(Progress):
 
 
 class _Counted:
-    """The pipeline's view of the body, counting what it has consumed (the resumable offset)."""
+    """The pipeline's view of the body, counting what it has consumed (the resumable offset once the pipeline
+    failed) and what it handed back as written (`give_back`, on the raw stream route: the offset a
+    checkpoint may keep while the body still arrives)."""
 
     def __init__(self, inner: FedStream) -> None:
         self.inner = inner
         self.consumed = 0
+        self.settled = 0
 
     def read(self, n: int) -> memoryview | bytes | bytearray:
         chunk = self.inner.read(n)
         self.consumed += len(chunk)
         return chunk
+
+    def give_back(self, chunk: Chunk) -> None:
+        self.settled += len(chunk)
+        self.inner.give_back(chunk)
 
     def close(self) -> None:
         self.inner.close()
