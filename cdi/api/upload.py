@@ -41,6 +41,8 @@ server, and the image is never decrypted on the way (the proxy does not see it a
 
 from typing import Final
 
+from cdi.api import naming
+
 SYNC_PATHS: Final = ("/v1beta1/upload", "/v1alpha1/upload")
 ASYNC_PATHS: Final = ("/v1beta1/upload-async", "/v1alpha1/upload-async")
 FORM_SYNC_PATHS: Final = ("/v1beta1/upload-form", "/v1alpha1/upload-form")
@@ -96,8 +98,13 @@ def parse_kept(value: str) -> list[tuple[int, int, str]] | None:
 
 
 def upload_resource_name(pvc: str) -> str:
-    """The name of a PVC's upload-server pod, Service and Secret: `cdi-upload-<pvc>` (63 characters at most)."""
-    return f"cdi-upload-{pvc}"[:63].rstrip("-")
+    """The name of a PVC's upload-server pod and Secret: `cdi-upload-<pvc>`, shortened as CDI does."""
+    return naming.resource_name("cdi-upload", pvc)
+
+
+def upload_service_name(pvc: str) -> str:
+    """The name of a PVC's upload Service (a DNS label: 63 characters at most, shortened as CDI does)."""
+    return naming.service_name(upload_resource_name(pvc))
 
 
 # the CLI tells the controller what it is about to send ("raw", "qcow2+gz", ...), so that formats that

@@ -58,7 +58,7 @@ class CdiApiServer:
         return app
 
     def _certificates(self, hosts: list[str]) -> pki.KeyPair:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the CA's private key
         ca_crt, ca_key = self.dir / "ca.crt", self.dir / "ca.key"
         if ca_crt.exists():
             self.ca = pki.KeyPair.read(ca_crt, ca_key)

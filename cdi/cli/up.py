@@ -53,6 +53,8 @@ async def serve(args: argparse.Namespace) -> None:
             await stack.start()
         print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
         print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
+        print(f"  pod IPs {cluster.node.ips.network}, service cluster IPs {cluster.apiserver.service_range.network}",
+              flush=True)
         if stack is not None:
             print(f"  controller metrics {stack.metrics_url}", flush=True)
             print(f"  upload proxy {stack.uploadproxy_url} (CA {stack.uploadproxy_ca})", flush=True)

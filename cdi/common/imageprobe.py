@@ -1,9 +1,10 @@
 """What the first bytes of a disk image say (compression, container format), and the one rule
 that decides whether an import needs scratch space.
 
-The controller applies the rule before it creates the importer pod (so there is no throw-away first
-pod, as in CDI); the importer applies the same rule when it picks its route. Keeping both here is
-what keeps them from disagreeing."""
+The importer applies the rule when it picks its route (and asks for scratch when it has none); the
+upload controller applies it to the format a client declares (`cdi image-upload` sniffs its file
+with `sniff`). Keeping it here is what keeps them from disagreeing. The import controller never
+reads a source itself: that is the importer's, in a pod with the DataVolume's network and proxy."""
 
 from __future__ import annotations
 

@@ -5,9 +5,12 @@ the same three things, so they are made here once, with `cryptography`."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
+import os
 import ssl
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +29,7 @@ class KeyPair:
 
     def write(self, cert_path: Path, key_path: Path) -> None:
         cert_path.write_bytes(self.cert_pem)
-        key_path.touch(mode=0o600)
-        key_path.write_bytes(self.key_pem)
+        write_private(key_path, self.key_pem)
 
     @classmethod
     def read(cls, cert_path: Path, key_path: Path) -> KeyPair:
@@ -35,6 +37,22 @@ class KeyPair:
 
     def certificate(self) -> x509.Certificate:
         return x509.load_pem_x509_certificate(self.cert_pem)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner may read (0600) from its first byte: the bytes go to a new file that
+    `mkstemp` creates 0600 whatever the umask, which then replaces `path` in one rename. So no other user
+    can open it while it is written, a file an older version left 0644 does not keep that mode, and a
+    reader never sees it half written."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _now() -> datetime.datetime:
@@ -117,7 +135,7 @@ def issue(ca: KeyPair | None, common_name: str, hosts: list[str] | None = None, 
 
 def server_context(pair: KeyPair, directory: Path, client_ca: bytes | None = None) -> ssl.SSLContext:
     """An SSL context serving `pair`; with `client_ca`, clients must present a certificate it signed."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the private key
     cert_path, key_path = directory / "tls.crt", directory / "tls.key"
     pair.write(cert_path, key_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import groups
+from cdi.api import groups, naming
 from cdi.api.quantity import parse_bytes
 from cdi.api.sizing import required_space, round_up, usable_space
 from cdi.api.views import dig
@@ -54,8 +54,9 @@ async def annotate(ctx: Context, pvc: Body, changes: Mapping[str, str | None]) -
                            {"metadata": {"annotations": dict(changes)}}, str(dig(pvc, "metadata", "namespace")))
 
 
-def scratch_name(pvc: Body) -> str:
-    return f"{dig(pvc, 'metadata', 'name')}-scratch"
+def scratch_name(pvc: Body | str) -> str:
+    """`<pvc>-scratch`, shortened as CDI does for long claim names."""
+    return naming.resource_name(pvc if isinstance(pvc, str) else str(dig(pvc, "metadata", "name")), "scratch")
 
 
 async def ensure_scratch(ctx: Context, pvc: Body) -> str:

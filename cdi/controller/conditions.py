@@ -16,6 +16,7 @@ Body = Mapping[str, Any]
 
 POD_RUNNING_REASON = "Pod is running"
 SCRATCH_REQUIRED_REASON = "Scratch space required"
+SCRATCH_REQUIRED_MESSAGE = "scratch space required and none found"  # CDI's, not worth a Warning event
 IMAGE_PULL_FAILED_REASON = "ImagePullFailed"
 TRANSFER_RUNNING = "TransferRunning"
 

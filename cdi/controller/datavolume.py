@@ -196,7 +196,7 @@ class DataVolumeReconciler(Reconciler):
         was_running = conditions.find(before, "Running")
         if ready and running and bound and ready.get("status") == "False" and running.get("status") == "False" \
                 and bound.get("status") == "True" and running.get("message") and \
-                running.get("message") != "Scratch space required" and \
+                running.get("message") != conditions.SCRATCH_REQUIRED_MESSAGE and \
                 (was_running is None or was_running.get("message") != running.get("message")):
             self.ctx.recorder.record(dv, WARNING, str(running.get("reason", "")), str(running["message"]))
 

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from cdi.api import annotations as ann
-from cdi.api import env
+from cdi.api import env, naming
 from cdi.api.views import dig
 
 Body = Mapping[str, Any]
@@ -85,8 +85,8 @@ class WorkerSettings:
 
 
 def pod_name(pvc_name: str, attempt: int) -> str:
-    base = f"importer-{pvc_name}"
-    return base if attempt == 0 else f"{base}-retry-{attempt}"
+    """`importer-<pvc>` (`-retry-N` for a later attempt), shortened as CDI does for long claim names."""
+    return naming.resource_name("importer", pvc_name if attempt == 0 else f"{pvc_name}-retry-{attempt}")
 
 
 def _insecure_registry(endpoint: str, registries: Sequence[str]) -> bool:
@@ -202,3 +202,8 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         },
         "spec": spec,
     }
+
+
+def mounts_scratch(pod: Body) -> bool:
+    """Whether an importer pod had a scratch claim (a pod without one may ask for it)."""
+    return any(v.get("name") == SCRATCH_VOLUME for v in dig(pod, "spec", "volumes") or [])

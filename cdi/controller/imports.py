@@ -1,6 +1,13 @@
 """The import reconciler: for every PVC that asks for an import (CDI's annotations, written by the
-DataVolume reconciler or by a user), decide scratch up front, run the importer pod, mirror the pod
-into the PVC's annotations, and decide retries from the importer's own verdict.
+DataVolume reconciler or by a user), run the importer pod, mirror the pod into the PVC's annotations,
+and decide retries from the importer's own verdict.
+
+The controller never reads the source itself: the URL is the user's, and only a pod with the
+DataVolume's network identity and `importProxy` settings should reach it. The importer starts
+without scratch; where its route needs scratch (a vmdk, vhd, vhdx or vdi that qemu-img cannot read
+in place) it says so from the first bytes, before downloading the rest (`scratchSpaceRequired` in
+its termination message), and the controller starts the next pod with a scratch claim, which is
+not a restart, as in CDI.
 
 The importer reports `reason` and `retryable` in its termination message. A permanent failure
 (bad checksum, image too large, 404, refused credentials ...) ends the import at once, and nothing
@@ -26,9 +33,9 @@ from cdi.controller.claims import (
     delete_if_present,
     ensure_scratch,
     preallocation_wanted,
+    scratch_name,
 )
-from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, pod_name
-from cdi.controller.probe import scratch_required
+from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, mounts_scratch, pod_name
 from cdi.controller.runtime import Context, Reconciler
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 
@@ -141,12 +148,9 @@ class ImportReconciler(Reconciler):
         source = ImportSource.from_pvc(pvc)
         if source.source == "none":
             source = ImportSource(**{**source.__dict__, "source": "blank"})
-        scratch = annotations.get(ann.REQUIRES_SCRATCH)
-        if scratch is None:
-            needed = await scratch_required(self.ctx.client, pvc, source)
-            scratch = "true" if needed else "false"
-            await annotate(self.ctx, pvc, {ann.REQUIRES_SCRATCH: scratch})
-        scratch_claim = await ensure_scratch(self.ctx, pvc) if scratch == "true" else None
+        # scratch only once an importer asked for it (or a user's annotation did): never from a look at the source
+        scratch = annotations.get(ann.REQUIRES_SCRATCH) == "true"
+        scratch_claim = await ensure_scratch(self.ctx, pvc) if scratch else None
         pod = importer_pod(
             pvc, source, self.worker_settings(), attempt=attempt, scratch_claim=scratch_claim,
             filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc),
@@ -157,6 +161,7 @@ class ImportReconciler(Reconciler):
         except AlreadyExists:
             return 0.5
         await annotate(self.ctx, pvc, {ann.IMPORT_POD_NAME: pod["metadata"]["name"], ann.POD_PHASE: "Pending",
+                                   ann.REQUIRES_SCRATCH: "true" if scratch else "false",
                                    ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: "Pending",
                                    ann.CONDITION_RUNNING_MESSAGE: "", ann.IMPORT_NEXT_RETRY: None})
         return None
@@ -244,9 +249,14 @@ class ImportReconciler(Reconciler):
         reason = str(result.get("reason") or terminated_reason or "Error")
         message = str(result.get("message") or f"importer exited with {terminated_reason or 'an error'}")
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
-        if result.get("scratchSpaceRequired") and annotations.get(ann.REQUIRES_SCRATCH) != "true":
-            # our up-front probe was wrong (for example, the server answered ranges differently): add scratch
-            await annotate(self.ctx, pvc, {ann.REQUIRES_SCRATCH: "true", ann.IMPORT_POD_NAME: None})
+        if result.get("scratchSpaceRequired") and not mounts_scratch(pod):
+            # the importer read the head and needs scratch: the next pod gets it, and this is no restart
+            # (CDI's condition reason and message; the pod, not the claim, says whether scratch was there,
+            # so a stale view of this pod after the annotation below asks for the same thing again)
+            await annotate(self.ctx, pvc, {ann.REQUIRES_SCRATCH: "true", ann.IMPORT_POD_NAME: None,
+                                           ann.CONDITION_RUNNING: "false",
+                                           ann.CONDITION_RUNNING_REASON: conditions.SCRATCH_REQUIRED_REASON,
+                                           ann.CONDITION_RUNNING_MESSAGE: conditions.SCRATCH_REQUIRED_MESSAGE})
             await self._delete_pod(pod)
             return None
         retryable = bool(result.get("retryable", terminated_reason in ("OOMKilled", "Error", "")))
@@ -283,7 +293,7 @@ class ImportReconciler(Reconciler):
                                 str(dig(pod, "metadata", "namespace")), cached=False, grace_period_seconds=0)
 
     async def _delete_scratch(self, namespace: str, name: str) -> None:
-        await delete_if_present(self.ctx, groups.PVCS, f"{name}-scratch", namespace)
+        await delete_if_present(self.ctx, groups.PVCS, scratch_name(name), namespace)
 
     async def _cleanup(self, pvc: Body, pod: Body | None, *, succeeded: bool) -> None:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}

@@ -38,7 +38,8 @@ class UploadPki:
     def server_certificate(self, service: str, namespace: str) -> pki.KeyPair:
         hosts = [service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
                  f"{service}.{namespace}.svc.cluster.local"]
-        return pki.issue(self.server_signer, f"{service}.{namespace}.svc", hosts)
+        common_name = f"{service}.{namespace}.svc"  # a certificate's CN holds 64 characters at most
+        return pki.issue(self.server_signer, common_name if len(common_name) <= 64 else service, hosts)
 
 
 async def _ensure_secret(client: KubeClient, namespace: str, name: str, make: pki.KeyPair) -> pki.KeyPair:

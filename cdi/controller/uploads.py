@@ -28,7 +28,13 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import env, groups
-from cdi.api.upload import ENV_STATE_DIR, FORMAT_ANNOTATION, STATE_DIR_DEFAULT, upload_resource_name
+from cdi.api.upload import (
+    ENV_STATE_DIR,
+    FORMAT_ANNOTATION,
+    STATE_DIR_DEFAULT,
+    upload_resource_name,
+    upload_service_name,
+)
 from cdi.api.views import dig
 from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller.claims import (
@@ -39,6 +45,7 @@ from cdi.controller.claims import (
     ensure_scratch,
     owner_reference,
     preallocation_wanted,
+    scratch_name,
 )
 from cdi.controller.importpod import WORKER_UID
 from cdi.controller.imports import termination
@@ -113,13 +120,13 @@ class UploadReconciler(Reconciler):
 
     async def _create(self, pvc: Body) -> None:
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
-        service = upload_name(name)
+        resource, service = upload_name(name), upload_service_name(name)
         owner = [owner_reference(pvc)]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "cdi-upload-server"}
         pki_ = await self.pki()
         pair = pki_.server_certificate(service, namespace)
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                  "metadata": {"name": service, "namespace": namespace, "labels": labels, "ownerReferences": owner},
+                  "metadata": {"name": resource, "namespace": namespace, "labels": labels, "ownerReferences": owner},
                   "data": {"tls.crt": base64.b64encode(pair.cert_pem).decode(),
                            "tls.key": base64.b64encode(pair.key_pem).decode(),
                            "ca.crt": base64.b64encode(pki_.client_signer.cert_pem).decode()}}
@@ -134,15 +141,17 @@ class UploadReconciler(Reconciler):
             except AlreadyExists:
                 pass
         try:
-            await self.ctx.client.create(groups.PODS, self._pod(pvc, service, labels, owner, scratch), namespace)
+            await self.ctx.client.create(groups.PODS, self._pod(pvc, resource, service, labels, owner, scratch),
+                                         namespace)
         except AlreadyExists:
             return
         await annotate(self.ctx, pvc, {ann.POD_PHASE: "Pending", ann.POD_READY: "false",
-                                   ann.UPLOAD_POD_NAME: service, ann.CONDITION_RUNNING: "false",
+                                   ann.UPLOAD_POD_NAME: resource, ann.CONDITION_RUNNING: "false",
                                    ann.CONDITION_RUNNING_REASON: "Pending", ann.CONDITION_RUNNING_MESSAGE: "",
                                    ann.REQUIRES_SCRATCH: "true" if scratch else "false"})
 
-    def _pod(self, pvc: Body, service: str, labels: Mapping[str, str], owner: list[Obj], scratch: str | None) -> Obj:
+    def _pod(self, pvc: Body, resource: str, service: str, labels: Mapping[str, str], owner: list[Obj],
+             scratch: str | None) -> Obj:
         name = str(dig(pvc, "metadata", "name"))
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         block = dig(pvc, "spec", "volumeMode") == "Block"
@@ -164,7 +173,7 @@ class UploadReconciler(Reconciler):
         ]
         mounts: list[Obj] = [{"name": "tls", "mountPath": "/etc/tls", "readOnly": True}]
         volumes: list[Obj] = [{"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": name}},
-                              {"name": "tls", "secret": {"secretName": service}}]
+                              {"name": "tls", "secret": {"secretName": resource}}]
         devices: list[Obj] = []
         if block:
             devices.append({"name": "cdi-data-vol", "devicePath": env.BLOCK_PATH_DEFAULT})
@@ -199,7 +208,7 @@ class UploadReconciler(Reconciler):
             if annotations.get(key):
                 spec[field] = annotations[key]
         return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": service, "namespace": dig(pvc, "metadata", "namespace"),
+                "metadata": {"name": resource, "namespace": dig(pvc, "metadata", "namespace"),
                              "labels": {**labels, SERVICE_LABEL: service,
                                         ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))},
                              "annotations": {ann.ISTIO_INJECT: "false", ann.LINKERD_INJECT: "disabled"},
@@ -253,15 +262,15 @@ class UploadReconciler(Reconciler):
         """Remove what served the upload: pod (unless retained after success), Service, Secret, scratch."""
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        service = upload_name(name)
+        resource, service = upload_name(name), upload_service_name(name)
         succeeded = annotations.get(ann.POD_PHASE) == "Succeeded"
         retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true" and succeeded
         if not retain and pod is not None:
-            await delete_if_present(self.ctx, groups.PODS, service, namespace)
-        await delete_if_present(self.ctx, groups.PVCS, f"{name}-scratch", namespace)
+            await delete_if_present(self.ctx, groups.PODS, resource, namespace)
+        await delete_if_present(self.ctx, groups.PVCS, scratch_name(pvc), namespace)
         if ann.UPLOAD_POD_NAME in annotations:  # services and secrets are not cached: remember that ours are gone
             await delete_if_present(self.ctx, groups.SERVICES, service, namespace, cached=False)
-            await delete_if_present(self.ctx, groups.SECRETS, service, namespace, cached=False)
+            await delete_if_present(self.ctx, groups.SECRETS, resource, namespace, cached=False)
             await annotate(self.ctx, pvc, {ann.UPLOAD_POD_NAME: None})
 
 

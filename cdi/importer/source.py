@@ -9,14 +9,20 @@ request body (`StreamOrigin`), which is what lets both share one pipeline.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE
 from .ranges import RangeReader
 from .streams import PeekStream, Stream
+
+log = logging.getLogger(__name__)
+
+TRAILING_LIMIT = 64 << 20  # bytes after the end of an image that a stream origin reads and drops
 
 
 class ByteMeter:
@@ -104,6 +110,7 @@ class StreamOrigin(Origin):
         self.head = self._peek.peek(HEAD_SIZE)
         self._used = False
         self._give_back = getattr(stream, "give_back", None)
+        self._finished = False
 
     def stream(self) -> Stream:
         if self._used:
@@ -114,6 +121,26 @@ class StreamOrigin(Origin):
     def give_back(self, chunk: Any) -> None:
         if self._give_back is not None:
             self._give_back(chunk)
+
+    def finish(self) -> None:
+        """The body must have ended, cleanly and at its announced size, before the image counts as
+        received: an image format can end before its body does (a qcow2 or a gzip member says where it
+        ends), and a body that ended early must never pass for a complete one. What follows the image is
+        read and dropped (at most `TRAILING_LIMIT` bytes); a body that broke raises the client's error."""
+        if self._finished:
+            return
+        trailing = 0
+        while chunk := self._peek.read(1 << 20):
+            trailing += len(chunk)
+            if trailing > TRAILING_LIMIT:
+                raise ImporterError(Reason.INVALID_IMAGE, f"{self.name} goes on for more than {TRAILING_LIMIT} "
+                                                          "bytes after the end of its image")
+        if trailing:
+            log.info("%s: %d bytes after the end of the image were dropped", self.name, trailing)
+        if self.size is not None and self.meter.total != self.size:
+            raise ImporterError(Reason.CONNECTION_FAILED, f"{self.name} ended after {self.meter.total} of its "
+                                                          f"{self.size} bytes", retryable=True)
+        self._finished = True
 
     def close(self) -> None:
         self._peek.close()

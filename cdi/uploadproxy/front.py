@@ -122,6 +122,11 @@ class _Upload:
             self.sock.sendall(self._send(h11.InformationalResponse(status_code=100, headers=[])))
         target = self.request.target.decode("latin-1")
         path, _, query = target.partition("?")
+        if "transfer-encoding" in self.headers and "content-length" in self.headers:
+            # which one frames the body is exactly what a request smuggler plays on: refused, as aiohttp does
+            self._answer(400, "a request with both Transfer-Encoding and Content-Length is ambiguous")
+            self._linger()
+            return
         plan = asyncio.run_coroutine_threadsafe(
             self.front.plan(path, self.headers.get("authorization"), self.headers.get(names.TARGET_HEADER.lower())),
             self.front.loop).result()
@@ -229,9 +234,10 @@ class _Upload:
         up = h11.Connection(h11.CLIENT, max_incomplete_event_size=sockhttp.MAX_HEAD)
         target = url.path + (f"?{query}" if query else "")
         broken: OSError | None = None
+        early = False
         try:
             upstream.sendall(up.send(h11.Request(method=b"POST", target=target, headers=headers)))
-            self._pump(upstream, up, chunked)
+            early = self._pump(upstream, up, chunked)
         except ClientGone as exc:
             log.info("the client went away during an upload to %s (%s); the upload server was told",
                      plan.server_hostname, exc)
@@ -241,7 +247,7 @@ class _Upload:
         except OSError as exc:  # the upload server went away; it may have answered first
             broken = exc
         try:
-            self._relay(upstream, up)
+            self._relay(upstream, up, early=early or broken is not None)
         except (OSError, h11.ProtocolError) as exc:
             if self.conn.our_state is h11.SEND_RESPONSE:
                 cause = broken or exc
@@ -321,13 +327,23 @@ class _Upload:
                 upstream.sendall(up.send(h11.EndOfMessage()))
                 return False
 
-    def _relay(self, upstream: socket.socket, up: h11.Connection, response: object = None) -> None:
-        """The upload server's answer (from `response`, when its head was read already), streamed to the client."""
+    def _relay(self, upstream: socket.socket, up: h11.Connection, response: object = None, *,
+               early: bool = False) -> None:
+        """The upload server's answer (from `response`, when its head was read already), streamed to the client.
+
+        `early`: it answered before the client's whole body was passed on. A refusal may come early; a
+        success may not (the upload server cannot have the whole image), so that is answered 502 instead
+        of being passed on as if the upload had been taken."""
         response = response or _next(upstream, up)
         while isinstance(response, h11.InformationalResponse):
             response = _next(upstream, up)
         if not isinstance(response, h11.Response):
             raise h11.RemoteProtocolError(f"the upload server sent {response!r} instead of an answer")
+        if early and 200 <= response.status_code < 300:
+            log.error("the upload server answered %d before the whole body was sent to it", response.status_code)
+            self._answer(502, f"error in upload-proxy: the upload server answered {response.status_code} before "
+                              "the whole body was sent to it; the upload did not complete")
+            return
         headers = [(k, v) for k, v in response.headers.raw_items() if k.lower() not in _HOP_BY_HOP]
         length = next((v for k, v in response.headers.raw_items() if k.lower() == b"content-length"), None)
         if length is not None:

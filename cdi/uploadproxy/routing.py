@@ -109,7 +109,7 @@ def upload_path(pvc: Mapping[str, Any], requested: str) -> str:
 
 async def upstream_for(client: KubeClient, namespace: str, pvc: str, path: str, *,
                        prefer_endpoints: bool = True) -> Upstream:
-    service_name = names.upload_resource_name(pvc)
+    service_name = names.upload_service_name(pvc)
     try:
         service = await client.get(groups.SERVICES, service_name, namespace)
     except ApiError as exc:

@@ -35,7 +35,7 @@ def default_hosts(namespace: str, extra: list[str] | None = None) -> list[str]:
 
 def self_managed(directory: Path, hosts: list[str]) -> tuple[ssl.SSLContext, pki.KeyPair]:
     """A serving context from the CA kept in `directory` (created the first time); returns it and the CA."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the CA's private key
     ca_crt, ca_key = directory / "ca.crt", directory / "ca.key"
     if ca_crt.exists() and ca_key.exists():
         ca = pki.KeyPair.read(ca_crt, ca_key)

@@ -10,6 +10,10 @@ reading thread, `front.BodyBridge`) uses `put_blocking` and skips the event loop
 stays bounded by `max_bytes` (plus one chunk). Chunks are handed to the pipeline whole when they fit its
 read, without copying.
 
+The end of the body is said only by `finish` (or `fail`), never by a chunk: an empty chunk is dropped,
+since `read` returning `b""` is how the pipeline learns that the body ended (aiohttp's `iter_chunks`
+yields one at every chunk boundary of a chunked body; taken as the end, it truncated piped uploads).
+
 A failure (`fail`, the client went away) is raised to the pipeline only after the chunks that
 arrived before it: every byte received is good, and written, so a resumed upload needs to resend as
 little as possible, and the resumable offset is exactly what arrived, whatever the scheduling.
@@ -72,6 +76,8 @@ class FedStream:
             return True
 
     def _append(self, chunk: Chunk) -> None:  # with the lock held
+        if not chunk:  # an empty chunk would read as the end of the body: only `finish` ends it
+            return
         self._chunks.append(chunk)
         self._size += len(chunk)
         self._cond.notify_all()  # the consumer (a producing thread re-checks the queue and waits on)

@@ -127,7 +127,8 @@ class Front:
         if request.method == b"POST" and sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
             self._end_to_end(sock, conn, path, headers)
             return True
-        if request.method != b"POST" or path not in _RAW or "content-length" not in headers:
+        if request.method != b"POST" or path not in _RAW or "content-length" not in headers \
+                or "transfer-encoding" in headers:  # framed by chunks (or ambiguous): aiohttp's to read or refuse
             return False
         peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
         self._serve_raw(sock, conn, path, headers, self.server.authorized_peer(peer))
@@ -174,7 +175,8 @@ class Front:
             if not hmac.compare_digest(inner_headers.get(names.NONCE_HEADER.lower(), "").encode(), nonce.encode()):
                 log.warning("refused an end-to-end TLS upload without the proxy's nonce")
                 refusal = 401, f"{names.NONCE_HEADER} does not match"
-            elif request.method != b"POST" or "content-length" not in inner_headers:
+            elif request.method != b"POST" or "content-length" not in inner_headers \
+                    or "transfer-encoding" in inner_headers:
                 refusal = 400, "an end-to-end TLS upload is a POST with a Content-Length"
             if refusal is not None:
                 sockhttp.text_answer(client, inner, *refusal, server=_SERVER)

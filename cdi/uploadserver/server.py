@@ -256,9 +256,11 @@ def _response(outcome: Outcome) -> web.Response:
 
 
 async def _as_received(request: web.Request) -> AsyncIterator[bytes]:
-    """The body in the pieces the connection delivered them (no joining copy, unlike `iter_any`)."""
+    """The body in the pieces the connection delivered them (no joining copy, unlike `iter_any`).
+    `iter_chunks` yields an empty piece at the end of each chunk of a chunked body; it is not the end."""
     async for chunk, _ in request.content.iter_chunks():
-        yield chunk
+        if chunk:
+            yield chunk
 
 
 async def _form_file(request: web.Request) -> BodyPartReader:

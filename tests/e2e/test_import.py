@@ -133,8 +133,7 @@ def test_permanent_failures_end_at_once_without_retries(
 def test_a_server_that_fails_twice_then_recovers(
         k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
     image = images["raw.img"]
-    # the controller's first look (the scratch probe) gets through; the importer then meets two 503s
-    range_server.fail_next(image.name, Fault(200), Fault(503), Fault(503))
+    range_server.fail_next(image.name, Fault(503), Fault(503))
     k.apply(datavolume("flaky", {"http": {"url": f"{range_server.url}/{image.name}"}}, "64Mi"))
     dv = wait_phase(k, "flaky", "Succeeded")
     assert dv["status"]["restartCount"] == 2
@@ -158,6 +157,46 @@ def test_scratch_only_where_the_format_needs_it(
                "-o", "jsonpath={.items[*].involvedObject.name}").stdout.split()
     assert "needs-scratch-scratch" in events and "no-scratch-scratch" not in events
     wait_for(lambda: not k.exists("pvc", "needs-scratch-scratch"), 30, message="scratch claim removed")
+
+
+def set_import_proxy(k: Kubectl, proxy: dict[str, str] | None) -> None:
+    """CDI's `spec.config.importProxy` (None: none), waited for until CDIConfig's status carries it."""
+    k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"importProxy": proxy}}}))
+    wait_for(lambda: k.json("get", "cdiconfig", "config")["status"].get("importProxy") == proxy, 30,
+             message=f"CDIConfig status.importProxy {proxy}")
+
+
+def test_scratch_is_the_importers_call_and_the_controller_never_fetches_the_source(
+        k: Kubectl, served_dir: Path, images: dict[str, Image]) -> None:
+    """The controller never connects to the URL a DataVolume names (from a cluster-wide controller that
+    is a path into any network it can reach, and it would ignore importProxy): here the server behind
+    the URL sees no connection at all, and every byte goes through CDIConfig's importProxy to the
+    importer. The first importer pod reads the head of the compressed vmdk and asks for scratch; the
+    next one gets a scratch claim and imports it, and that second pod is not a restart."""
+    image = images["vmdk.vmdk.gz"]
+    origin = FileServer(served_dir)  # what the URL names: no one may connect to it directly
+    proxy = FileServer(served_dir)  # answers absolute-form requests: a plain-HTTP proxy to the same files
+    try:
+        set_import_proxy(k, {"HTTPProxy": proxy.url})
+        k.apply(datavolume("proxied-vmdk", {"http": {"url": f"{origin.url}/{image.name}"}}, "64Mi"))
+        dv = wait_phase(k, "proxied-vmdk", "Succeeded")
+    finally:
+        set_import_proxy(k, None)
+        origin.close()
+        proxy.close()
+    expect_bytes(k, "proxied-vmdk", image)
+    assert dv["status"].get("restartCount", 0) == 0
+    assert origin.agents == []
+    assert proxy.agents and {agent for _, agent in proxy.agents} == {"cdi-importer"}
+    assert k.get("pvc", "proxied-vmdk")["metadata"]["annotations"][
+        "cdi.kubevirt.io/storage.import.requiresScratch"] == "true"
+    events = k("get", "events", "--field-selector", "involvedObject.name=proxied-vmdk-scratch",
+               "-o", "jsonpath={.items[*].reason}").stdout.split()
+    assert events, "the scratch claim was created (and provisioned)"
+    warnings = k("get", "events", "--field-selector", "involvedObject.name=proxied-vmdk,type=Warning",
+                 "-o", "jsonpath={.items[*].reason}").stdout.split()
+    assert warnings == []  # asking for scratch is no failure (as in CDI, no Warning for it)
+    wait_for(lambda: not k.exists("pvc", "proxied-vmdk-scratch"), 30, message="scratch claim removed")
 
 
 def test_wait_for_first_consumer(k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:

@@ -3,7 +3,9 @@
 * `FileServer`: aiohttp serving a directory over HTTP or HTTPS, with basic auth, Range support
   (or none), counting the bytes it serves, and hooks to make it misbehave on purpose: a gate that
   holds every byte past an offset until the test opens it, scripted failures (5xx, dropped
-  connections), redirects, and a bandwidth throttle.
+  connections), redirects, and a bandwidth throttle. It records who asked (User-Agent), and it
+  answers absolute-form requests (`GET http://host/name`) too, so it also serves as a plain-HTTP
+  proxy in front of its own files.
 * `TokenServer`: a registry token service (the WWW-Authenticate Bearer flow) issuing JWTs that
   docker-registry verifies against the test CA.
 * `Registry`: Debian's docker-registry with a config written here (htpasswd, TLS, token auth).
@@ -96,6 +98,7 @@ class FileServer:
     validators: bool = True  # send ETag and Last-Modified
     bytes_served: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    agents: list[tuple[str, str]] = field(default_factory=list)  # (name, User-Agent) of every request
     faults: dict[str, list[Fault]] = field(default_factory=lambda: defaultdict(list))
     gate_offset: int | None = None  # bytes in [gate_offset, gate_end) wait for `open_gate()`
     gate_end: int | None = None
@@ -128,6 +131,7 @@ class FileServer:
         with self._lock:
             self.bytes_served.clear()
             self.requests.clear()
+            self.agents.clear()
 
     def served(self, name: str) -> int:
         with self._lock:
@@ -161,6 +165,7 @@ class FileServer:
         name = request.match_info["name"]
         with self._lock:
             self.requests.append((request.method, name, request.headers.get("Range")))
+            self.agents.append((name, request.headers.get("User-Agent", "")))
             fault = self.faults[name].pop(0) if self.faults.get(name) else None
         if fault is not None and fault.status == 200 and fault.drop_after is None:
             fault = None

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import orjson
 
 from cdi.embedded.apiserver import errors
+from cdi.embedded.apiserver.bodies import MAX_DEPTH, too_deep
 from cdi.embedded.apiserver.conversions import from_storage, needs_conversion, to_storage
 from cdi.embedded.apiserver.errors import Cause, StatusError
 from cdi.embedded.apiserver.patching import apply_patch
@@ -274,11 +275,21 @@ class Objects:
             self._prepare_crd(obj)
         if self.store.get(rtype.key, ns, name) is not None:
             raise errors.already_exists(rtype.plural, rtype.group, name)
-        storage = self._storage(rtype)
-        stored = to_storage(rtype, obj, storage) if needs_conversion(rtype, storage.api_version) else obj
-        if ctx.dry_run:
-            return obj
-        entry = self.store.put(rtype.key, ns, name, stored)
+        # addresses (a Service's cluster IP) last, once nothing can refuse the object: a refused create
+        # or a dry run holds none
+        causes = self.strategies.allocate(rtype, obj)
+        if causes:
+            raise errors.invalid(rtype.kind, rtype.group, name, causes)
+        try:
+            storage = self._storage(rtype)
+            stored = to_storage(rtype, obj, storage) if needs_conversion(rtype, storage.api_version) else obj
+            if ctx.dry_run:
+                self.strategies.released(rtype, obj)
+                return obj
+            entry = self.store.put(rtype.key, ns, name, stored)
+        except BaseException:
+            self.strategies.released(rtype, obj)
+            raise
         self._after_write(rtype, None, entry)
         return self.view(rtype, entry)
 
@@ -375,6 +386,8 @@ class Objects:
             entry = self._current(rtype, ns, name)
             current = self.view(rtype, entry)
             patched = apply_patch(content_type, current, patch, strategic_allowed=rtype.strategic_merge)
+            if too_deep(patched):  # a JSON patch can add a deep value at a deep path
+                raise errors.bad_request(f"the patched object exceeded max depth of {MAX_DEPTH}")
             meta = patched.setdefault("metadata", {})
             wanted_rv = meta.get("resourceVersion")
             if wanted_rv and str(wanted_rv) != str(entry.rv):

@@ -17,6 +17,8 @@ from aiohttp import web
 
 from cdi.api.crds import all_crds
 from cdi.common import pki
+from cdi.embedded import datadir
+from cdi.embedded.apiserver import bodies
 from cdi.embedded.apiserver.aggregator import Aggregator
 from cdi.embedded.apiserver.authz import RbacAuthorizer, bootstrap_policy
 from cdi.embedded.apiserver.errors import StatusError
@@ -27,11 +29,13 @@ from cdi.embedded.apiserver.resources import Registry
 from cdi.embedded.apiserver.store import ADDED, Store
 from cdi.embedded.apiserver.strategies import ServiceIPs, Strategies
 from cdi.embedded.apiserver.webhooks import WebhookAdmission
+from cdi.embedded.ranges import SERVICE_NETWORK, claim_range
 
 log = logging.getLogger(__name__)
 
 ADMIN = UserInfo("admin", ("system:masters", "system:authenticated"))
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+SERVICE_RANGE_FILE = "service-cidr"  # this instance's /24 of 127.20.0.0/16, kept across restarts
 
 
 @dataclass
@@ -58,10 +62,11 @@ class ApiServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.dir = config.data_dir
-        self.dir.mkdir(parents=True, exist_ok=True)
+        datadir.prepare(self.dir)  # 0700 before anything is written in it
         self.store = Store(self.dir / "state.db", config.watch_history)
         self.registry = Registry()
-        self.strategies = Strategies(ServiceIPs())
+        self.service_range = claim_range(SERVICE_NETWORK, self.dir / SERVICE_RANGE_FILE)
+        self.strategies = Strategies(ServiceIPs(self.service_range.network))
         self.objects = Objects(self.registry, self.store, self.strategies)
         self.webhooks = WebhookAdmission(self.store)
         self.objects.admission.append(self.webhooks)
@@ -104,8 +109,7 @@ class ApiServer:
         if path.exists():
             return path.read_text().strip()
         token = secrets.token_hex(32)
-        path.touch(mode=0o600)
-        path.write_text(token + "\n")
+        pki.write_private(path, f"{token}\n".encode())
         return token
 
     def kubeconfig(self) -> dict[str, Any]:
@@ -200,7 +204,7 @@ class ApiServer:
         await self._bootstrap()
         self.gc.start()
         self._tasks.append(asyncio.create_task(self._default_service_accounts(), name="serviceaccounts"))
-        app = web.Application(middlewares=[self.handlers.middleware], client_max_size=3 * 1024 * 1024)
+        app = web.Application(middlewares=[self.handlers.middleware], client_max_size=bodies.MAX_BYTES)
         app.add_routes(self.handlers.routes())
         # handler_cancellation: a watch whose client disconnected ends at once instead of holding its
         # subscription until the next event for it.
@@ -220,8 +224,7 @@ class ApiServer:
         assert server is not None and server.sockets
         self.port = server.sockets[0].getsockname()[1]
         port_file.write_text(f"{self.port}\n")
-        self.kubeconfig_path.touch(mode=0o600)
-        self.kubeconfig_path.write_text(yaml.safe_dump(self.kubeconfig(), sort_keys=False))
+        pki.write_private(self.kubeconfig_path, yaml.safe_dump(self.kubeconfig(), sort_keys=False).encode())
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -238,3 +241,4 @@ class ApiServer:
         await self.webhooks.close()
         await self.aggregator.close()
         self.store.close()
+        self.service_range.close()

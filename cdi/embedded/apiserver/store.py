@@ -9,6 +9,8 @@ committed write survives `kill -9` of the server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -19,6 +21,20 @@ from typing import Any
 import orjson
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+
+
+def _private(path: Path) -> None:
+    """The database holds every Secret: it is created 0600 before SQLite opens it (SQLite creates its
+    `-wal` and `-shm` files with the database's mode), and one an older version left 0644 is made 0600
+    with the journal files beside it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", 0o600)
 
 
 @dataclass(slots=True, frozen=True)
@@ -109,6 +125,8 @@ class Store:
 
     @staticmethod
     def _open(path: Path | None) -> sqlite3.Connection:
+        if path is not None:
+            _private(path)
         db = sqlite3.connect(str(path) if path else ":memory:", isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")

@@ -12,6 +12,7 @@ from typing import Any
 
 from cdi.embedded.apiserver.errors import Cause, StatusError
 from cdi.embedded.apiserver.resources import ResourceType
+from cdi.embedded.ranges import SERVICE_NETWORK, AddressPool, Network
 
 Obj = dict[str, Any]
 
@@ -43,25 +44,43 @@ def validate_name(rtype: ResourceType, name: str) -> list[Cause]:
 
 
 class ServiceIPs:
-    """Cluster IPs for Services, from a loopback range so the local node can listen on them."""
+    """Cluster IPs for Services, from this instance's loopback range (`cdi.embedded.ranges`) so that the
+    local node can listen on them and no other `cdi up` on the machine hands out the same ones."""
 
-    def __init__(self, network: str = "127.20.0.0/16") -> None:
-        self._network = ipaddress.ip_network(network)
-        self._used: set[str] = set()
+    def __init__(self, network: str | Network = SERVICE_NETWORK) -> None:
+        self._pool = AddressPool(network)
+
+    @property
+    def network(self) -> Network:
+        return self._pool.network
 
     def reserve(self, ip: str) -> None:
-        self._used.add(ip)
+        """An address a stored Service has (at start): never handed out again while it does."""
+        self._pool.take(ip)
 
     def release(self, ip: str) -> None:
-        self._used.discard(ip)
+        self._pool.release(ip)
 
     def allocate(self) -> str:
-        for host in self._network.hosts():
-            text = str(host)
-            if text not in self._used and not text.endswith(".0"):
-                self._used.add(text)
-                return text
-        raise RuntimeError("service IP range exhausted")
+        return self._pool.allocate()
+
+    def claim(self, ip: str) -> Cause | None:
+        """Take the address a new Service asks for, or say why not (kube-apiserver's words)."""
+        problem = ""
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            return Cause("spec.clusterIPs[0]", f'Invalid value: "{ip}": must be a valid IP address, (e.g. 10.9.8.7 '
+                                               'or 2001:db8::ffff)')
+        if ip not in self._pool:
+            problem = (f"the provided IP ({ip}) is not in the valid range. The range of valid IPs is "
+                       f"{self._pool.network}")
+        elif self._pool.in_use(ip):
+            problem = "provided IP is already allocated"
+        if problem:
+            return Cause("spec.clusterIPs", f'Invalid value: []string{{"{ip}"}}: failed to allocate IP {ip}: {problem}')
+        self._pool.take(ip)
+        return None
 
 
 def _image_pull_policy(image: str) -> str:
@@ -259,11 +278,6 @@ class Strategies:
         for port in spec.get("ports") or []:
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
-        if spec.get("clusterIP") in (None, ""):
-            spec["clusterIP"] = self.service_ips.allocate()
-        elif spec["clusterIP"] != "None":
-            self.service_ips.reserve(spec["clusterIP"])
-        spec["clusterIPs"] = [spec["clusterIP"]]
         obj.setdefault("status", {"loadBalancer": {}})
         return []
 
@@ -278,6 +292,21 @@ class Strategies:
         for port in spec.get("ports") or []:
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
+        return []
+
+    def allocate(self, rtype: ResourceType, obj: Obj) -> list[Cause]:
+        """Take the addresses a new object needs (a Service's cluster IP, given or allocated), just before
+        it is stored; `released` gives them back when it is not (or when it is deleted)."""
+        if not (rtype.group == "" and rtype.kind == "Service"):
+            return []
+        spec = obj.setdefault("spec", {})
+        if spec.get("clusterIP") in (None, ""):
+            spec["clusterIP"] = self.service_ips.allocate()
+        elif spec["clusterIP"] != "None":
+            refused = self.service_ips.claim(str(spec["clusterIP"]))
+            if refused is not None:
+                return [refused]
+        spec["clusterIPs"] = [spec["clusterIP"]]
         return []
 
     def released(self, rtype: ResourceType, obj: Mapping[str, Any]) -> None:

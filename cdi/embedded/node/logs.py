@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
 import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -34,7 +35,9 @@ class LogWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the container
+        # 0600: a container may print anything, secrets included (as the node's own data directory is private)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._file = open(fd, "ab", buffering=0)  # noqa: SIM115 - lives as long as the container
         self._changed = asyncio.Event()
         self.closed = False
         self._partial: dict[str, bytes] = {}

@@ -25,12 +25,14 @@ from cdi.embedded.node.logs import NodeLogs
 from cdi.embedded.node.podips import PodIPs
 from cdi.embedded.node.scheduler import Scheduler
 from cdi.embedded.node.services import EndpointsController, ServiceProxy
+from cdi.embedded.ranges import POD_NETWORK, claim_range
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 KUBELET_VERSION = "v1.32.0"
 LEASE_PERIOD = 10.0
+POD_RANGE_FILE = "pod-cidr"  # the node's /24 of 127.10.0.0/16, kept across restarts (cdi.embedded.ranges)
 
 
 def node_name() -> str:
@@ -91,7 +93,9 @@ class LocalNode:
             raise RuntimeError("the local node needs bubblewrap: apt-get install bubblewrap")
         self.bwrap = bwrap
         self.logs = NodeLogs()
-        self.ips = PodIPs()
+        root.mkdir(parents=True, exist_ok=True)
+        self.pod_range = claim_range(POD_NETWORK, root / POD_RANGE_FILE)
+        self.ips = PodIPs(self.pod_range.network)
         self.config = KubeletConfig(node_name=self.name, root=root, hide=list(hide or []),
                                     restart_backoff=restart_backoff, shutdown_grace=shutdown_grace, bwrap=bwrap)
         self.kubelet = Kubelet(api, self.config, self.ips, self.logs, publish)
@@ -123,7 +127,7 @@ class LocalNode:
                                                              "balancers": ""},
                 "annotations": {"node.alpha.kubernetes.io/ttl": "0",
                                 "volumes.kubernetes.io/controller-managed-attach-detach": "true"}},
-            "spec": {"podCIDR": "127.10.0.0/16", "podCIDRs": ["127.10.0.0/16"]},
+            "spec": {"podCIDR": str(self.ips.network), "podCIDRs": [str(self.ips.network)]},
             "status": {
                 "capacity": resources, "allocatable": resources, "conditions": conditions,
                 "addresses": [{"type": "InternalIP", "address": HOST_IP}, {"type": "Hostname", "address": self.name}],
@@ -144,7 +148,8 @@ class LocalNode:
             del created
         else:
             labels = {**(current["metadata"].get("labels") or {}), **body["metadata"]["labels"]}
-            await self.api.patch(NODES, None, self.name, {"metadata": {"labels": labels}})
+            # the pod range of a data directory from before ranges were per instance (127.10.0.0/16) changes
+            await self.api.patch(NODES, None, self.name, {"metadata": {"labels": labels}, "spec": body["spec"]})
         await self.api.patch(NODES, None, self.name, {"status": body["status"]}, status=True)
 
     async def _beat(self) -> None:
@@ -184,7 +189,7 @@ class LocalNode:
         self.endpoints.start(self.api)
         await self.proxy.start()
         self._heartbeat = asyncio.create_task(self._beat(), name="node-heartbeat")
-        log.info("node %s ready (pods run in bubblewrap, pod IPs from %s)", self.name, "127.10.0.0/16")
+        log.info("node %s ready (pods run in bubblewrap, pod IPs from %s)", self.name, self.ips.network)
 
     async def stop(self) -> None:
         if self._heartbeat is not None:
@@ -195,3 +200,4 @@ class LocalNode:
         await self.kubelet.stop()
         await self.endpoints.stop()
         await self.proxy.stop()
+        self.pod_range.close()
