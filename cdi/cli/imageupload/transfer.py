@@ -274,9 +274,11 @@ class Transfer:
                 self.progress.add(n)
 
     def _resume_offset(self, path: str, *, vouched: bool = False) -> int | None:
-        """Where the upload server can continue (None: it already has the whole image). `vouched`: continue
-        only at an offset whose kept bytes the server shows to be this file's (`Upload-Kept-Sha256`), as
-        for bytes another invocation sent; else 0."""
+        """Where the upload server can continue (None: it already has the whole image). `vouched` (before the
+        first POST): continue only at an offset whose kept bytes the server shows to be this file's
+        (`Upload-Kept-Sha256`), as for bytes another invocation sent, else 0; and an answer that says
+        nothing about resuming (a proxy without the extension, a refused token) is 0 too: the POST gets the
+        real verdict."""
         deadline = time.monotonic() + SETTLE_TIMEOUT
         delay = 0.2
         while True:
@@ -284,8 +286,12 @@ class Transfer:
             try:
                 status, headers, reason = self._head(path)
             except (OSError, http.client.HTTPException) as exc:
+                if vouched:
+                    return 0
                 status, headers, reason = 0, {}, ""
                 why = f"the upload proxy is unreachable: {exc}"
+            if vouched and status not in (200, 409, *RETRIED):
+                return 0
             if status == 401:
                 self.tokens.get(fresh=True)
                 why = "the token was refused"
