@@ -53,13 +53,22 @@ RESULTS = REPO / "bench" / "RESULTS.md"
 SECTION = "## Import (bench/bench_import.py)"
 OVERHEAD = "0.055"
 CHUNK = 4 << 20
-CASES = ["raw", "raw.gz", "raw.xz", "qcow2", "qcow2-compressed"]
+CASES = [
+    "raw", "raw.gz", "raw.xz", "qcow2", "qcow2-compressed",
+    "vmdk", "vmdk-stream", "vhd", "vhdx", "vdi", "iso",
+]
 FILES = {
     "raw": "disk.raw",
     "raw.gz": "disk.raw.gz",
     "raw.xz": "disk.raw.xz",
     "qcow2": "disk.qcow2",
     "qcow2-compressed": "disk.compressed.qcow2",
+    "vmdk": "disk.vmdk",
+    "vmdk-stream": "disk.stream.vmdk",
+    "vhd": "disk.vhd",
+    "vhdx": "disk.vhdx",
+    "vdi": "disk.vdi",
+    "iso": "disk.iso",
 }
 
 
@@ -101,11 +110,19 @@ def write_disk(path: Path, size: int, seed: int = 2026) -> None:
                 f.write(bytes(records[o : o + CHUNK]))
 
 
-def build_images(size: int) -> Path:
-    """Build the test images once (each step is skipped when its file exists), in bench/out/."""
+def write_iso(raw: Path, out: Path) -> None:
+    """The disk with an ISO 9660 primary volume descriptor at 32 KiB: detected as iso, imported as raw."""
+    sh(f"cp --sparse=always {raw} {out}")
+    with open(out, "r+b") as f:
+        f.seek(0x8000)
+        f.write(b"\x01CD001\x01")
+
+
+def build_images(size: int, cases: list[str]) -> Path:
+    """Build the images of `cases` once (each step is skipped when its file exists), in bench/out/."""
     directory = OUT / f"import-{size}"
     stamp = directory / "ready.json"
-    if stamp.exists():
+    if stamp.exists() and all((directory / FILES[c]).exists() for c in cases):
         return directory
     directory.mkdir(parents=True, exist_ok=True)
     raw = directory / FILES["raw"]
@@ -115,10 +132,16 @@ def build_images(size: int) -> Path:
         ("raw.xz", lambda out: sh(f"xz -T2 -1 -c {raw} > {out}")),  # -T: blocks, as xz >= 5.4 makes them
         ("qcow2", lambda out: sh(f"qemu-img convert -f raw -O qcow2 {raw} {out}")),
         ("qcow2-compressed", lambda out: sh(f"qemu-img convert -f raw -c -O qcow2 {raw} {out}")),
+        ("vmdk", lambda out: sh(f"qemu-img convert -f raw -O vmdk {raw} {out}")),  # monolithicSparse
+        ("vmdk-stream", lambda out: sh(f"qemu-img convert -f raw -O vmdk -o subformat=streamOptimized {raw} {out}")),
+        ("vhd", lambda out: sh(f"qemu-img convert -f raw -O vpc -o force_size=on {raw} {out}")),  # dynamic
+        ("vhdx", lambda out: sh(f"qemu-img convert -f raw -O vhdx {raw} {out}")),
+        ("vdi", lambda out: sh(f"qemu-img convert -f raw -O vdi {raw} {out}")),
+        ("iso", lambda out: write_iso(raw, out)),
     ]
     for name, step in steps:
         final = directory / FILES[name]
-        if final.exists():
+        if final.exists() or (name != "raw" and name not in cases):
             continue
         started = time.monotonic()
         print(f"building {name} ...", end=" ", flush=True)
@@ -396,7 +419,7 @@ def main() -> int:
     for tool in ("curl", "qemu-img", "pigz", "xz", "dd"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is required")
-    images = build_images(size)
+    images = build_images(size, cases)
     requested = required_space(OVERHEAD, size)
     usable = usable_space(OVERHEAD, requested)
     work = Path(args.work)

@@ -11,6 +11,9 @@ ranges             raw / iso, server serves ranges: parallel Range GETs         
                    written in place
 qcow2-ranges       qcow2, server serves ranges: native map, clusters fetched     no         yes
                    in host order and written at guest offsets
+vmdk-ranges        vmdk (monolithicSparse, streamOptimized), server serves       no         yes
+                   ranges: grain tables first, grains fetched in file order
+                   (inflated in the workers) and written at disk offsets
 xz-blocks          raw in a multi-block .xz, server serves ranges: blocks       no         yes
                    decoded in parallel, written at their offsets
 stream             raw / iso, compressed (gz/xz/zst) or no Range support:        no         no
@@ -18,7 +21,7 @@ stream             raw / iso, compressed (gz/xz/zst) or no Range support:       
 qcow2-stream       qcow2 that cannot be range-read (compressed, registry        rarely     no
                    layer, upload, no Range support): converted in one pass,
                    scratch only for bytes that precede their tables
-nbdkit-convert     vmdk/vhd/vhdx/vdi (or an unusual qcow2), server serves       no         no
+nbdkit-convert     vhd/vhdx/vdi (or an unusual qcow2/vmdk), server serves       no         no
                    ranges: qemu-img reads through nbdkit-curl
 scratch-convert    vmdk/vhd/vhdx/vdi that cannot be range-read (compressed,     yes        no
                    server without ranges, registry layer, upload): stream to
@@ -45,7 +48,7 @@ from pathlib import Path
 from cdi.api import env as envnames
 from cdi.common.imageprobe import ACCESS_RANGES, ACCESS_STREAM, needs_scratch
 
-from . import compression, formats, qcow2, qcow2_stream, resume, xz_blocks
+from . import compression, formats, qcow2, qcow2_stream, resume, vmdk, xz_blocks
 from .checksum import Checksum, Hasher
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE, ImageInfo
@@ -58,7 +61,7 @@ from .progress import (
     TRANSFER_SCRATCH,
     Progress,
 )
-from .ranges import PrefetchStream, RangeFetcher, RangeReader, Span, SpanList
+from .ranges import PrefetchStream, Process, RangeFetcher, RangeReader, Span, SpanList
 from .retry import Terminated
 from .source import NbdSpec, Origin, StreamOrigin
 from .sparse_writer import SparseWriter, WriteBehind
@@ -72,6 +75,7 @@ log = logging.getLogger(__name__)
 
 ROUTE_RANGES = "ranges"
 ROUTE_QCOW2 = "qcow2-ranges"
+ROUTE_VMDK = "vmdk-ranges"
 ROUTE_XZ = "xz-blocks"
 ROUTE_QCOW2_STREAM = "qcow2-stream"
 ROUTE_STREAM = "stream"
@@ -315,6 +319,11 @@ class _Import:
                     return self._qcow2(info)
                 except qcow2.NotNative as exc:
                     log.info("converting this qcow2 with qemu-img instead: %s", exc)
+            if info.format == formats.VMDK:
+                try:
+                    return self._vmdk()
+                except qcow2.NotNative as exc:
+                    log.info("converting this vmdk with qemu-img instead: %s", exc)
             spec = self.origin.nbd()
             if spec is not None:
                 return self._nbdkit(info, spec)
@@ -539,10 +548,27 @@ class _Import:
     def _qcow2(self, info: ImageInfo) -> tuple[int, bool]:
         ranges = self.origin.ranges
         assert ranges is not None
-        header = info.details["header"]
-        m = qcow2.read_map(ranges, header, workers=self.options.workers, max_piece=self.options.span_size)
-        self.route = ROUTE_QCOW2
-        size = header.size
+        m = qcow2.read_map(
+            ranges, info.details["header"], workers=self.options.workers, max_piece=self.options.span_size
+        )
+        return self._mapped(ROUTE_QCOW2, m, qcow2.ClusterWriter)
+
+    def _vmdk(self) -> tuple[int, bool]:
+        ranges = self.origin.ranges
+        assert ranges is not None
+        m = vmdk.read_map(ranges, self.origin.head, workers=self.options.workers, max_piece=self.options.span_size)
+        return self._mapped(ROUTE_VMDK, m, vmdk.GrainWriter)
+
+    def _mapped(
+        self, route: str, m: qcow2.Qcow2Map, cluster_writer: Callable[[qcow2.Qcow2Map, SparseWriter], Process]
+    ) -> tuple[int, bool]:
+        """A converted format whose map is read first: its data fetched in host order by ranges and
+        written at guest offsets (qcow2, vmdk)."""
+        ranges = self.origin.ranges
+        assert ranges is not None
+        self.route = route
+        size = m.header.size
+        self._check_size(size, self.format)
         cover = self.hasher is not None
         spans = qcow2.plan_spans(m, self.options.span_size, cover_all=cover)
         plan: dict[str, object] = {
@@ -553,7 +579,7 @@ class _Import:
             "size": size,
             "target": self.target.kind,
         }
-        log.info("qcow2 map: %d extents, %d bytes of data in %d spans", len(m), m.data_bytes, len(spans))
+        log.info("%s map: %d extents, %d bytes of data in %d spans", self.format, len(m), m.data_bytes, len(spans))
         start, fd, done = self._open_resumable(plan, size)
         total = sum(s.length for s in spans)
         try:
@@ -563,7 +589,7 @@ class _Import:
             if not writer.known_zero:
                 for offset, length in m.zero_ranges():
                     writer.zero_range(offset, length)
-            if start and self.hasher is not None:  # the qcow2 bytes are not on the target: fetch to hash
+            if start and self.hasher is not None:  # the image's bytes are not on the target: fetch to hash
                 for s, buf in RangeFetcher(
                     ranges,
                     spans[:start],
@@ -575,7 +601,7 @@ class _Import:
                     self.hasher.update(memoryview(buf)[: s.length])
             self.progress.update(done)
             checkpoint = self._checkpointer(writer, plan, start, done)
-            self._fetch_spans(ranges, spans[start:], qcow2.ClusterWriter(m, writer), checkpoint, done=done)
+            self._fetch_spans(ranges, spans[start:], cluster_writer(m, writer), checkpoint, done=done)
             writer.sync()
         finally:
             os.close(fd)
