@@ -239,6 +239,12 @@ def run_sampled(
     )
 
 
+def median(measures: list[Measure]) -> Measure:
+    """The run in the middle by wall time (the lower middle for an even count): on a shared machine
+    the median says more than the best."""
+    return sorted(measures, key=lambda m: m.seconds)[(len(measures) - 1) // 2]
+
+
 def fresh(directory: Path) -> Path:
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
@@ -375,11 +381,15 @@ def targets(rows: list[Row]) -> str:
     """The importer's acceptance targets, checked against this run."""
     by_case = {r.case: r for r in rows}
     checks = [("every case faster than CDI's pipeline", all(r.cdi.seconds > r.ours.seconds for r in rows))]
+    for case in ("vmdk", "vmdk-stream"):
+        if case in by_case:
+            r = by_case[case]
+            checks.append((f"{case} at least 2x faster", r.cdi.seconds / r.ours.seconds >= 2.0))
     for case in ("raw", "raw.gz"):
         if case in by_case:
             r = by_case[case]
             checks.append((f"{case} at least 1.5x faster", r.cdi.seconds / r.ours.seconds >= 1.5))
-    checks.append(("no scratch for raw, compressed raw and qcow2", all(r.ours.scratch == 0 for r in rows)))
+    checks.append(("no scratch for any case", all(r.ours.scratch == 0 for r in rows)))
     checks.append(("peak RSS under 256 MiB", all(r.ours.peak_rss < 256 << 20 for r in rows)))
     return "Targets: " + "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in checks) + "."
 
@@ -405,7 +415,7 @@ def main() -> int:
         "--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES)
     )
     parser.add_argument(
-        "--repeat", type=int, default=1, help="runs per case and contender; the fastest counts"
+        "--repeat", type=int, default=3, help="runs per case and contender, alternating; the median counts"
     )
     parser.add_argument("--record", action="store_true", help="write the table into bench/RESULTS.md")
     parser.add_argument("--work", default=str(OUT / "work"), help="where targets and scratch are written")
@@ -423,13 +433,14 @@ def main() -> int:
     requested = required_space(OVERHEAD, size)
     usable = usable_space(OVERHEAD, requested)
     work = Path(args.work)
+    load_before = f"{os.getloadavg()[0]:.1f}"
     server, base = serve(images)
     rows: list[Row] = []
     try:
         for case in cases:
             path = images / FILES[case]
             url = f"{base}/{path.name}"
-            best: dict[str, Measure] = {}
+            runs: dict[str, list[Measure]] = {"ours": [], "cdi": [], "curl": []}
             for _ in range(args.repeat):
                 for name in ("ours", "cdi", "curl"):
                     warm(path)
@@ -442,13 +453,13 @@ def main() -> int:
                         m = curl_floor(url, work)
                     if not m.ok:
                         raise SystemExit(f"{name} failed on {case}: {m.note}")
-                    if name not in best or m.seconds < best[name].seconds:
-                        best[name] = m
+                    runs[name].append(m)
                     print(
                         f"  {case:18} {name:5} {m.seconds:7.2f} s  rss {human(m.peak_rss):>10}  "
-                        f"scratch {human(m.scratch)}",
+                        f"scratch {human(m.scratch)}  {m.note.strip()[:80]}",
                         flush=True,
                     )
+            best = {name: median(measures) for name, measures in runs.items()}
             rows.append(Row(case, path.stat().st_size, best["ours"], best["cdi"], best["curl"]))
             shutil.rmtree(work, ignore_errors=True)
     finally:
@@ -462,10 +473,14 @@ def main() -> int:
         f"Disk: {human(size)} virtual, about half data (random, text-like and structured blocks) and half "
         f"zeros; served over loopback HTTP with Range support (aiohttp static, sendfile). "
         f"Targets: a Filesystem volume on the same local disk, each run fsynced; source files hot in the "
-        f"page cache. Best of {args.repeat} run(s). `python bench/bench_import.py --size {args.size}`.\n\n"
-        f"{table(rows)}\n\n"
+        f"page cache. Median of {args.repeat} run(s) each, the contenders alternating; load average "
+        f"{load_before} before the run, {os.getloadavg()[0]:.1f} after. "
+        f"`python bench/bench_import.py --size {args.size} --repeat {args.repeat}`.\n\n"
+        f"{table(rows)}\n\n{targets(rows)}\n\n"
         "CDI pipeline = download to scratch (sparse), `qemu-img convert -t writeback -O raw`, `qemu-img "
-        "resize`, fsync - what CDI runs for every HTTP import. curl -o = download only (the floor). Peak RSS "
+        "resize`, fsync - what CDI runs for every HTTP import of every format (its `http-datasource.go` "
+        "uses nbdkit only to check the size first, then stages on scratch), without the second pod "
+        "start that asking for scratch costs it on a cluster. curl -o = download only (the floor). Peak RSS "
         "is summed over the process tree (the importer plus qemu-img/nbdkit children), sampled every 20 ms.\n"
     )
     print()

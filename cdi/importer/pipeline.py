@@ -821,6 +821,7 @@ class _Import:
             finally:
                 if hashing is not None:
                     hashing.join()
+        self.origin.meter.add(server.bytes_read)  # fetched by nbdkit-curl, not through the origin
         return size, self._finish(size)
 
     def _convert(self, source: str, info: ImageInfo, size: int, extra_error: object = None) -> None:

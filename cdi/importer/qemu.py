@@ -136,7 +136,9 @@ class Nbdkit:
         self.dir = Path(tempfile.mkdtemp(prefix="cdi-nbdkit-"))
         self.socket = self.dir / "nbd.sock"
         self.log_path = self.dir / "nbdkit.log"
+        self.requests_path = self.dir / "requests.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.bytes_read = 0  # what the curl plugin fetched, known once closed
 
     @property
     def uri(self) -> str:
@@ -155,8 +157,9 @@ class Nbdkit:
             "--pidfile",
             str(pidfile),
             "--filter=retry",
-            "--filter=readahead",
+            "--filter=log",  # next to the plugin: every read it served, to count the bytes fetched
             "curl",
+            f"logfile={self.requests_path}",
             "retries=5",
             "retry-delay=1",
             "timeout=60",
@@ -208,9 +211,28 @@ class Nbdkit:
                 self.proc.kill()
                 self.proc.wait()
         with contextlib.suppress(OSError):
+            self.bytes_read = read_bytes(self.requests_path)
+        with contextlib.suppress(OSError):
             for p in self.dir.iterdir():
                 p.unlink()
             self.dir.rmdir()
+
+
+_READ = re.compile(r"connection=(\d+) Read id=(\d+) offset=0x[0-9a-f]+ count=0x([0-9a-f]+) ")
+_READ_DONE = re.compile(r"connection=(\d+) \.\.\.Read id=(\d+) return=0")
+
+
+def read_bytes(log_path: Path) -> int:
+    """Bytes of the reads the curl plugin answered, from nbdkit's log filter (bytesTransferred)."""
+    pending: dict[tuple[str, str], int] = {}
+    total = 0
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if (m := _READ.search(line)) is not None:
+                pending[(m[1], m[2])] = int(m[3], 16)
+            elif (m := _READ_DONE.search(line)) is not None:
+                total += pending.pop((m[1], m[2]), 0)
+    return total
 
 
 @contextlib.contextmanager
