@@ -69,11 +69,14 @@ class Big:
     raw: Image
     qcow2: Image
     xz: Image
+    vmdk: Image  # monolithicSparse: 2 grain tables, spans of several grains
+    vmdk_stream: Image  # streamOptimized: every grain deflated behind a marker
 
 
 @pytest.fixture(scope="session")
 def big(served_dir: Path) -> Iterator[Big]:
-    """A 48 MiB disk with data everywhere, as raw, as (uncompressed) qcow2, and as multi-block xz."""
+    """A 48 MiB disk with data everywhere, as raw, as (uncompressed) qcow2, as multi-block xz and as
+    both kinds of sparse vmdk."""
     rng = random.Random(11)
     raw = served_dir / "resume-big.img"
     with open(raw, "wb") as f:
@@ -85,13 +88,24 @@ def big(served_dir: Path) -> Iterator[Big]:
     xz = served_dir / "resume-big.img.xz"
     with open(xz, "wb") as f:
         subprocess.run(["xz", "-0", "-T2", "--block-size=2MiB", "-c", str(raw)], stdout=f, check=True)
+    vmdk = served_dir / "resume-big.vmdk"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "vmdk", str(raw), str(vmdk)], check=True)
+    vmdk_stream = served_dir / "resume-big-stream.vmdk"
+    subprocess.run(
+        ["qemu-img", "convert", "-f", "raw", "-O", "vmdk", "-o", "subformat=streamOptimized", str(raw),
+         str(vmdk_stream)],
+        check=True,
+    )
     digest = sha256_file(raw)
 
     def image(path: Path, fmt: str) -> Image:
         return Image(path.name, path, fmt, "", digest, BIG, sha256_file(path), path.stat().st_size)
 
-    yield Big(image(raw, "raw"), image(qcow2, "qcow2"), image(xz, "raw"))
-    for path in (raw, qcow2, xz):
+    yield Big(
+        image(raw, "raw"), image(qcow2, "qcow2"), image(xz, "raw"), image(vmdk, "vmdk"),
+        image(vmdk_stream, "vmdk"),
+    )
+    for path in (raw, qcow2, xz, vmdk, vmdk_stream):
         path.unlink()
 
 

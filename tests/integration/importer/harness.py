@@ -25,6 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 REQUESTED = 32 << 20
 OVERHEAD = "0.055"
 USABLE = usable_space(OVERHEAD, REQUESTED)
+USABLE_BIG = usable_space(OVERHEAD, 256 << 20)  # the 256 MiB volume of the tests with the 48 MiB disk
 BLOCK_SIZE = 16 << 20
 USER, PASSWORD = "cdi", "s3cr3t-pw"
 S3_KEY, S3_SECRET = "AKIDCDITEST", "cdi-secret-key"
@@ -224,6 +225,17 @@ def assert_imported(
         assert st.st_size == volume.block_size
     if volume.scratch:
         assert list(volume.scratch_dir.iterdir()) == [], "scratch space was not cleaned up"
+
+
+def assert_transferred(result: Result, image: Image, route: str) -> None:
+    """bytesTransferred is what came over the wire: all of the file (at most the head twice more) for
+    the routes that read it whole, and no more than the file for those that read only its data."""
+    sent = result.message["bytesTransferred"]
+    whole = route not in ("qcow2-ranges", "vmdk-ranges", "nbdkit-convert")  # these skip unallocated areas
+    low = image.file_size if whole else image.file_size // 3
+    assert low <= sent <= image.file_size + (3 << 20), (
+        f"bytesTransferred {sent} for a {image.file_size}-byte file by {route}"
+    )
 
 
 def assert_failed(result: Result, reason: str, *fragments: str, retryable: bool | None = None) -> None:

@@ -16,14 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from cdi.api.sizing import usable_space
 from tests.support.images import Image
 from tests.support.servers import FileServer, wait_for
 
 from .conftest import BIG, Big
-from .harness import OVERHEAD, Volume, assert_imported, base_env, importer_command, read_message, run_importer
+from .harness import (
+    USABLE_BIG,
+    Volume,
+    assert_imported,
+    base_env,
+    importer_command,
+    read_message,
+    run_importer,
+)
 
-USABLE_BIG = usable_space(OVERHEAD, 256 << 20)
 STATE = ".cdi-import-state"
 
 
@@ -53,11 +59,13 @@ def checkpointed(volume: Volume, at_least: int, scratch: bool = False) -> Callab
     return check
 
 
-@pytest.mark.parametrize(("fmt", "mode"), [("raw", "fs"), ("qcow2", "fs"), ("xz", "fs"), ("raw", "block")])
+@pytest.mark.parametrize(
+    ("fmt", "mode"), [("raw", "fs"), ("qcow2", "fs"), ("xz", "fs"), ("vmdk", "fs"), ("raw", "block")]
+)
 def test_sigkill_half_way_then_resume(
     fmt: str, mode: str, big: Big, range_server: FileServer, make_volume: Callable[..., Volume]
 ) -> None:
-    image = {"raw": big.raw, "qcow2": big.qcow2, "xz": big.xz}[fmt]
+    image = {"raw": big.raw, "qcow2": big.qcow2, "xz": big.xz, "vmdk": big.vmdk_stream}[fmt]
     volume = make_volume(mode, scratch=mode == "block", block_size=128 << 20)
     env = {
         "IMPORTER_SOURCE": "http",
@@ -84,12 +92,12 @@ def test_sigkill_half_way_then_resume(
         range_server.open_gate()
     range_server.reset_counters()
     result = run_importer(volume, env)
-    route = {"raw": "ranges", "qcow2": "qcow2-ranges", "xz": "xz-blocks"}[fmt]
+    route = {"raw": "ranges", "qcow2": "qcow2-ranges", "xz": "xz-blocks", "vmdk": "vmdk-ranges"}[fmt]
     assert_imported(volume, image, result, route=route, sparse=False, usable=USABLE_BIG)
     if fmt != "xz":
         assert result.message["checksum"] == f"sha256:{image.file_sha256}"
     second = range_server.served(image.name)
-    if fmt != "qcow2":  # a raw prefix is re-hashed from the target; a qcow2 one is fetched again to hash it
+    if fmt in ("raw", "xz"):  # a raw prefix is re-hashed from the target; a qcow2/vmdk one is fetched again
         assert second < image.file_size * 0.65, (
             f"the second attempt fetched {second} of {image.file_size} bytes"
         )
