@@ -17,6 +17,10 @@ from cdi.kube import KubeClient, NotFound
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
+UNINSTALL_BLOCK = "BlockUninstallIfWorkloadsExist"
+DATAIMPORTCRON_LABEL = "cdi.kubevirt.io/dataImportCron"
+UNINSTALL_REFUSED = ("rejecting the uninstall request, since there are still {} DataVolumes present. Either delete "
+                     "all DataVolumes or change the uninstall strategy before uninstalling CDI")
 
 
 def review_response(review: Mapping[str, Any], causes: list[Cause] | None = None,
@@ -36,7 +40,34 @@ class Admission:
         self.client = client
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/datavolume-validate", self.validate_datavolume)]
+        return [web.post("/datavolume-validate", self.validate_datavolume),
+                web.post("/cdi-validate", self.validate_cdi)]
+
+    async def validate_cdi(self, http: web.Request) -> web.Response:
+        """CDI's uninstall guard: deleting a deployed CDI resource whose `uninstallStrategy` is
+        `BlockUninstallIfWorkloadsExist` is refused while DataVolumes (other than a DataImportCron's)
+        exist anywhere, with CDI's message."""
+        review = await http.json()
+        request = review.get("request") or {}
+        if request.get("operation") != "DELETE":
+            return review_response(review)
+        cdi: Mapping[str, Any] = request.get("oldObject") or {}
+        if not cdi and request.get("name"):
+            try:
+                cdi = await self.client.get(groups.CDIS, str(request["name"]))
+            except NotFound:
+                return review_response(review)
+        if dig(cdi, "status", "phase") in (None, "", "Error"):
+            return review_response(review)
+        if dig(cdi, "spec", "uninstallStrategy") != UNINSTALL_BLOCK:
+            return review_response(review)
+        listed = await self.client.list(groups.DATAVOLUMES, label_selector=f"!{DATAIMPORTCRON_LABEL}", limit=2)
+        count = len(listed.items)
+        if not count:
+            return review_response(review)
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+            "uid": request.get("uid", ""), "allowed": False,
+            "status": {"status": "Failure", "code": 400, "message": UNINSTALL_REFUSED.format(count)}}})
 
     async def validate_datavolume(self, http: web.Request) -> web.Response:
         review = await http.json()

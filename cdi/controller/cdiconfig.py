@@ -73,7 +73,8 @@ class ConfigReconciler(Reconciler):
                                   self.ctx.settings.upload_proxy_url)
         if status != config.get("status"):
             await write_status(self.ctx.client, groups.CDICONFIGS, config, status)
-        if cdi is not None and (cdi.get("status") or {}).get("phase") != "Deployed":
+        if (self.ctx.settings.report_cdi_status and cdi is not None
+                and (cdi.get("status") or {}).get("phase") != "Deployed"):
             await write_status(self.ctx.client, groups.CDIS, cdi, {
                 "phase": "Deployed", "conditions": [
                     {"type": "Available", "status": "True", "reason": "Available", "message": ""},

@@ -46,6 +46,9 @@ class Settings:
     leader_election: bool = True
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     upload_proxy_url: str = ""
+    # without an operator (cdi up, a bare `cdi controller`) the controller reports the CDI resource Deployed;
+    # under cdi-operator the operator owns that status
+    report_cdi_status: bool = True
 
 
 class Context:
