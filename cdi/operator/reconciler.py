@@ -21,7 +21,7 @@ from typing import Any
 
 from cdi.api import groups
 from cdi.api.groups import GVR
-from cdi.kube import ApiError, Conflict, Informer, KubeClient, NotFound
+from cdi.kube import ApiError, Conflict, Forbidden, Informer, KubeClient, NotFound
 from cdi.operator import resources
 from cdi.operator.certs import (
     APISERVER_SIGNER,
@@ -55,7 +55,6 @@ COMPONENT_CREATED = {
     groups.CONFIGMAPS: ("cdi-api-public-key", "cdi-uploadserver-signer-bundle", f"{APISERVER_SIGNER}-bundle",
                         f"{UPLOADPROXY_SIGNER}-bundle", UPLOADPROXY_CA_CONFIGMAP),
     groups.LEASES: ("cdi-controller-leader-election-helper",),
-    groups.ENDPOINTS: (resources.API_SERVICE,),
 }
 
 
@@ -248,8 +247,12 @@ class Operator:
         log.info("CDI %s uninstalled", cr["metadata"]["name"])
 
     async def _delete(self, gvr: GVR, name: str, namespace: str | None) -> None:
-        with contextlib.suppress(NotFound):
+        try:
             await self.client.delete(gvr, name, namespace, propagation_policy="Background")
+        except NotFound:
+            pass
+        except Forbidden as exc:  # left behind, and said so, rather than an uninstall that never ends
+            log.warning("cannot remove %s %s/%s: %s", gvr.kind, namespace or "", name, exc)
 
 
 def _condition_is(cr: Mapping[str, Any], kind: str, status: str) -> bool:

@@ -233,8 +233,8 @@ def _service(name: str, namespace: str, selector: str, port: int, target: int, p
 def webhooks_and_apiservice(namespace: str, ca_bundle: str) -> list[Obj]:
     """The admission webhooks and the upload APIService, addressed at the `cdi-api` Service with the
     apiserver's CA (the apiserver registers the same from that CA when it starts)."""
-    def hook(name: str, path: str, resource: str, operations: list[str]) -> Obj:
-        return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+    def hook(name: str, path: str, resource: str, operations: list[str], failure: str = "Fail") -> Obj:
+        return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": failure,
                 "clientConfig": {"service": {"namespace": namespace, "name": API_SERVICE, "path": path, "port": 443},
                                  "caBundle": ca_bundle},
                 "rules": [{"operations": operations, "apiGroups": [groups.CDI_GROUP],
@@ -248,8 +248,9 @@ def webhooks_and_apiservice(namespace: str, ca_bundle: str) -> list[Obj]:
         configuration("cdi-api-datavolume-validate", hook("datavolume-validate.cdi.kubevirt.io",
                                                           "/datavolume-validate", "datavolumes",
                                                           ["CREATE", "UPDATE"])),
+        # as CDI's: Ignore, so that a CDI whose apiserver is gone can still be deleted
         configuration("cdi-api-validate", hook("cdi-validate.cdi.kubevirt.io", "/cdi-validate", "cdis",
-                                               ["DELETE"])),
+                                               ["DELETE"], "Ignore")),
         {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": _meta(UPLOAD_APISERVICE),
          "spec": {"group": groups.UPLOAD_GROUP, "version": groups.UPLOAD_VERSION, "groupPriorityMinimum": 1000,
                   "versionPriority": 15, "caBundle": ca_bundle,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -134,8 +135,12 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
                                "--directory", str(images["dir"]), str(PORT)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        cases = {"raw-fs": ("disk.raw", False), "qcow2-fs": ("disk.qcow2", False),
-                 "raw-block": ("disk.raw", True), "qcow2-block": ("disk.qcow2", True)}
+        cases = {"raw-fs": ("disk.raw", False), "qcow2-fs": ("disk.qcow2", False)}
+        if k8s.block_devices_owned_by_pod_user():
+            cases.update({"raw-block": ("disk.raw", True), "qcow2-block": ("disk.qcow2", True)})
+        else:  # as CDI: non-root worker pods write block devices only where the runtime hands them over
+            print("realk8s: Block imports not run: the kit's containerd lacks device_ownership_from_security_context"
+                  " (CDI's doc/block_cri_ownership_config.md)")
         for name, (file, block) in cases.items():
             k8s.apply(json.dumps(datavolume(name, f"http://{NODE_IP}:{PORT}/{file}", block)))
         t0 = time.monotonic()
@@ -143,7 +148,7 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
             dv = wait_phase(k8s, name, "Succeeded")
             assert dv["status"]["progress"] == "100.0%"
             assert read_back(k8s, name, block, images["size"]) == images["sha256"], f"{name}: wrong bytes"
-        timings["4 imports + read back"] = round(time.monotonic() - t0, 1)
+        timings[f"{len(cases)} imports + read back"] = round(time.monotonic() - t0, 1)
     finally:
         server.terminate()
         server.wait(10)
@@ -171,7 +176,8 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     k8s.kubectl("patch", "cdi", "cdi", "--type=merge",
                 "-p", '{"spec":{"uninstallStrategy":"BlockUninstallIfWorkloadsExist"}}')
     blocked = k8s.kubectl("delete", "cdi", "cdi", "--wait=false", check=False)
-    assert blocked.returncode != 0 and "there are still 5 DataVolumes present" in blocked.stderr, blocked.stderr
+    assert blocked.returncode != 0, blocked.stdout
+    assert re.search(r"rejecting the uninstall request, since there are still \d+ DataVolumes present", blocked.stderr)
     assert k8s.get("cdi", "cdi")["status"]["phase"] == "Deployed"
     k8s.kubectl("delete", "namespace", NS, "--wait=true", timeout=300)
     t0 = time.monotonic()
