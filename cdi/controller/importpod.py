@@ -25,6 +25,7 @@ DATA_VOLUME = "cdi-data-vol"
 SCRATCH_VOLUME = "cdi-scratch-vol"
 CERT_VOLUME = "cdi-cert-vol"
 PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
+SECRET_VOLUME = "cdi-secret-vol"  # gcs: the credentials secret, mounted as a file (CDI's name)
 WORKER_UID = 107  # CDI's worker pods run as qemu's uid, non-root
 
 
@@ -123,7 +124,10 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         environment.append({"name": env.CHECKSUM, "value": source.checksum})
     if source.registry_arch:
         environment.append({"name": env.REGISTRY_ARCHITECTURE, "value": source.registry_arch})
-    if source.secret:
+    if source.secret and source.source == env.SOURCE_GCS:
+        environment.append({"name": env.GOOGLE_CREDENTIALS,
+                            "value": f"{env.GOOGLE_CREDENTIALS_DIR}/{env.GOOGLE_CREDENTIALS_KEY}"})
+    elif source.secret:
         for var, key in ((env.ACCESS_KEY_ID, "accessKeyId"), (env.SECRET_KEY, "secretKey")):
             environment.append({"name": var, "valueFrom": {"secretKeyRef": {
                 "name": source.secret, "key": key, "optional": True}}})
@@ -144,6 +148,9 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
     if scratch_claim:
         volumes.append({"name": SCRATCH_VOLUME, "persistentVolumeClaim": {"claimName": scratch_claim}})
         mounts.append({"name": SCRATCH_VOLUME, "mountPath": env.SCRATCH_DIR_DEFAULT})
+    if source.secret and source.source == env.SOURCE_GCS:
+        volumes.append({"name": SECRET_VOLUME, "secret": {"secretName": source.secret}})
+        mounts.append({"name": SECRET_VOLUME, "mountPath": env.GOOGLE_CREDENTIALS_DIR, "readOnly": True})
     if source.cert_configmap:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": source.cert_configmap}})
         mounts.append({"name": CERT_VOLUME, "mountPath": env.CERT_DIR_DEFAULT})
