@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -29,6 +31,8 @@ from cdi.api import env as envnames
 from .config import ImporterConfig
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE
+from .http_client import ca_bundle, ca_files, proxy_cert_dir
+from .qemu import SYSTEM_CA_BUNDLE
 from .ranges import PrefetchStream
 from .retry import transient
 from .source import Origin
@@ -110,8 +114,9 @@ class GcsClients:
     """One storage client per thread (the library's clients are not meant to be shared by threads),
     all built from the same credentials."""
 
-    def __init__(self, location: GcsLocation, credentials_file: str | None) -> None:
+    def __init__(self, location: GcsLocation, credentials_file: str | None, verify: bool | str = True) -> None:
         self.location = location
+        self.verify = verify
         self.credentials: Any = None
         self.project: str | None = None
         if credentials_file:
@@ -127,14 +132,16 @@ class GcsClients:
         if client is None:
             from google.api_core.client_options import ClientOptions
             from google.auth.credentials import AnonymousCredentials
+            from google.auth.transport.requests import AuthorizedSession
             from google.cloud import storage
 
             options = ClientOptions(api_endpoint=self.location.api_endpoint) if self.location.api_endpoint else None
             credentials = self.credentials if self.credentials is not None else AnonymousCredentials()
+            session = AuthorizedSession(credentials)
+            session.verify = self.verify  # the proxy's CA (trustedCAProxy), or off for insecureSkipVerify
             # an anonymous client needs no project; "<none>" is what the library's own anonymous client uses
-            client = storage.Client(
-                project=self.project or "<none>", credentials=credentials, client_options=options
-            )
+            client = storage.Client(project=self.project or "<none>", credentials=credentials,
+                                    client_options=options, _http=session)
             self._local.client = client
         return client
 
@@ -180,6 +187,7 @@ class GcsOrigin(Origin):
         self.timeout = config.read_timeout
         self.workers = workers
         self.generation: int | None = None
+        self.bundle_dir: Path | None = None
         self._stream_used = False
 
     def _blob(self) -> Any:
@@ -234,6 +242,10 @@ class GcsOrigin(Origin):
         return ChainStream(head, lambda: PrefetchStream(reader, len(head), size, workers=self.workers,
                                                         stop=self.stop))
 
+    def close(self) -> None:
+        if self.bundle_dir is not None:
+            shutil.rmtree(self.bundle_dir, ignore_errors=True)
+
 
 def credentials_file(environ: dict[str, str] | None = None) -> str | None:
     """The key file the controller mounted (CDI: GOOGLE_APPLICATION_CREDENTIALS); None for anonymous."""
@@ -245,9 +257,19 @@ def credentials_file(environ: dict[str, str] | None = None) -> str | None:
 def open_gcs(config: ImporterConfig, stop: threading.Event) -> Origin:
     location = parse_endpoint(config.endpoint)
     path = credentials_file()
+    custom_cas = ca_files(config.cert_dir) + ca_files(proxy_cert_dir())
+    bundle_dir = ca_bundle(custom_cas, SYSTEM_CA_BUNDLE) if custom_cas and not config.insecure_tls else None
+    verify: bool | str = False if config.insecure_tls else str(bundle_dir / "ca.pem") if bundle_dir else True
     try:
-        clients = GcsClients(location, path)
-    except Exception as exc:
-        raise ImporterError(Reason.INVALID_CONFIGURATION,
-                            f"cannot read the GCS credentials in {path}: {type(exc).__name__}: {exc}") from exc
-    return GcsOrigin(config, stop, location, clients).open()
+        try:
+            clients = GcsClients(location, path, verify)
+        except Exception as exc:
+            raise ImporterError(Reason.INVALID_CONFIGURATION, f"cannot read the GCS credentials in {path}: "
+                                                              f"{type(exc).__name__}: {exc}") from exc
+        origin = GcsOrigin(config, stop, location, clients)
+        origin.bundle_dir = bundle_dir
+        return origin.open()
+    except BaseException:
+        if bundle_dir is not None:
+            shutil.rmtree(bundle_dir, ignore_errors=True)
+        raise
