@@ -165,6 +165,9 @@ class GcsRangeReader:
             nonlocal filled
             start, end = offset + filled, offset + len(view) - 1
             data = origin.download(start, end)
+            if len(data) > end - start + 1:
+                raise ImporterError(Reason.REQUEST_REJECTED, f"{origin.name}: the storage endpoint answered a "
+                                                             "ranged download with more than the range")
             view[filled : filled + len(data)] = data
             filled += len(data)
             origin.meter.add(len(data))
