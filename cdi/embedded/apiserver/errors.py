@@ -8,8 +8,8 @@ from typing import Any
 
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
-    406: "NotAcceptable", 409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
-    429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
+    406: "NotAcceptable", 409: "Conflict", 410: "Expired", 413: "RequestEntityTooLarge", 415: "UnsupportedMediaType",
+    422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
 }
 
 
@@ -36,6 +36,12 @@ class StatusError(Exception):
         super().__init__(self.message)
         if self.reason is None:
             self.reason = _REASONS.get(self.code, "Unknown")
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """`Retry-After` when the status asks the client to come back, as kube-apiserver sets it."""
+        retry = self.details.get("retryAfterSeconds")
+        return {"Retry-After": str(retry)} if retry else None
 
     def body(self) -> dict[str, Any]:
         status: dict[str, Any] = {
@@ -90,3 +96,23 @@ def bad_request(message: str) -> StatusError:
 
 def gone(message: str) -> StatusError:
     return StatusError(410, message, "Expired")
+
+
+def entity_too_large(limit: int) -> StatusError:
+    return StatusError(413, f"Request entity too large: limit is {limit}", "RequestEntityTooLarge")
+
+
+def invalid_resource_version(value: str) -> StatusError:
+    """A resourceVersion that is not an unsigned integer, in the words of kube-apiserver's list path
+    (storage.ValidateListOptions wrapping APIObjectVersioner.ParseResourceVersion)."""
+    return bad_request(f'invalid resource version: resourceVersion: Invalid value: "{value}": '
+                       f'strconv.ParseUint: parsing "{value}": invalid syntax')
+
+
+def too_large_resource_version(requested: int, current: int) -> StatusError:
+    """A read at a resourceVersion the store has not reached, as storage.NewTooLargeResourceVersionError
+    words it (504 Timeout, cause ResourceVersionTooLarge, retry after a second as the watch cache asks)."""
+    return StatusError(504, f"Timeout: Too large resource version: {requested}, current: {current}", "Timeout",
+                       details={"causes": [{"reason": "ResourceVersionTooLarge",
+                                            "message": "Too large resource version"}],
+                                "retryAfterSeconds": 1})

@@ -6,22 +6,22 @@ from __future__ import annotations
 import asyncio
 import csv
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-import yaml
 from aiohttp import web
 
-from cdi.embedded.apiserver import discovery, errors, protobuf
+from cdi.embedded.apiserver import bodies, discovery, errors, fieldlabels
 from cdi.embedded.apiserver.aggregator import Aggregator
 from cdi.embedded.apiserver.authz import Attributes, RbacAuthorizer
 from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.apiserver.objects import DeleteOptions, Objects, RequestContext, UserInfo, WatchEvent
 from cdi.embedded.apiserver.resources import ResourceType
-from cdi.embedded.apiserver.selectors import parse_field_selector, parse_label_selector
+from cdi.embedded.apiserver.selectors import FieldSelector, parse_field_selector, parse_label_selector
 from cdi.embedded.apiserver.tables import table
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,32 @@ def _bool(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1", "")
 
 
+_JSON_TYPES: dict[type, str] = {str: "string", float: "number", bool: "bool", list: "array", dict: "object"}
+_INT = re.compile(r"[+-]?[0-9]+")
+_UINT = re.compile(r"[0-9]+")
+
+
+def _int(query: Mapping[str, str], name: str) -> int | None:
+    """An integer query parameter; 400 in the words of kube-apiserver's parameter codec when it is not one."""
+    text = query.get(name)
+    if not text:
+        return None
+    if not _INT.fullmatch(text):
+        raise errors.bad_request(f'strconv.ParseInt: parsing "{text}": invalid syntax')
+    return int(text)
+
+
+def _resource_version(query: Mapping[str, str]) -> int | None:
+    """The `resourceVersion` parameter: None when absent, 0 for "0" (any), else the version it names
+    (an unsigned integer, or 400 as kube-apiserver's versioner refuses it)."""
+    text = query.get("resourceVersion", "")
+    if not text:
+        return None
+    if not _UINT.fullmatch(text) or int(text) >= 1 << 64:
+        raise errors.invalid_resource_version(text)
+    return int(text)
+
+
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
 
@@ -148,7 +174,14 @@ class ApiHandlers:
                 request[USER] = user
             return await handler(request)
         except StatusError as exc:
-            return _json(exc.body(), exc.code)
+            return _json(exc.body(), exc.code, exc.headers)
+        except web.HTTPRequestEntityTooLarge:
+            too_large = errors.entity_too_large(bodies.MAX_BYTES)
+            return _json(too_large.body(), too_large.code)
+        except web.HTTPNotFound:
+            # no route: kube-apiserver's mux answers as Go's http.NotFound does, in plain text
+            return web.Response(status=404, text="404 page not found\n",
+                                headers={"X-Content-Type-Options": "nosniff"})
         except web.HTTPException:
             raise
         except (ConnectionResetError, asyncio.CancelledError):
@@ -269,18 +302,7 @@ class ApiHandlers:
         )
 
     async def _body(self, request: web.Request) -> Any:
-        data = await request.read()
-        if not data:
-            return None
-        content_type = request.headers.get("Content-Type", JSON)
-        if "protobuf" in content_type:
-            return protobuf.decode(data)
-        try:
-            if "yaml" in content_type:
-                return yaml.safe_load(data)
-            return orjson.loads(data)
-        except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
-            raise errors.bad_request(f"the body of the request could not be decoded: {exc}") from exc
+        return bodies.decode(await request.read(), request.headers.get("Content-Type", JSON))
 
     # -- resources ---------------------------------------------------------------------------------
 
@@ -359,8 +381,20 @@ class ApiHandlers:
             return _json(table(target.rtype, [obj], request.query.get("includeObject", "Metadata")), status)
         return _raw(orjson.dumps(obj), status, ctx.warnings if ctx else None)
 
+    def _not_newer_than_store(self, request: web.Request) -> None:
+        """A read at a resourceVersion the store has not reached: kube-apiserver waits briefly for its
+        cache to catch up with etcd, then answers 504. This store is never behind, so it answers at once."""
+        rv = _resource_version(request.query)
+        current = self.objects.store.rv
+        if rv is not None and rv > current:
+            raise errors.too_large_resource_version(rv, current)
+
+    def _fields(self, request: web.Request, target: Target) -> FieldSelector:
+        return fieldlabels.convert(target.rtype, parse_field_selector(request.query.get("fieldSelector")))
+
     def _get(self, request: web.Request, target: Target) -> web.Response:
         assert target.name is not None
+        self._not_newer_than_store(request)
         entry = self.objects.get_entry(target.rtype, target.namespace, target.name)
         if _wants_table(request):
             return self._respond(request, target, self.objects.view(target.rtype, entry))
@@ -368,10 +402,10 @@ class ApiHandlers:
 
     def _list(self, request: web.Request, target: Target) -> web.Response:
         query = request.query
-        page = self.objects.list(
-            target.rtype, target.namespace, parse_label_selector(query.get("labelSelector")),
-            parse_field_selector(query.get("fieldSelector")), int(query.get("limit") or 0), query.get("continue", ""),
-        )
+        labels, fields = parse_label_selector(query.get("labelSelector")), self._fields(request, target)
+        limit = max(0, _int(query, "limit") or 0)  # as kube-apiserver: zero or less is no limit
+        self._not_newer_than_store(request)
+        page = self.objects.list(target.rtype, target.namespace, labels, fields, limit, query.get("continue", ""))
         meta: dict[str, Any] = {"resourceVersion": str(page.rv)}
         if page.continue_token:
             meta["continue"] = page.continue_token
@@ -407,15 +441,20 @@ class ApiHandlers:
     def _delete_options(self, request: web.Request, body: Any) -> DeleteOptions:
         body = body if isinstance(body, dict) else {}
         query = request.query
-        grace = body.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+        grace = body.get("gracePeriodSeconds", _int(query, "gracePeriodSeconds"))
+        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int)):
+            raise errors.bad_request(f"json: cannot unmarshal {_JSON_TYPES.get(type(grace), 'value')} into Go "
+                                     "struct field DeleteOptions.gracePeriodSeconds of type int64")
         pre = body.get("preconditions") or {}
+        if not isinstance(pre, dict):
+            raise errors.bad_request(f"json: cannot unmarshal {_JSON_TYPES.get(type(pre), 'value')} into Go struct "
+                                     "field DeleteOptions.preconditions of type v1.Preconditions")
         policy = body.get("propagationPolicy") or query.get("propagationPolicy")
         if body.get("orphanDependents") is True or query.get("orphanDependents") == "true":
             policy = "Orphan"
         if policy not in (None, "Background", "Foreground", "Orphan"):
             raise errors.bad_request(f"propagationPolicy: Unsupported value: \"{policy}\"")
-        return DeleteOptions(policy, int(grace) if grace is not None else None, pre.get("uid"),
-                             pre.get("resourceVersion"))
+        return DeleteOptions(policy, grace, pre.get("uid"), pre.get("resourceVersion"))
 
     async def _delete(self, request: web.Request, target: Target) -> web.Response:
         assert target.name is not None
@@ -429,7 +468,7 @@ class ApiHandlers:
         options = self._delete_options(request, await self._body(request))
         deleted = await self.objects.delete_collection(
             target.rtype, target.namespace, parse_label_selector(request.query.get("labelSelector")),
-            parse_field_selector(request.query.get("fieldSelector")), options, ctx)
+            self._fields(request, target), options, ctx)
         return _json({"kind": target.rtype.kind + "List", "apiVersion": target.rtype.api_version,
                       "metadata": {"resourceVersion": str(self.objects.store.rv)}, "items": deleted})
 
@@ -448,11 +487,14 @@ class ApiHandlers:
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
         query = request.query
         labels = parse_label_selector(query.get("labelSelector"))
-        fields = parse_field_selector(query.get("fieldSelector"))
-        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        fields = self._fields(request, target)
+        timeout = _int(query, "timeoutSeconds") or None
+        # Checked before the stream starts, so a bad version is a 400 and not a 200 that ends at once. A
+        # version the store has not reached yet is waited for, as kube-apiserver's watch cache does.
+        rv = _resource_version(query)
         as_table = _wants_table(request)
         include = query.get("includeObject", "Metadata")
-        events = self.objects.watch(target.rtype, target.namespace, query.get("resourceVersion", ""), labels, fields,
+        events = self.objects.watch(target.rtype, target.namespace, "" if rv is None else str(rv), labels, fields,
                                     bookmarks=_bool(query.get("allowWatchBookmarks")),
                                     bookmark_interval=self.bookmark_interval, timeout=timeout)
         response = web.StreamResponse(headers={"Content-Type": JSON, "Cache-Control": "no-cache"})
@@ -496,9 +538,8 @@ class ApiHandlers:
         stream = self.log_source.stream(
             target.namespace, target.name, query.get("container"), follow=_bool(query.get("follow")),
             previous=_bool(query.get("previous")),
-            tail_lines=int(query["tailLines"]) if query.get("tailLines") else None,
-            timestamps=_bool(query.get("timestamps")),
-            limit_bytes=int(query["limitBytes"]) if query.get("limitBytes") else None)
+            tail_lines=_int(query, "tailLines"), timestamps=_bool(query.get("timestamps")),
+            limit_bytes=_int(query, "limitBytes"))
         iterator = stream.__aiter__()
         try:
             first = await iterator.__anext__()

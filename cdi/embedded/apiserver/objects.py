@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import orjson
 
 from cdi.embedded.apiserver import errors
+from cdi.embedded.apiserver.bodies import MAX_DEPTH, too_deep
 from cdi.embedded.apiserver.conversions import from_storage, needs_conversion, to_storage
 from cdi.embedded.apiserver.errors import Cause, StatusError
 from cdi.embedded.apiserver.patching import apply_patch
@@ -268,6 +269,9 @@ class Objects:
             raise errors.invalid(rtype.kind, rtype.group, name, causes)
         request = AdmissionRequest("CREATE", rtype, ns, name, obj, None, ctx, subresource)
         obj = await self._admit(request) or obj
+        causes = self.strategies.validate_create(rtype, obj)
+        if causes:
+            raise errors.invalid(rtype.kind, rtype.group, name, causes)
         obj = self._validate_schema(rtype, obj, ctx, name)
         await self._validate_admission(request)
         if rtype.key == "apiextensions.k8s.io/customresourcedefinitions":
@@ -385,6 +389,8 @@ class Objects:
             entry = self._current(rtype, ns, name)
             current = self.view(rtype, entry)
             patched = apply_patch(content_type, current, patch, strategic_allowed=rtype.strategic_merge)
+            if too_deep(patched):  # a JSON patch can add a deep value at a deep path
+                raise errors.bad_request(f"the patched object exceeded max depth of {MAX_DEPTH}")
             meta = patched.setdefault("metadata", {})
             wanted_rv = meta.get("resourceVersion")
             if wanted_rv and str(wanted_rv) != str(entry.rv):

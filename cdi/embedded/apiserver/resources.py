@@ -30,6 +30,7 @@ class ResourceType:
     builtin: bool = True
     storage_group: str | None = None  # events.k8s.io events live in core storage
     storage_version: str = ""
+    selectable_fields: tuple[str, ...] = ()  # a CRD version's selectableFields, as field selector labels
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -196,6 +197,8 @@ class Registry:
                 subresources=sub, schema=(version.get("schema") or {}).get("openAPIV3Schema"),
                 columns=tuple(version.get("additionalPrinterColumns") or ()), builtin=False,
                 storage_version=storage_version,
+                selectable_fields=tuple(str(f.get("jsonPath", "")).lstrip(".")
+                                        for f in version.get("selectableFields") or () if f.get("jsonPath")),
             )
             self._add(rtype)
             types.append(rtype)

@@ -119,6 +119,7 @@ class FieldRequirement:
     path: tuple[str, ...]
     negate: bool
     value: str
+    default: str = ""  # what the field reads as when the object leaves it out
 
 
 @dataclass(frozen=True)
@@ -139,20 +140,20 @@ class FieldSelector:
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
         for req in self.requirements:
-            actual = _field_value(obj, req.path)
+            actual = _field_value(obj, req.path, req.default)
             if (actual == req.value) == req.negate:
                 return False
         return True
 
 
-def _field_value(obj: Mapping[str, Any], path: tuple[str, ...]) -> str:
+def _field_value(obj: Mapping[str, Any], path: tuple[str, ...], default: str = "") -> str:
     node: Any = obj
     for step in path:
         if not isinstance(node, Mapping):
-            return ""
+            return default
         node = node.get(step)
     if node is None:
-        return ""
+        return default
     if isinstance(node, bool):
         return "true" if node else "false"
     return str(node)

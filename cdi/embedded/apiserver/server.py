@@ -18,6 +18,7 @@ from aiohttp import web
 from cdi.api.crds import all_crds
 from cdi.common import pki
 from cdi.embedded import datadir
+from cdi.embedded.apiserver import bodies
 from cdi.embedded.apiserver.aggregator import Aggregator
 from cdi.embedded.apiserver.authz import RbacAuthorizer, bootstrap_policy
 from cdi.embedded.apiserver.errors import StatusError
@@ -203,7 +204,7 @@ class ApiServer:
         await self._bootstrap()
         self.gc.start()
         self._tasks.append(asyncio.create_task(self._default_service_accounts(), name="serviceaccounts"))
-        app = web.Application(middlewares=[self.handlers.middleware], client_max_size=3 * 1024 * 1024)
+        app = web.Application(middlewares=[self.handlers.middleware], client_max_size=bodies.MAX_BYTES)
         app.add_routes(self.handlers.routes())
         # handler_cancellation: a watch whose client disconnected ends at once instead of holding its
         # subscription until the next event for it.

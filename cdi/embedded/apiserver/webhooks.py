@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import logging
 import ssl
 import uuid
@@ -27,6 +28,16 @@ log = logging.getLogger(__name__)
 MUTATING = "admissionregistration.k8s.io/mutatingwebhookconfigurations"
 VALIDATING = "admissionregistration.k8s.io/validatingwebhookconfigurations"
 _EXEMPT = {MUTATING, VALIDATING}
+
+
+def _dropped(exc: aiohttp.ClientError) -> bool:
+    """The connection went away under the request, as a reused keep-alive connection closed by the
+    peer does (a refused or unreachable endpoint is a ClientConnectorError: not this)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError)):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and bool(exc.errno in {errno.ECONNRESET, errno.EPIPE})
 
 
 def _matches_rule(rule: Mapping[str, Any], request: AdmissionRequest) -> bool:
@@ -56,6 +67,7 @@ class WebhookAdmission:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._session: aiohttp.ClientSession | None = None
+        self._contexts: dict[str, ssl.SSLContext] = {}
 
     async def close(self) -> None:
         if self._session is not None:
@@ -123,6 +135,31 @@ class WebhookAdmission:
             body["namespace"] = request.namespace
         return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body}
 
+    def _context(self, ca_bundle: str) -> ssl.SSLContext:
+        """One TLS context per CA bundle: aiohttp pools connections by context, so a context made per
+        call would open (and leave idle) a new connection for every call."""
+        context = self._contexts.get(ca_bundle)
+        if context is None:
+            if len(self._contexts) >= 64:
+                self._contexts.pop(next(iter(self._contexts)))
+            context = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode() if ca_bundle else None)
+            self._contexts[ca_bundle] = context
+        return context
+
+    def _pooled(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    @staticmethod
+    async def _post(session: aiohttp.ClientSession, url: str, body: bytes, context: ssl.SSLContext,
+                    server_name: str | None) -> Any:
+        async with session.post(url, data=body, ssl=context, server_hostname=server_name,
+                                headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                raise ConnectionError(f"the server responded with {resp.status}")
+            return orjson.loads(await resp.read())
+
     def _endpoint(self, client: Mapping[str, Any]) -> tuple[str, str | None]:
         if client.get("url"):
             return str(client["url"]), None
@@ -138,23 +175,27 @@ class WebhookAdmission:
         timeout = float(hook.get("timeoutSeconds") or 10)
         try:
             url, server_name = self._endpoint(client)
-            context = ssl.create_default_context()
-            if client.get("caBundle"):
-                context = ssl.create_default_context(cadata=base64.b64decode(client["caBundle"]).decode())
-            if self._session is None:
-                self._session = aiohttp.ClientSession()
-            async with self._session.post(url, data=orjson.dumps(self._review(request)), ssl=context,
-                                          server_hostname=server_name,
-                                          headers={"Content-Type": "application/json"},
-                                          timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                if resp.status != 200:
-                    raise ConnectionError(f"the server responded with {resp.status}")
-                review = orjson.loads(await resp.read())
+            context = self._context(str(client.get("caBundle") or ""))
+            body = orjson.dumps(self._review(request))
+            async with asyncio.timeout(timeout):
+                try:
+                    review = await self._post(self._pooled(), url, body, context, server_name)
+                except aiohttp.ClientError as exc:
+                    if not _dropped(exc):
+                        raise
+                    # The webhook server closed the connection under the request: most often a kept-alive
+                    # one whose idle timeout raced our reuse of it (Go's transport, kube-apiserver's
+                    # client, retries that case on a new connection). A call can be repeated safely, as
+                    # admissionregistration/v1 webhooks declare no side effects: once, on a new one.
+                    log.info("webhook %s: connection dropped (%s), retrying on a new one", name, exc)
+                    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+                        review = await self._post(fresh, url, body, context, server_name)
         except (aiohttp.ClientError, ConnectionError, TimeoutError, OSError, ValueError) as exc:
             if hook.get("failurePolicy", "Fail") == "Ignore":
                 log.warning("webhook %s failed, ignored: %s", name, exc)
                 return None
-            raise StatusError(500, f'Internal error occurred: failed calling webhook "{name}": {exc}',
+            why = str(exc) or ("context deadline exceeded" if isinstance(exc, TimeoutError) else type(exc).__name__)
+            raise StatusError(500, f'Internal error occurred: failed calling webhook "{name}": {why}',
                               "InternalError") from exc
         response = review.get("response") or {}
         request.ctx.warnings.extend(response.get("warnings") or [])

@@ -243,3 +243,138 @@ async def test_protobuf_bodies_from_typed_clients_are_understood(api: Api) -> No
     unknown = field(1, field(1, b"v1") + field(2, b"ConfigMap")) + field(2, raw)
     created = await api.ok("POST", CM, raw=b"k8s\x00" + unknown, content_type="application/vnd.kubernetes.protobuf")
     assert created["metadata"]["name"] == "pb" and created["data"] == {"a": "b"}
+
+
+# -- hostile and malformed requests: a 4xx Status as kube-apiserver answers, never a 500 or a hang --------
+
+
+def _status(body: object, code: int, reason: str) -> dict[str, object]:
+    """`body` as kube-apiserver's Status for a failed request, checked field by field."""
+    assert isinstance(body, dict), body
+    assert body["kind"] == "Status" and body["apiVersion"] == "v1" and body["metadata"] == {}, body
+    assert body["status"] == "Failure" and body["code"] == code and body["reason"] == reason, body
+    return body
+
+
+async def test_deeply_nested_bodies_are_refused_with_400(api: Api) -> None:
+    deep = 10**5
+    for content_type, text in [("application/yaml", b"[" * deep + b"]" * deep),
+                               ("application/yaml", b"{a: " * deep + b"b" + b"}" * deep),
+                               ("application/json", b"[" * deep + b"]" * deep),
+                               ("application/json", b'{"a":' * 300 + b"1" + b"}" * 300)]:
+        status, body = await api.call("POST", CM, raw=text, content_type=content_type)
+        assert status == 400, (content_type, text[:10], body)
+        assert "exceeded max depth" in str(_status(body, 400, "BadRequest")["message"])
+    await api.ok("POST", CM, raw=b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: fine}\n",
+                 content_type="application/yaml")
+
+
+async def test_a_json_patch_that_nests_an_object_too_deep_is_refused_with_400(api: Api) -> None:
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": "trees.example.com"},
+           "spec": {"group": "example.com", "scope": "Namespaced",
+                    "names": {"plural": "trees", "singular": "tree", "kind": "Tree"},
+                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                        "type": "object", "properties": {
+                            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}]}}
+    await api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    trees = "/apis/example.com/v1/namespaces/default/trees"
+    branch: list[object] = []
+    for _ in range(150):
+        branch = [branch]
+    await api.ok("POST", trees, {"apiVersion": "example.com/v1", "kind": "Tree", "metadata": {"name": "t"},
+                                 "spec": {"branch": branch}})
+    # each part is within bounds; the value lands 150 levels down, the object ends up 300 deep
+    patch = [{"op": "add", "path": "/spec/branch" + "/0" * 149 + "/-", "value": branch}]
+    status, body = await api.call("PATCH", f"{trees}/t", patch, content_type="application/json-patch+json")
+    assert status == 400, body
+    assert "exceeded max depth" in str(_status(body, 400, "BadRequest")["message"])
+    await api.ok("GET", f"{trees}/t")
+
+
+async def test_yaml_aliases_that_expand_past_any_body_size_are_refused(api: Api) -> None:
+    lines = ["apiVersion: v1", "kind: ConfigMap", "metadata: {name: laughs}", "x:", "  l0: &l0 [lol, lol, lol]"]
+    lines += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 8)]  # 3 * 9**7 strings
+    status, body = await api.call("POST", CM, raw="\n".join(lines).encode(), content_type="application/yaml")
+    assert status == 400, body
+    assert "excessive aliasing" in str(_status(body, 400, "BadRequest")["message"])
+
+
+async def test_a_body_over_the_size_limit_is_a_413_status(api: Api) -> None:
+    status, body = await api.call("POST", CM, raw=b" " * (3 * 1024 * 1024 + 1))
+    assert status == 413
+    assert _status(body, 413, "RequestEntityTooLarge")["message"] == "Request entity too large: limit is 3145728"
+
+
+async def test_query_parameters_that_are_not_integers_are_400(api: Api) -> None:
+    await api.ok("POST", CM, configmap("int"))
+    for method, path in [("GET", f"{CM}?limit=ten"), ("GET", f"{CM}?watch=true&timeoutSeconds=1.5"),
+                         ("DELETE", f"{CM}/int?gracePeriodSeconds=soon")]:
+        status, body = await api.call(method, path)
+        assert status == 400, (path, body)
+        assert str(_status(body, 400, "BadRequest")["message"]).startswith("strconv.ParseInt: parsing ")
+    status, body = await api.call("DELETE", f"{CM}/int", {"gracePeriodSeconds": "soon"})
+    assert status == 400 and "DeleteOptions.gracePeriodSeconds" in str(_status(body, 400, "BadRequest")["message"])
+
+
+async def test_a_limit_of_zero_or_less_is_no_limit(api: Api) -> None:
+    for i in range(3):
+        await api.ok("POST", CM, configmap(f"nolimit-{i}"))
+    for limit in ("-1", "0"):
+        body = await api.ok("GET", f"{CM}?limit={limit}")
+        assert [i["metadata"]["name"] for i in body["items"]] == [f"nolimit-{i}" for i in range(3)]
+        assert "continue" not in body["metadata"] and "remainingItemCount" not in body["metadata"]
+
+
+async def test_field_selectors_on_fields_a_kind_does_not_support_are_400(api: Api) -> None:
+    cases = [
+        (f"{CM}?fieldSelector=data.k%3Dv",
+         '"data.k" is not a known field selector: only "metadata.name", "metadata.namespace"'),
+        (f"{DV}?fieldSelector=spec.contentType%3Darchive", "field label not supported: spec.contentType"),
+        (f"{PODS}?fieldSelector=spec.nodeName%3Dn,spec.priority%3D1", "field label not supported: spec.priority"),
+        ("/api/v1/namespaces?fieldSelector=metadata.namespace%3Ddefault",
+         "field label not supported: metadata.namespace"),
+        (f"{CM}?watch=true&fieldSelector=data.k%3Dv",
+         '"data.k" is not a known field selector: only "metadata.name", "metadata.namespace"'),
+    ]
+    for path, message in cases:
+        status, body = await api.call("GET", path)
+        assert status == 400, (path, body)
+        assert _status(body, 400, "BadRequest")["message"] == message
+    status, body = await api.call("DELETE", f"{CM}?fieldSelector=data.k%3Dv")
+    assert status == 400 and _status(body, 400, "BadRequest")["message"].startswith('"data.k" is not a known')
+
+
+async def test_field_selectors_a_kind_supports_select(api: Api) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sel"},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}], "restartPolicy": "Never"}}
+    await api.ok("POST", PODS, pod)
+
+    async def pods(selector: str) -> list[str]:
+        body = await api.ok("GET", f"{PODS}?fieldSelector={selector}")
+        return [i["metadata"]["name"] for i in body["items"]]
+
+    assert await pods("spec.restartPolicy%3DNever") == ["sel"]
+    assert await pods("spec.hostNetwork%3Dfalse") == ["sel"]  # left out of the object, false all the same
+    assert await pods("spec.restartPolicy%3DAlways") == []
+    await api.ok("GET", "/api/v1/events?fieldSelector=involvedObject.kind%3DPod,source%3Dkubelet")
+
+
+async def test_reads_at_a_resource_version_the_store_has_not_reached_are_504(api: Api) -> None:
+    await api.ok("POST", CM, configmap("future"))
+    current = int((await api.ok("GET", CM))["metadata"]["resourceVersion"])
+    for path in (f"{CM}?resourceVersion={current + 1000}", f"{CM}/future?resourceVersion={current + 1000}"):
+        async with api.session.get(api.url + path) as resp:
+            body = await resp.json()
+            assert resp.status == 504 and resp.headers["Retry-After"] == "1", body
+        status = _status(body, 504, "Timeout")
+        assert status["message"] == f"Timeout: Too large resource version: {current + 1000}, current: {current}"
+        assert status["details"] == {"causes": [{"reason": "ResourceVersionTooLarge",
+                                                 "message": "Too large resource version"}],
+                                     "retryAfterSeconds": 1}
+    await api.ok("GET", f"{CM}?resourceVersion={current}")
+    await api.ok("GET", f"{CM}?resourceVersion=0")
+    status, body = await api.call("GET", f"{CM}?resourceVersion=abc")
+    assert status == 400 and _status(body, 400, "BadRequest")["message"] == (
+        'invalid resource version: resourceVersion: Invalid value: "abc": strconv.ParseUint: parsing "abc": '
+        "invalid syntax")

@@ -119,3 +119,22 @@ async def test_a_watch_ends_when_its_client_goes_away(api: Api) -> None:
     await async_wait_for(lambda: api.server.store.watcher_count > baseline, message="watch subscribed")
     resp.close()
     await async_wait_for(lambda: api.server.store.watcher_count == baseline, message="watch unsubscribed")
+
+
+async def test_a_watch_from_an_invalid_resource_version_is_400_before_the_stream_starts(api: Api) -> None:
+    for version in ("abc", "-1", "1.5"):
+        status, body = await api.call("GET", f"{CM}?watch=true&resourceVersion={version}")
+        assert status == 400, (version, body)
+        assert body["kind"] == "Status" and body["reason"] == "BadRequest" and body["code"] == 400
+        assert body["message"].startswith(f'invalid resource version: resourceVersion: Invalid value: "{version}"')
+
+
+async def test_a_watch_from_a_version_not_reached_yet_waits_for_it(api: Api) -> None:
+    """As kube-apiserver's watch cache: a plain watch past the newest version is not an error (only
+    lists and gets answer 504); it delivers the changes after that version once they happen."""
+    start = int((await api.ok("GET", CM))["metadata"]["resourceVersion"])
+    async with watching(api, f"resourceVersion={start + 1}") as events:
+        await api.ok("POST", CM, configmap("skipped"))  # start + 1: not after the version asked for
+        await api.ok("POST", CM, configmap("seen"))
+        event = await next_event(events)
+    assert event["type"] == "ADDED" and event["object"]["metadata"]["name"] == "seen"
