@@ -31,8 +31,9 @@ POD_IP: Final = "POD_IP"
 TLS_CIPHERS: Final = "TLS_CIPHERS"
 TLS_MIN_VERSION: Final = "TLS_MIN_VERSION"
 
-# importer tuning (our additions; CDI has no equivalent): seconds a failing request is retried inside
-# the run before the import gives up as retryable, and seconds without data before a read times out
+# importer tuning (our additions; CDI has no equivalent): seconds a source may keep failing (retried
+# inside the run) before the import fails for good, set from the controller's --import-retry-budget;
+# and seconds without data before a read times out (default: a third of the budget, at most 60)
 RETRY_BUDGET: Final = "IMPORTER_RETRY_BUDGET"
 READ_TIMEOUT: Final = "IMPORTER_READ_TIMEOUT"
 

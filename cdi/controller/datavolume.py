@@ -17,7 +17,14 @@ from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions
 from cdi.controller.progress import format_progress, scrape
-from cdi.controller.rendering import ClusterStorage, NoStorageClass, RenderError, render_claim_spec
+from cdi.controller.rendering import (
+    ClusterStorage,
+    NoStorageClass,
+    RenderError,
+    render_claim_spec,
+    unrendered_claim_spec,
+    webhook_rendering_enabled,
+)
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
@@ -89,6 +96,7 @@ class DataVolumeReconciler(Reconciler):
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
         if dv is None or dig(dv, "metadata", "deletionTimestamp"):
             self._set_pending(key, False)
+            self.ctx.metrics.clear_import_progress(key)
             return None
         view = DataVolumeView(dv)
         kind = view.source_kind
@@ -112,12 +120,12 @@ class DataVolumeReconciler(Reconciler):
             self.pending_on_storage.add(key)
         else:
             self.pending_on_storage.discard(key)
-        self.ctx.metrics.datavolume_pending.set(len(self.pending_on_storage))
 
     async def _create_claim(self, dv: Body) -> float | None:
         view = DataVolumeView(dv)
         try:
-            spec = render_claim_spec(dv, self.cluster_storage())
+            spec = unrendered_claim_spec(dv) if self._left_to_pvc_webhook(view) else \
+                render_claim_spec(dv, self.cluster_storage())
         except NoStorageClass as exc:
             self._set_pending(view.key, True)
             return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")
@@ -156,6 +164,14 @@ class DataVolumeReconciler(Reconciler):
             return 0.5  # our cache is behind; look again
         return await self._update_status(dv, created)
 
+    def _left_to_pvc_webhook(self, view: DataVolumeView) -> bool:
+        """As CDI: a `storage` DataVolume labelled applyStorageProfile, while the PVC mutating webhook is
+        enabled, gets its claim rendered by the webhook alone (rendering twice would inflate it twice)."""
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+        return view.spec.get("storage") is not None and \
+            view.labels.get(ann.LABEL_APPLY_STORAGE_PROFILE) == "true" and \
+            webhook_rendering_enabled(config.get("spec") or {})
+
     async def _update_status(self, dv: Body, pvc: Body | None, *, message: str = "", reason: str = "",
                              phase: str | None = None) -> float | None:
         view = DataVolumeView(dv)
@@ -164,6 +180,7 @@ class DataVolumeReconciler(Reconciler):
         old_conditions = json.loads(json.dumps(status.get("conditions") or []))
         event: Event | None = None
         requeue: float | None = None
+        running_message: str | None = None
         status.setdefault("progress", PROGRESS_UNKNOWN)
         if phase is not None:
             status["phase"] = phase
@@ -172,11 +189,15 @@ class DataVolumeReconciler(Reconciler):
                 status["phase"] = "Pending"
         elif not dig(pvc, "metadata", "deletionTimestamp"):
             status["claimName"] = dig(pvc, "metadata", "name")
-            event, requeue = await self._phase_from_claim(view, pvc, status)
+            event, requeue = self._phase_from_claim(view, pvc, status)
+            if status.get("phase") == "ImportInProgress":
+                running_message = await self._refresh_progress(view, pvc, status)
             restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
-        conditions.update_all(status, pvc, message, reason)
+        conditions.update_all(status, pvc, message, reason, running_message=running_message)
+        if status.get("phase") != "ImportInProgress":
+            self.ctx.metrics.clear_import_progress(view.key)
         if status == view.status:
             return requeue
         # conditional on the version we computed from: a reconcile working from a stale cache runs again
@@ -200,8 +221,8 @@ class DataVolumeReconciler(Reconciler):
                 (was_running is None or was_running.get("message") != running.get("message")):
             self.ctx.recorder.record(dv, WARNING, str(running.get("reason", "")), str(running["message"]))
 
-    async def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
-                                status: Obj) -> tuple[Event | None, float | None]:
+    def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
+                          status: Obj) -> tuple[Event | None, float | None]:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         name = str(dig(pvc, "metadata", "name"))
         claim_phase = dig(pvc, "status", "phase")
@@ -234,7 +255,6 @@ class DataVolumeReconciler(Reconciler):
             return (WARNING, "ImportFailed", f"Failed to import into PVC {name}"), None
         if pod_phase == "Running":
             status["phase"] = "ImportInProgress"
-            await self._refresh_progress(view, annotations, status)
             return (NORMAL, "ImportInProgress", f"Import into {name} in progress"), self.ctx.settings.progress_interval
         status["phase"] = "ImportScheduled"
         return (NORMAL, "ImportScheduled", f"Import into {name} scheduled"), None
@@ -249,16 +269,24 @@ class DataVolumeReconciler(Reconciler):
         status["phase"] = "UploadScheduled"
         return NORMAL, "UploadScheduled", f"Upload into {name} scheduled"
 
-    async def _refresh_progress(self, view: DataVolumeView, annotations: Mapping[str, str], status: Obj) -> None:
-        pod_name = annotations.get(ann.IMPORT_POD_NAME)
+    async def _refresh_progress(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
+        """Read the importer's progress into `status`; returns the Running condition's message: what the
+        importer is retrying ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the
+        pod could not be asked, to keep what the condition says."""
+        pod_name = (dig(pvc, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
         pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
         pod_ip = dig(pod, "status", "podIP") if pod else None
         if not pod_ip:
-            return
+            return None
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        value = await scrape(self._session, str(pod_ip), view.uid)
-        if value is not None:
+        report = await scrape(self._session, str(pod_ip), view.uid)
+        if report is None:
+            running = conditions.find(status.get("conditions") or [], "Running")
+            return str(running.get("message", "")) if running and running.get("status") == "True" else None
+        if report.progress is not None:
             # 100 is held back until the importer's result is in: conversion may still be running
-            status["progress"] = format_progress(min(value, 99.99))
-            self.ctx.metrics.import_progress.labels(view.uid).set(value)
+            status["progress"] = format_progress(min(report.progress, 99.99))
+            self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
+        return report.retry.describe() if report.retry else \
+            (dig(pvc, "metadata", "annotations") or {}).get(ann.CONDITION_RUNNING_MESSAGE, "")

@@ -82,6 +82,7 @@ class WorkerSettings:
     import_proxy: Body | None = None
     insecure_registries: tuple[str, ...] = ()
     pod: PodSettings = field(default_factory=PodSettings)
+    retry_budget: float | None = None  # IMPORTER_RETRY_BUDGET: seconds of failing before the import gives up
 
 
 def pod_name(pvc_name: str, attempt: int) -> str:
@@ -121,6 +122,8 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
     environment.append({"name": env.INSECURE_TLS, "value": "true" if insecure else "false"})
     if source.checksum:
         environment.append({"name": env.CHECKSUM, "value": source.checksum})
+    if settings.retry_budget is not None:
+        environment.append({"name": env.RETRY_BUDGET, "value": f"{settings.retry_budget:g}"})
     if source.registry_arch:
         environment.append({"name": env.REGISTRY_ARCHITECTURE, "value": source.registry_arch})
     if source.secret:

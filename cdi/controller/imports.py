@@ -12,7 +12,8 @@ not a restart, as in CDI.
 The importer reports `reason` and `retryable` in its termination message. A permanent failure
 (bad checksum, image too large, 404, refused credentials ...) ends the import at once, and nothing
 is downloaded again; a transient one is retried with exponential backoff until the retry budget is
-spent. `storage.pod.restarts` counts the retries, so DataVolume `restartCount` stays meaningful."""
+spent. `storage.pod.restarts` counts the importer pods started again, so DataVolume `restartCount`
+counts pod restarts as in CDI; failures the importer retried inside its pod are not restarts."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ class ImportReconciler(Reconciler):
         return WorkerSettings(
             importer_image=settings.importer_image, import_proxy=status.get("importProxy"),
             insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()),
-            pod=pod_settings(self.ctx),
+            pod=pod_settings(self.ctx), retry_budget=settings.import_retry_budget,
         )
 
     def _dv_of(self, pvc: Body) -> Body | None:
@@ -105,7 +106,10 @@ class ImportReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         cached = self.ctx.cached(groups.PVCS, name, namespace)
-        if cached is None or dig(cached, "metadata", "deletionTimestamp") or not is_import_claim(cached):
+        if cached is None or not is_import_claim(cached):
+            return None
+        if dig(cached, "metadata", "deletionTimestamp"):
+            await self._stop_for_deletion(cached)
             return None
         # the claim's annotations are this reconciler's memory (attempt, retry time, pod name): read them
         # fresh, never from a cache that may not have seen our last write yet
@@ -233,8 +237,8 @@ class ImportReconciler(Reconciler):
                         ann.POD_READY: "false", ann.IMPORT_REASON: None})
         if result.get("preallocationApplied"):
             changes[ann.PREALLOCATION_APPLIED] = "true"
-        if result.get("retries"):  # transient failures the importer absorbed count as restarts too
-            changes[ann.POD_RESTARTS] = str(int(changes.get(ann.POD_RESTARTS) or 0) + int(result["retries"]))
+        if result.get("retries"):  # failures retried inside the pod: not restarts (restartCount counts pods)
+            changes[ann.IMPORT_RETRIES] = str(int(result["retries"]))
         checksum = result.get("checksum")
         if checksum:
             changes[ann.IMPORT_CHECKSUM_RESULT] = str(checksum)
@@ -298,6 +302,19 @@ class ImportReconciler(Reconciler):
 
     async def _delete_scratch(self, namespace: str, name: str) -> None:
         await delete_if_present(self.ctx, groups.PVCS, scratch_name(name), namespace)
+
+    async def _stop_for_deletion(self, pvc: Body) -> None:
+        """The claim is being deleted (its DataVolume was): stop the import now, as CDI does. Left alone,
+        the importer would download to the end, or wait on a stalled server, while pvc-protection
+        holds the claim `Terminating`; its data is going anyway, so no grace period."""
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        for pod in self.ctx.cached_list(groups.PODS, namespace):
+            owners = dig(pod, "metadata", "ownerReferences") or []
+            if dig(pod, "metadata", "labels", ann.LABEL_COMPONENT) == "importer" and \
+                    not dig(pod, "metadata", "deletionTimestamp") and any(
+                    r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name for r in owners):
+                await self._delete_pod(pod)
+        await self._delete_scratch(namespace, name)
 
     async def _cleanup(self, pvc: Body, pod: Body | None, *, succeeded: bool) -> None:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}

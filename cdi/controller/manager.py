@@ -46,6 +46,7 @@ class Manager:
                                               self.config]
         for gvr in WATCHED:
             self.ctx.informer(gvr)
+        self.metrics.count_pending_datavolumes(lambda: self.ctx.cached_list(groups.DATAVOLUMES))
         self._wire()
         self._tasks: list[asyncio.Task[Any]] = []
         self.leading = asyncio.Event()

@@ -8,7 +8,8 @@ Upload-server pod contract (env, as CDI's): TLS_CERT_FILE / TLS_KEY_FILE (its ce
 CLIENT_CERT_FILE (CA of the proxy's client certificate), CLIENT_NAME (the CN the client must have),
 UPLOAD_IMAGE_SIZE, FILESYSTEM_OVERHEAD, PREALLOCATION, DESTINATION (/data/disk.img or
 /dev/cdi-block-volume), CONTENT_TYPE, POD_IP, OWNER_UID; scratch at /scratch when mounted; HTTPS on
-$POD_IP:8443; readiness on GET /healthz.
+$POD_IP:8443; readiness on GET /healthz. A Block volume without scratch also gets an emptyDir at
+UPLOAD_STATE_DIR (ours), where the server keeps the resume offset of a raw upload across its restarts.
 
 Failures: an upload the server refuses (too large, bad image) is answered to the client and leaves
 the server ready for another attempt, so the DataVolume stays `UploadReady`. A failure after an
@@ -27,7 +28,13 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import env, groups
-from cdi.api.upload import FORMAT_ANNOTATION, upload_resource_name, upload_service_name
+from cdi.api.upload import (
+    ENV_STATE_DIR,
+    FORMAT_ANNOTATION,
+    STATE_DIR_DEFAULT,
+    upload_resource_name,
+    upload_service_name,
+)
 from cdi.api.views import dig
 from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller.claims import (
@@ -89,7 +96,11 @@ class UploadReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         cached = self.ctx.cached(groups.PVCS, name, namespace)
-        if cached is None or dig(cached, "metadata", "deletionTimestamp") or not is_upload_claim(cached):
+        if cached is None or not is_upload_claim(cached):
+            return None
+        if dig(cached, "metadata", "deletionTimestamp"):
+            # as CDI: a claim being deleted loses its upload server now, which pvc-protection waits for
+            await self._cleanup(cached, self.ctx.cached(groups.PODS, upload_name(name), namespace))
             return None
         try:
             pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
@@ -174,6 +185,10 @@ class UploadReconciler(Reconciler):
         if scratch:
             volumes.append({"name": "cdi-scratch-vol", "persistentVolumeClaim": {"claimName": scratch}})
             mounts.append({"name": "cdi-scratch-vol", "mountPath": env.SCRATCH_DIR_DEFAULT})
+        elif block:  # where the server keeps the resume offset of a raw upload across its restarts
+            volumes.append({"name": "cdi-upload-state", "emptyDir": {}})
+            mounts.append({"name": "cdi-upload-state", "mountPath": STATE_DIR_DEFAULT})
+            environment.append({"name": ENV_STATE_DIR, "value": STATE_DIR_DEFAULT})
         container: Obj = {
             "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image, "env": environment,
             "volumeMounts": mounts,

@@ -95,7 +95,8 @@ def run(config: ImporterConfig, progress: Progress, stop: threading.Event) -> Im
     )
     if config.source == envnames.SOURCE_BLANK:
         return import_blank(target, options, progress)
-    config.retry.listeners.append(progress.retried)
+    config.retry.listeners.append(lambda exc, attempt: progress.retried(exc.reason, exc.message, attempt))
+    config.retry.recovered.append(progress.recovered)
     origin = open_origin(config, stop)
     try:
         return run_import(origin, target, options, progress, stop)

@@ -10,6 +10,7 @@
   docker-registry verifies against the test CA.
 * `Registry`: Debian's docker-registry with a config written here (htpasswd, TLS, token auth).
 * `TLSMotoServer`: moto's S3 server behind TLS from the test CA.
+* `MuteServer`: takes requests and never answers (or cuts every connection before a response).
 """
 
 from __future__ import annotations
@@ -241,6 +242,47 @@ class FileServer:
     def _count(self, name: str, n: int) -> None:
         with self._lock:
             self.bytes_served[name] += n
+
+
+class MuteServer:
+    """A TCP server that takes HTTP requests and never answers a byte: with `cut`, it closes each
+    connection as soon as the request has arrived (every response cut before its first byte);
+    without, it holds the connection open and says nothing (a server that accepts and never answers)."""
+
+    def __init__(self, *, cut: bool) -> None:
+        self.cut = cut
+        self.requests = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = _LoopThread()
+        self._server = self._loop.run(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    await reader.readuntil(b"\r\n\r\n")  # a request (a GET has no body)
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                self.requests += 1
+                if self.cut:
+                    return
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()
+
+    def close(self) -> None:
+        async def shut() -> None:
+            self._server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+        self._loop.run(shut())
+        self._loop.stop()
 
 
 # -- registry -----------------------------------------------------------------------------------------
