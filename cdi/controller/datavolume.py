@@ -38,10 +38,10 @@ IMPORT_SOURCES = {"http", "s3", "gcs", "registry", "blank"}
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
-                       FORMAT_ANNOTATION)
+                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION)
 EXTERNAL_POPULATION = "cdi.kubevirt.io/externalPopulation"  # CDI's AnnExternalPopulation
-PRIORITY_CLASS = "cdi.kubevirt.io/storage.pod.priorityclassname"
-SERVICE_ACCOUNT = "cdi.kubevirt.io/storage.pod.serviceaccountname"
+PRIORITY_CLASS = ann.POD_PRIORITY_CLASS
+SERVICE_ACCOUNT = ann.POD_SERVICE_ACCOUNT
 
 
 def _passes_label(key: str) -> bool:
