@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cdi.api import groups
 from cdi.api.views import dig
+from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
 from cdi.controller.datavolume import DataVolumeReconciler
 from cdi.controller.imports import ImportReconciler, is_import_claim
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
-           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES)
+           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 
@@ -45,6 +46,7 @@ class Manager:
                                               self.config]
         for gvr in WATCHED:
             self.ctx.informer(gvr)
+        self.metrics.count_pending_datavolumes(lambda: self.ctx.cached_list(groups.DATAVOLUMES))
         self._wire()
         self._tasks: list[asyncio.Task[Any]] = []
         self.leading = asyncio.Event()
@@ -99,6 +101,13 @@ class Manager:
             for sc in self.ctx.cached_list(groups.STORAGECLASSES):
                 self.profiles.enqueue(str(dig(sc, "metadata", "name")))
 
+        def on_volume(obj: Obj, *rest: Obj) -> None:
+            # a no-provisioner class's profile takes its claim property sets from the class's volumes
+            name = str(dig(rest[0] if rest else obj, "spec", "storageClassName") or "")
+            storage_class = self.ctx.cached(groups.STORAGECLASSES, name) if name else None
+            if storage_class is not None and storage_class.get("provisioner") == NO_PROVISIONER:
+                self.profiles.enqueue(name)
+
         def on_config(obj: Obj, *rest: Obj) -> None:
             self.config.enqueue(CONFIG_KEY)
 
@@ -108,6 +117,7 @@ class Manager:
         inf[groups.STORAGECLASSES].add_handler(on_storage, on_storage, on_storage)
         inf[groups.STORAGEPROFILES].add_handler(on_profile, on_profile, on_profile)
         inf[groups.VOLUMESNAPSHOTCLASSES].add_handler(on_snapshot_class, on_snapshot_class, on_snapshot_class)
+        inf[groups.PVS].add_handler(on_volume, on_volume, on_volume)
         inf[groups.CDICONFIGS].add_handler(on_config, on_config, on_config)
         inf[groups.CDIS].add_handler(on_config, on_config, on_config)
 

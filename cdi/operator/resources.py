@@ -101,8 +101,10 @@ APISERVER_CLUSTER_RULES = [
     _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
     _rule([""], ["persistentvolumeclaims"], READ),
     _rule([groups.CDI_GROUP], ["datavolumes", "cdis", "cdiconfigs", "storageprofiles"], READ),
+    _rule(["storage.k8s.io"], ["storageclasses"], READ),
+    # it registers its own webhooks and APIService (and drops the PVC-rendering webhook when it is disabled)
     _rule(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
-          ("get", "list", "watch", "create", "update")),
+          ("get", "list", "watch", "create", "update", "delete")),
     _rule(["apiregistration.k8s.io"], ["apiservices"], ("get", "list", "watch", "create", "update")),
 ]
 APISERVER_NAMESPACE_RULES = [

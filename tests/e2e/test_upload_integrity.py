@@ -9,7 +9,6 @@ import hashlib
 import os
 import ssl
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,19 +23,6 @@ from tests.support.rawhttp import CUTS, WAYS, Framing, way_id
 IMAGE = os.urandom((64 << 20) + 777)
 SHA256 = hashlib.sha256(IMAGE).hexdigest()
 SIZE = "100Mi"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
-    up = CdiUp(tmp_path_factory.mktemp("integrity") / "cdi")
-    up.start()
-    yield up
-    up.stop()
-
-
-@pytest.fixture(scope="module")
-def k(cluster: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
-    return Kubectl(cluster.kubeconfig, tmp_path_factory.mktemp("kc"))
 
 
 def _ready(k: Kubectl, name: str, size: str = SIZE) -> str:
