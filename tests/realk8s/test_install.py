@@ -157,7 +157,9 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     proxy_ip = k8s.get("service", "cdi-uploadproxy", "cdi")["spec"]["clusterIP"]
     t0 = time.monotonic()
     upload = k8s.run(sys.executable, "-m", "cdi.cli.main", "image-upload", "dv", "uploaded", "-n", NS,
-                     "--size", SIZE, "--storage-class", CLASS, "--image-path", str(images["raw"]),
+                     # CDI knows no capabilities of hostpath.csi.k8s.io either: the modes are given, as to virtctl
+                     "--size", SIZE, "--storage-class", CLASS, "--access-mode", "ReadWriteOnce",
+                     "--volume-mode", "filesystem", "--image-path", str(images["raw"]),
                      "--uploadproxy-url", f"https://{proxy_ip}:443", timeout=300)
     timings["upload"] = round(time.monotonic() - t0, 1)
     assert upload.returncode == 0

@@ -59,9 +59,10 @@ class RealK8s:
         return json.loads(out) if out else None
 
     def apply(self, manifest: str) -> str:
-        """Server-side apply with strict field validation: the apiserver refuses unknown or duplicate fields."""
-        return self.kubectl("apply", "--server-side", "--field-manager=cdi-tests", "--validate=strict",
-                            "-f", "-", input=manifest).stdout
+        """Server-side apply with strict field validation: the apiserver refuses unknown or duplicate fields
+        (taking over fields an earlier install set under another manager, as an upgrade does)."""
+        return self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=cdi-tests",
+                            "--validate=strict", "-f", "-", input=manifest).stdout
 
     def _timed(self, name: str, argv: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
         started = time.monotonic()
