@@ -9,6 +9,8 @@ refused at admission -> uninstall refused while DataVolumes exist under
 
 from __future__ import annotations
 
+import base64
+import datetime
 import hashlib
 import json
 import re
@@ -18,6 +20,7 @@ import time
 from typing import Any
 
 import pytest
+from cryptography import x509
 
 from tests.support.realk8s import IMAGES_DIR, NODE_IP, REPO, RealK8s, kit_dir, restricted_pod
 from tests.support.waiting import wait_for
@@ -127,6 +130,34 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     for role in ("cdi.kubevirt.io:admin", "cdi.kubevirt.io:edit", "cdi.kubevirt.io:view",
                  "cdi.kubevirt.io:config-reader"):
         assert k8s.get("clusterrole", role) is not None, role
+
+    # -- certificates follow certConfig: shorter lifetimes renew them now, and the components roll ---------
+    def certificate(secret: str) -> x509.Certificate:
+        data = k8s.get("secret", secret, "cdi")["data"]["tls.crt"]
+        return x509.load_pem_x509_certificate(base64.b64decode(data))
+
+    old_leaf, old_ca = certificate("cdi-uploadproxy-server-cert"), certificate("cdi-apiserver-signer")
+    t0 = time.monotonic()
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", json.dumps({"spec": {"certConfig": {
+        "ca": {"duration": "3h", "renewBefore": "1h"}, "server": {"duration": "1h", "renewBefore": "30m"}}}}))
+
+    def renewed() -> bool:
+        leaf, ca = certificate("cdi-uploadproxy-server-cert"), certificate("cdi-apiserver-signer")
+        return (leaf.serial_number != old_leaf.serial_number and ca.serial_number != old_ca.serial_number
+                and leaf.not_valid_after_utc - leaf.not_valid_before_utc <= datetime.timedelta(minutes=70)
+                and ca.not_valid_after_utc - ca.not_valid_before_utc <= datetime.timedelta(minutes=190))
+    wait_for(renewed, timeout=120, interval=1.0, message="certificates renewed per certConfig")
+
+    def rolled() -> bool:
+        proxy = k8s.get("deployment", "cdi-uploadproxy", "cdi") or {}
+        status = proxy.get("status") or {}
+        cr = k8s.get("cdi", "cdi")
+        generation = proxy["metadata"]["generation"]
+        return (generation > 1 and status.get("observedGeneration") == generation
+                and status.get("updatedReplicas") == status.get("replicas") == status.get("readyReplicas") == 1
+                and k8s.condition(cr, "Available") == "True")
+    wait_for(rolled, timeout=180, interval=2.0, message="cdi-uploadproxy rolled onto the renewed certificate")
+    timings["certificate rotation"] = round(time.monotonic() - t0, 1)
 
     # -- HTTP imports into a namespace that enforces the restricted Pod Security profile --------------------
     k8s.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
