@@ -21,6 +21,14 @@ Body = Mapping[str, Any]
 Obj = dict[str, Any]
 
 IMPORTER_CONTAINER = "importer"
+# registry pullMethod node (CDI's makeNodeImporterPodSpec names): the init container copies the server
+# from the importer image into the shared emptyDir; the user's image runs it as the `server` container
+NODE_PULL_INIT_CONTAINER = "init"
+NODE_PULL_SERVER_CONTAINER = "server"
+NODE_PULL_SHARED_VOLUME = "shared-volume"
+NODE_PULL_SHARED_DIR = "/shared"
+NODE_PULL_PORT = 8100
+NODE_PULL_IMAGE_DIR = "/disk"
 DATA_VOLUME = "cdi-data-vol"
 SCRATCH_VOLUME = "cdi-scratch-vol"
 CERT_VOLUME = "cdi-cert-vol"
@@ -43,6 +51,16 @@ class ImportSource:
     insecure_skip_verify: bool = False
     registry_arch: str = ""
     pull_method: str = "pod"
+
+    @property
+    def node_pull(self) -> bool:
+        """A registry import whose image the node pulls and runs (CDI's isRegistryNodeImport)."""
+        return self.source == env.SOURCE_REGISTRY and self.pull_method == env.PULL_METHOD_NODE
+
+    def node_image(self) -> str:
+        """The image the node pulls: the endpoint without `docker://` (CDI's getRegistryImportImage)."""
+        parsed = urlparse(self.endpoint)
+        return parsed.netloc + parsed.path if parsed.scheme else self.endpoint
 
     @classmethod
     def from_pvc(cls, pvc: Body) -> ImportSource:
@@ -98,6 +116,54 @@ def _insecure_registry(endpoint: str, registries: Sequence[str]) -> bool:
 def _owner_uid(pvc: Body) -> str:
     owners = dig(pvc, "metadata", "ownerReferences") or []
     return str(owners[0]["uid"]) if len(owners) == 1 else str(dig(pvc, "metadata", "uid"))
+
+
+def _restricted(container: Obj) -> Obj:
+    """CDI's SetRestrictedSecurityContext, for every container of a worker pod."""
+    container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                    "runAsNonRoot": True, "runAsUser": WORKER_UID}
+    return container
+
+
+def _node_pull(pod: Obj, source: ImportSource, settings: WorkerSettings) -> None:
+    """CDI's pod shape for registry pullMethod node: the importer reads the disk over HTTP from the
+    user's image, which runs the server an init container copied into the shared emptyDir (see
+    `cdi.importer.containerimage`). The server binds the pod IP (on the embedded node pods share the
+    host's network, so `localhost:8100` would be shared too), hence the endpoint."""
+    spec = pod["spec"]
+    importer = spec["containers"][0]
+    shared = {"name": NODE_PULL_SHARED_VOLUME, "mountPath": NODE_PULL_SHARED_DIR}
+    variables = {env.SOURCE: env.SOURCE_HTTP,
+                 env.ENDPOINT: f"http://$({env.POD_IP}):{NODE_PULL_PORT}/{env.DISK_IMAGE_NAME}"}
+    pod_ip = next(e for e in importer["env"] if e["name"] == env.POD_IP)
+    rest = [dict(e, value=variables[e["name"]]) if e["name"] in variables else e
+            for e in importer["env"] if e["name"] != env.POD_IP]
+    importer["env"] = [pod_ip, *rest,  # POD_IP first: the endpoint refers to it
+                       {"name": env.PULL_METHOD, "value": env.PULL_METHOD_NODE},
+                       {"name": env.READY_FILE, "value": f"{NODE_PULL_SHARED_DIR}/ready"},
+                       {"name": env.DONE_FILE, "value": f"{NODE_PULL_SHARED_DIR}/done"}]
+    importer.setdefault("volumeMounts", []).append(dict(shared))
+    server: Obj = {
+        "name": NODE_PULL_SERVER_CONTAINER, "image": source.node_image(), "imagePullPolicy": settings.pull_policy,
+        "command": [f"{NODE_PULL_SHARED_DIR}/server", "-p", str(NODE_PULL_PORT), "-image-dir", NODE_PULL_IMAGE_DIR,
+                    "-ready-file", f"{NODE_PULL_SHARED_DIR}/ready", "-done-file", f"{NODE_PULL_SHARED_DIR}/done"],
+        "env": [dict(pod_ip)], "volumeMounts": [dict(shared)],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    init: Obj = {
+        "name": NODE_PULL_INIT_CONTAINER, "image": settings.importer_image, "imagePullPolicy": settings.pull_policy,
+        "args": ["--install-containerimage-server", f"{NODE_PULL_SHARED_DIR}/server"],
+        "volumeMounts": [dict(shared)], "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    for container in (server, init):
+        _restricted(container)
+        if settings.resources:
+            container["resources"] = dict(settings.resources)
+    spec["containers"].append(server)
+    spec["initContainers"] = [init]
+    spec["volumes"].append({"name": NODE_PULL_SHARED_VOLUME, "emptyDir": {}})
+    if source.registry_arch:
+        spec.setdefault("nodeSelector", {})["kubernetes.io/arch"] = source.registry_arch
 
 
 def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, attempt: int = 0,
@@ -160,13 +226,11 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         volumes.append({"name": volume, "secret": {"secretName": secret}})
         mounts.append({"name": volume, "mountPath": f"/extraheaders/secret_{index}", "readOnly": True})
 
-    container: Obj = {
+    container: Obj = _restricted({
         "name": IMPORTER_CONTAINER, "image": settings.importer_image, "imagePullPolicy": settings.pull_policy,
         "env": environment, "ports": [{"name": "metrics", "containerPort": env.METRICS_PORT, "protocol": "TCP"}],
         "terminationMessagePath": env.TERMINATION_LOG_DEFAULT, "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "runAsUser": WORKER_UID},
-    }
+    })
     if mounts:
         container["volumeMounts"] = mounts
     if devices:
@@ -192,7 +256,7 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
     for key in ("nodeSelector", "tolerations", "affinity"):
         if settings.node_placement.get(key):
             spec[key] = settings.node_placement[key]
-    return {
+    pod: Obj = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": pod_name(name, attempt), "namespace": namespace,
@@ -205,6 +269,9 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         },
         "spec": spec,
     }
+    if source.node_pull:
+        _node_pull(pod, source, settings)
+    return pod
 
 
 def mounts_scratch(pod: Body) -> bool:
