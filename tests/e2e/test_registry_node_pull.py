@@ -48,8 +48,9 @@ def push_disk(registries: Any, registry: Any, repo: str, image: Image) -> str:
 def test_a_containerdisk_is_imported_by_the_node(k: Kubectl, registries: Any, images: dict[str, Image],
                                                  name: str) -> None:
     image = images[name]
-    dv_name = f"node-{name.split('.')[0]}"
-    url = push_disk(registries, registries.tls, f"e2e/node-{name.split('.')[0]}", image)
+    stem = name.partition(".")[0]
+    dv_name, repo = f"node-{stem}", f"e2e/node-{stem}"
+    url = push_disk(registries, registries.tls, repo, image)
     k.apply(datavolume(dv_name, node_pull(url), "64Mi", annotations={
         "cdi.kubevirt.io/storage.pod.retainAfterCompletion": "true"}))
     wait_phase(k, dv_name, "Succeeded", timeout=240)
@@ -74,7 +75,7 @@ def test_a_containerdisk_is_imported_by_the_node(k: Kubectl, registries: Any, im
     assert importer_env["IMPORTER_DONE_FILE"] == "/shared/done"
     statuses = {s["name"]: s for s in pod["status"]["containerStatuses"]}
     assert statuses["server"]["state"]["terminated"]["exitCode"] == 0
-    assert statuses["server"]["imageID"].endswith(registries.digest(registries.tls, f"e2e/node-{name.split('.')[0]}"))
+    assert statuses["server"]["imageID"].endswith(registries.digest(registries.tls, repo))
 
 
 def test_image_pull_secrets_reach_the_node(k: Kubectl, registries: Any, images: dict[str, Image]) -> None:
