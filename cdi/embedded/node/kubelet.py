@@ -35,6 +35,7 @@ from cdi.embedded.node.sandbox import (
     SandboxSpec,
     container_capabilities,
     helper_setpriv,
+    inside_image,
     system_path,
     user_argv,
 )
@@ -323,6 +324,12 @@ class ContainerRunner:
         env = build_env(pod, self.spec, worker.kubelet.secret, worker.kubelet.configmap, base)
         argv = expand_args(argv_template, env)
         mounts = worker.volumes.mounts(self.spec) if worker.volumes else []
+        if pulled is not None:
+            for point in [m.target for m in mounts] + [str(self.spec.get("workingDir") or pulled.working_dir)]:
+                try:
+                    inside_image(pulled.rootfs, point)
+                except ValueError as exc:
+                    raise RuntimeRefused(f"the image's {exc}") from exc
         for mount in mounts:
             if mount.device:  # the device is the container user's, as device_ownership_from_security_context
                 try:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cdi.embedded.node.security import Identity
@@ -261,8 +261,23 @@ def container_capabilities(identity: Identity, userns_fd: int | None) -> frozens
     return identity.capabilities
 
 
+def inside_image(rootfs: Path, path: str) -> str:
+    """A mount point or working directory in a pulled image, its symlinks resolved inside the image (as
+    a runtime's securejoin does): bwrap makes mount points before it enters the new root, so a path
+    through an image's symlink (`/x -> /root`) would otherwise be followed on the host."""
+    from cdi.embedded.node.oci import UnsafeLayer, resolve
+
+    try:
+        return "/" + str(resolve(rootfs, path).relative_to(rootfs)).removeprefix(".")
+    except UnsafeLayer as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
 def bwrap_argv(spec: SandboxSpec, bwrap: str = "bwrap", host_root: Path = Path("/"),
                setpriv: str = "setpriv") -> list[str]:
+    if spec.rootfs is not None:
+        spec = replace(spec, working_dir=inside_image(spec.rootfs, spec.working_dir) if spec.working_dir else "",
+                       mounts=[replace(m, target=inside_image(spec.rootfs, m.target)) for m in spec.mounts])
     identity = spec.identity
     caps = container_capabilities(identity, spec.userns_fd)
     mounts = sorted(spec.mounts, key=lambda m: len(_parents(m.target)))  # parents before what they contain

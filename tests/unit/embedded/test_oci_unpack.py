@@ -14,6 +14,7 @@ import pytest
 
 from cdi.embedded.node.images import is_oci_image, oci_argv
 from cdi.embedded.node.oci import UnsafeLayer, apply_layer, auth_file, loopback, registry_host, resolve
+from cdi.embedded.node.sandbox import Mount, SandboxSpec, bwrap_argv, inside_image
 from cdi.embedded.node.security import ImageUsers, identity
 
 
@@ -140,3 +141,18 @@ def test_registry_hosts_auth_and_image_users() -> None:
     forced = identity({**pod, "spec": {"securityContext": {"fsGroup": 107}}}, {"name": "c", "securityContext": {
         "runAsUser": 107}}, ImageUsers())
     assert (forced.uid, forced.gid, forced.groups) == (107, 0, (107,))
+
+
+def test_mount_points_through_an_image_symlink_stay_in_the_image(root: Path) -> None:
+    """bwrap makes mount points before it enters the new root: an image's `x -> /root` must not make
+    it create /root/y on the host."""
+    apply_layer(root, layer(("sym", "x", "/root"), ("sym", "loop", "loop"), ("dir", "disk", "")))
+    spec = SandboxSpec(argv=["/bin/true"], env={}, rootfs=root, working_dir="/x/work",
+                       mounts=[Mount(root / "disk", "/x/y"), Mount(root / "disk", "/shared")],
+                       helpers=[Mount(Path("/lib64/ld-linux-x86-64.so.2"), "/dev/.cdi-runtime/ld-linux-x86-64.so.2")])
+    argv = bwrap_argv(spec)
+    assert "/x/y" not in argv and "/root/y" in argv and "/shared" in argv
+    assert argv[argv.index("--chdir") + 1] == "/root/work"
+    assert inside_image(root, "/") == "/"
+    with pytest.raises(ValueError, match="symbolic links"):
+        inside_image(root, "/loop/y")
