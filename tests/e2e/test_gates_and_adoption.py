@@ -86,20 +86,14 @@ def test_without_honor_wait_for_first_consumer_claims_ask_for_immediate_binding(
     wait_phase(k, "wffc-ignored", "Succeeded")  # the importer pod is the first consumer
 
 
-def test_a_foreign_claim_is_refused_as_cdi_does(shared_kubectl: Kubectl) -> None:
-    k = shared_kubectl
-    filled_claim(k, "taken")
-    result = k.apply(datavolume("taken", {"blank": {}}, "16Mi"), check=False)
-    assert result.returncode != 0
-    assert "Destination PVC default/taken already exists" in result.stderr
-    declined = datavolume("declined", {"blank": {}}, "16Mi", annotations={"cdi.kubevirt.io/allowClaimAdoption": "no"})
-    filled_claim(k, "declined")
-    assert "Destination PVC default/declined already exists" in k.apply(declined, check=False).stderr
-    expect_marker(k, "taken")
-
-
 def test_the_annotation_adopts_a_claim_and_keeps_its_content(shared_kubectl: Kubectl) -> None:
     k = shared_kubectl
+    filled_claim(k, "taken")  # without the annotation (or an adoption gate) a user's claim is refused
+    assert "Destination PVC default/taken already exists" in \
+        k.apply(datavolume("taken", {"blank": {}}, "16Mi"), check=False).stderr
+    declined = datavolume("taken", {"blank": {}}, "16Mi", annotations={"cdi.kubevirt.io/allowClaimAdoption": "no"})
+    assert "Destination PVC default/taken already exists" in k.apply(declined, check=False).stderr
+    expect_marker(k, "taken")
     filled_claim(k, "adopt-me")
     k.apply(datavolume("adopt-me", {"blank": {}}, "64Mi", annotations={"cdi.kubevirt.io/allowClaimAdoption": "true"}))
     dv = wait_phase(k, "adopt-me", "Succeeded")
@@ -139,7 +133,8 @@ def test_a_claim_populated_for_the_datavolume_is_taken_as_it_is(shared_kubectl: 
 
 def test_a_pre_populated_datavolume_waits_for_its_claim(shared_kubectl: Kubectl) -> None:
     k = shared_kubectl
-    k.apply(datavolume("awaited", {"blank": {}}, "64Mi", annotations={"cdi.kubevirt.io/storage.prePopulated": "awaited"}))
+    k.apply(datavolume("awaited", {"blank": {}}, "64Mi",
+                       annotations={"cdi.kubevirt.io/storage.prePopulated": "awaited"}))
     wait_phase(k, "awaited", "Pending")
     # a DataVolume to compare with, created after: once it has its claim, the first one had its chance
     k.apply(datavolume("awaited-witness", {"blank": {}}, "16Mi"))
