@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.importing import datavolume, phase, read_back, wait_phase
 from tests.e2e.workloads import pod, pvc
 from tests.e2e.workloads import wait_phase as wait_pod_phase
-from tests.support.cluster import Kubectl, wait_for
+from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.servers import FileServer
 
@@ -181,3 +181,20 @@ def test_a_claim_deleted_after_success_is_created_and_filled_again(
     dv = wait_phase(k, "refilled", "Succeeded")
     assert dv["status"]["claimName"] == "refilled"
     assert read_back(k, "refilled", image.virtual_size) == image.sha256
+
+
+def test_log_verbosity_turns_on_the_components_debug_logs(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    k.apply(datavolume("quiet", {"blank": {}}, "16Mi"))
+    wait_phase(k, "quiet", "Succeeded")
+    assert "reconciled default/quiet" not in shared_cdi_up.log_path.read_text()
+    k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"logVerbosity": 3}}}))
+    try:
+        wait_for(lambda: k.get("cdiconfig", "config", "")["spec"].get("logVerbosity") == 3, 30,
+                 message="CDIConfig logVerbosity 3")
+        k.apply(datavolume("talkative", {"blank": {}}, "16Mi"))
+        wait_phase(k, "talkative", "Succeeded")
+        wait_for(lambda: "reconciled default/talkative" in shared_cdi_up.log_path.read_text(), 30,
+                 message="the controller's debug log")
+    finally:
+        k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"logVerbosity": None}}}))
