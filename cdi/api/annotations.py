@@ -23,6 +23,9 @@ MULTUS_NETWORKS: Final = "k8s.v1.cni.cncf.io/networks"
 MULTUS_DEFAULT_NETWORK: Final = "v1.multus-cni.io/default-network"
 ISTIO_INJECT: Final = "sidecar.istio.io/inject"
 LINKERD_INJECT: Final = "linkerd.io/inject"
+POD_PRIORITY_CLASS: Final = _P + "storage.pod.priorityclassname"
+POD_SERVICE_ACCOUNT: Final = _P + "storage.pod.serviceAccountName"
+POPULATOR_KIND: Final = _P + "storage.populator.kind"
 
 # legacy PVC import API (also written by the DataVolume controller onto the PVC)
 IMPORT_ENDPOINT: Final = _P + "storage.import.endpoint"

@@ -14,6 +14,7 @@ from cdi.api import annotations as ann
 from cdi.api import featuregates, groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.upload import FORMAT_ANNOTATION
+from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions
 from cdi.controller.progress import format_progress, scrape
@@ -37,9 +38,10 @@ IMPORT_SOURCES = {"http", "s3", "gcs", "registry", "blank"}
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
-                       FORMAT_ANNOTATION)
-PRIORITY_CLASS = "cdi.kubevirt.io/storage.pod.priorityclassname"
-SERVICE_ACCOUNT = "cdi.kubevirt.io/storage.pod.serviceaccountname"
+                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION)
+EXTERNAL_POPULATION = "cdi.kubevirt.io/externalPopulation"  # CDI's AnnExternalPopulation
+PRIORITY_CLASS = ann.POD_PRIORITY_CLASS
+SERVICE_ACCOUNT = ann.POD_SERVICE_ACCOUNT
 
 
 def _passes_label(key: str) -> bool:
@@ -100,8 +102,12 @@ class DataVolumeReconciler(Reconciler):
             return None
         view = DataVolumeView(dv)
         kind = view.source_kind
-        if kind not in IMPORT_SOURCES and kind != "upload":
-            return None  # clones and populators are reconciled elsewhere
+        unsupported = unsupported_source(view.spec)
+        if unsupported is not None:
+            return await self._refuse(dv, unsupported)
+        external = kind is None and view.spec.get("sourceRef") is None and external_population(view.spec) is not None
+        if kind not in IMPORT_SOURCES and kind != "upload" and not external:
+            return None  # clones are reconciled elsewhere
         pvc = self.ctx.cached(groups.PVCS, name, namespace)
         if pvc is None:
             if ann.PRE_POPULATED in view.annotations:
@@ -155,6 +161,12 @@ class DataVolumeReconciler(Reconciler):
         else:
             self.pending_on_storage.discard(key)
 
+    async def _refuse(self, dv: Body, cause: Cause) -> float | None:
+        """A source CDI admits that cannot work here: Failed at once, with the field and the reason."""
+        event: Event = (WARNING, cause.reason, cause.message)
+        return await self._update_status(dv, None, message=cause.message, reason=cause.reason, phase="Failed",
+                                         event=event)
+
     async def _create_claim(self, dv: Body) -> float | None:
         view = DataVolumeView(dv)
         try:
@@ -171,6 +183,8 @@ class DataVolumeReconciler(Reconciler):
         if view.source_kind == "upload":
             annotations[ann.UPLOAD_TARGET] = ""
             annotations[ann.CONTENT_TYPE] = view.content_type
+        elif view.source_kind is None:  # filled by the claim's data source or a volume populator, as CDI
+            annotations[EXTERNAL_POPULATION] = "true"
         else:
             annotations.update(import_annotations(dv))
         preallocation = view.spec.get("preallocation")
@@ -311,6 +325,11 @@ class DataVolumeReconciler(Reconciler):
             return None, None
         if upload:
             return self._upload_phase(annotations, name, status), None
+        if annotations.get(EXTERNAL_POPULATION) == "true":
+            status["phase"] = "Succeeded"
+            ref = dig(pvc, "spec", "dataSourceRef") or dig(pvc, "spec", "dataSource") or {}
+            return (NORMAL, "ExternalPopulationSucceeded",
+                    f"PVC {name} successfully populated by {ref.get('name', '')}"), None
         if pod_phase == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             status["phase"] = "Failed"
             return (WARNING, "ImportFailed", f"Failed to import into PVC {name}"), None

@@ -37,7 +37,9 @@ from cdi.controller.claims import (
     scratch_name,
 )
 from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, mounts_scratch, pod_name
+from cdi.controller.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
 from cdi.controller.runtime import Context, Reconciler
+from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -88,14 +90,11 @@ class ImportReconciler(Reconciler):
     def worker_settings(self) -> WorkerSettings:
         status = config_status(self.ctx)
         settings = self.ctx.settings
-        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None) or {}
         config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
         return WorkerSettings(
-            importer_image=settings.importer_image, pull_policy=settings.pull_policy,
-            resources=status.get("defaultPodResourceRequirements"), import_proxy=status.get("importProxy"),
+            importer_image=settings.importer_image, import_proxy=status.get("importProxy"),
             insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()),
-            image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
-            node_placement=dig(cdi, "spec", "workload") or {}, retry_budget=settings.import_retry_budget,
+            pod=pod_settings(self.ctx), retry_budget=settings.import_retry_budget,
         )
 
     def _dv_of(self, pvc: Body) -> Body | None:
@@ -154,12 +153,17 @@ class ImportReconciler(Reconciler):
             source = ImportSource(**{**source.__dict__, "source": "blank"})
         # scratch only once an importer asked for it (or a user's annotation did): never from a look at the source
         scratch = annotations.get(ann.REQUIRES_SCRATCH) == "true"
+        try:
+            await ensure_proxy_ca(self.ctx, pvc)
+        except ProxyCaMissing as exc:  # the pod could not start without it: say so instead of a hung pod
+            self.ctx.recorder.record(self._dv_of(pvc) or pvc, WARNING, MISSING_REASON, str(exc))
+            await annotate(self.ctx, pvc, {ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: MISSING_REASON,
+                                           ann.CONDITION_RUNNING_MESSAGE: str(exc)})
+            return 10.0
         scratch_claim = await ensure_scratch(self.ctx, pvc) if scratch else None
         pod = importer_pod(
             pvc, source, self.worker_settings(), attempt=attempt, scratch_claim=scratch_claim,
-            filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc),
-            priority_class=annotations.get("cdi.kubevirt.io/storage.pod.priorityclassname", ""),
-            service_account=annotations.get("cdi.kubevirt.io/storage.pod.serviceaccountname", ""))
+            filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc))
         try:
             await self.ctx.client.create(groups.PODS, pod, namespace)
         except AlreadyExists:
@@ -316,6 +320,8 @@ class ImportReconciler(Reconciler):
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         await self._delete_scratch(namespace, name)
+        if pod is not None:  # the import just ended (later cleanups mostly find the pod gone)
+            await delete_proxy_ca(self.ctx, pvc)
         retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true"
         dv = self._dv_of(pvc)
         if dv is not None and (dig(dv, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION) == "true":

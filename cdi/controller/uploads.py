@@ -40,17 +40,16 @@ from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller.claims import (
     annotate,
     claim_overhead,
-    config_status,
     delete_if_present,
     ensure_scratch,
     owner_reference,
     preallocation_wanted,
     scratch_name,
 )
-from cdi.controller.importpod import WORKER_UID
 from cdi.controller.imports import termination
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
+from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -191,33 +190,20 @@ class UploadReconciler(Reconciler):
             mounts.append({"name": "cdi-upload-state", "mountPath": STATE_DIR_DEFAULT})
             environment.append({"name": ENV_STATE_DIR, "value": STATE_DIR_DEFAULT})
         container: Obj = {
-            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image,
-            "imagePullPolicy": self.ctx.settings.pull_policy, "env": environment, "volumeMounts": mounts,
+            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image, "env": environment,
+            "volumeMounts": mounts,
             "ports": [{"name": "uploadserver", "containerPort": UPLOAD_PORT, "protocol": "TCP"}],
             "readinessProbe": {"httpGet": {"path": "/healthz", "port": UPLOAD_PORT, "scheme": "HTTPS"},
                                "periodSeconds": 1, "failureThreshold": 3},
             "terminationMessagePolicy": "FallbackToLogsOnError",
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "runAsNonRoot": True, "runAsUser": WORKER_UID},
         }
-        resources = config_status(self.ctx).get("defaultPodResourceRequirements")
-        if resources:
-            container["resources"] = dict(resources)
         if devices:
             container["volumeDevices"] = devices
-        spec: Obj = {"restartPolicy": "OnFailure", "containers": [container], "volumes": volumes,
-                     "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True}}
-        for key, field in (("cdi.kubevirt.io/storage.pod.priorityclassname", "priorityClassName"),
-                           ("cdi.kubevirt.io/storage.pod.serviceaccountname", "serviceAccountName")):
-            if annotations.get(key):
-                spec[field] = annotations[key]
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": resource, "namespace": dig(pvc, "metadata", "namespace"),
-                             "labels": {**labels, SERVICE_LABEL: service,
-                                        ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))},
-                             "annotations": {ann.ISTIO_INJECT: "false", ann.LINKERD_INJECT: "disabled"},
-                             "ownerReferences": owner},
-                "spec": spec}
+        return worker_pod(
+            name=resource, namespace=str(dig(pvc, "metadata", "namespace")), component=labels[ann.LABEL_COMPONENT],
+            annotated=pvc, owner=owner[0], containers=[container], volumes=volumes, restart_policy="OnFailure",
+            settings=pod_settings(self.ctx),
+            labels={**labels, SERVICE_LABEL: service, ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))})
 
     async def _observe(self, pvc: Body, pod: Body) -> float | None:
         phase = str(dig(pod, "status", "phase") or "Pending")

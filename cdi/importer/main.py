@@ -71,6 +71,10 @@ def open_origin(config: ImporterConfig, stop: threading.Event) -> Origin:
         from .source_s3 import open_s3
 
         return open_s3(config, stop)
+    if config.source == envnames.SOURCE_GCS:
+        from .source_gcs import open_gcs
+
+        return open_gcs(config, stop)
     if config.source == envnames.SOURCE_REGISTRY:
         from .source_registry import open_registry
 
