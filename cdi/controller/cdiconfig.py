@@ -13,6 +13,7 @@ from typing import Any
 from cdi.api import groups
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
 from cdi.api.views import dig
+from cdi.common.verbosity import log_level
 from cdi.controller.runtime import Reconciler, write_status
 from cdi.kube import AlreadyExists
 
@@ -23,15 +24,6 @@ DEFAULT_POD_RESOURCES: Mapping[str, Any] = {
 CONFIG_KEY = groups.CDI_CONFIG_NAME
 # the loggers of CDI's components (under `cdi up` they share this process; the embedded cluster's are not CDI's)
 COMPONENT_LOGGERS = ("cdi.controller", "cdi.kube", "cdi.apiserver", "cdi.uploadproxy")
-
-
-def log_level(verbosity: object) -> int:
-    """CDIConfig `logVerbosity` (klog's -v) as a logging level: unset keeps what the command line chose;
-    0 and 1 (CDI's default) log informational messages, 2 and more debug ones too (CDI's controller turns
-    debug logging on above 1)."""
-    if not isinstance(verbosity, int) or isinstance(verbosity, bool) or verbosity < 0:
-        return logging.NOTSET
-    return logging.DEBUG if verbosity > 1 else logging.INFO
 
 
 def apply_log_verbosity(spec: Mapping[str, Any]) -> None:

@@ -183,18 +183,24 @@ def test_a_claim_deleted_after_success_is_created_and_filled_again(
     assert read_back(k, "refilled", image.virtual_size) == image.sha256
 
 
-def test_log_verbosity_turns_on_the_components_debug_logs(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
+def test_log_verbosity_turns_on_debug_logs_in_components_and_worker_pods(
+        shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
     k = shared_kubectl
-    k.apply(datavolume("quiet", {"blank": {}}, "16Mi"))
+    retain = {"cdi.kubevirt.io/storage.pod.retainAfterCompletion": "true"}
+    k.apply(datavolume("quiet", {"blank": {}}, "16Mi", annotations=retain))
     wait_phase(k, "quiet", "Succeeded")
     assert "reconciled default/quiet" not in shared_cdi_up.log_path.read_text()
+    assert k.get("pod", "importer-quiet")["spec"]["containers"][0]["args"] == ["-v=1"]  # CDI's default
+    assert " DEBUG " not in k("logs", "importer-quiet").stderr + k("logs", "importer-quiet").stdout
     k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"logVerbosity": 3}}}))
     try:
         wait_for(lambda: k.get("cdiconfig", "config", "")["spec"].get("logVerbosity") == 3, 30,
                  message="CDIConfig logVerbosity 3")
-        k.apply(datavolume("talkative", {"blank": {}}, "16Mi"))
+        k.apply(datavolume("talkative", {"blank": {}}, "16Mi", annotations=retain))
         wait_phase(k, "talkative", "Succeeded")
         wait_for(lambda: "reconciled default/talkative" in shared_cdi_up.log_path.read_text(), 30,
                  message="the controller's debug log")
+        assert k.get("pod", "importer-talkative")["spec"]["containers"][0]["args"] == ["-v=3"]
+        assert " DEBUG cdi.importer: importing blank" in k("logs", "importer-talkative").stdout
     finally:
         k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"logVerbosity": None}}}))
