@@ -16,7 +16,7 @@ from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
-from cdi.controller import conditions
+from cdi.controller import conditions, staticvolumes
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import (
     ClusterStorage,
@@ -115,6 +115,9 @@ class DataVolumeReconciler(Reconciler):
                 return await self._update_status(dv, None, phase="Pending")
             # a claim deleted after success is created and filled again, as CDI does
             return await self._create_claim(dv)
+        if ann.CHECK_STATIC_VOLUME in view.annotations and \
+                ann.PERSISTENT_VOLUME_LIST in (dig(pvc, "metadata", "annotations") or {}):
+            return await self._static_claim(dv, pvc)
         requires_work = featuregates.claim_requires_work(pvc, dv, self._gate(featuregates.DATA_VOLUME_CLAIM_ADOPTION))
         controller = next((r for r in dig(pvc, "metadata", "ownerReferences") or [] if r.get("controller")), None)
         if controller is None or controller.get("uid") != view.uid:
@@ -131,6 +134,27 @@ class DataVolumeReconciler(Reconciler):
         await self._delayed_annotations(view, pvc)
         self._set_pending(key, False)
         return await self._update_status(dv, pvc, requires_work=requires_work)
+
+    async def _static_claim(self, dv: Body, pvc: Body) -> float | None:
+        """CDI's handleStaticVolume once the claim exists: Pending until bound; bound to one of the volumes
+        it was made for, it is populated for the DataVolume from then on; bound to another, it is deleted
+        and made again."""
+        view = DataVolumeView(dv)
+        if dig(pvc, "status", "phase") != "Bound":
+            return await self._update_status(dv, pvc, phase="Pending")
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        volume = dig(pvc, "spec", "volumeName")
+        try:
+            expected = json.loads(annotations[ann.PERSISTENT_VOLUME_LIST])
+        except ValueError:
+            expected = []
+        if volume in expected:
+            await self.ctx.client.patch(groups.PVCS, view.name, {"metadata": {"annotations": {
+                ann.POPULATED_FOR: view.name, ann.PERSISTENT_VOLUME_LIST: None}}}, view.namespace)
+            return None
+        self.log.warning("DataVolume %s bound to unexpected PV %s; deleting its claim", view.key, volume)
+        await self.ctx.client.delete(groups.PVCS, view.name, view.namespace)
+        return None
 
     def _gate(self, gate: str) -> bool:
         return featuregates.enabled(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME), gate)
@@ -180,7 +204,12 @@ class DataVolumeReconciler(Reconciler):
                                              event=(WARNING, exc.reason, str(exc)))
         self._set_pending(view.key, False)
         annotations = {k: v for k, v in view.annotations.items() if k in _PASSED_ANNOTATIONS}
-        if view.source_kind == "upload":
+        static = staticvolumes.available_for(self.ctx.cached_list(groups.PVS), view.namespace, view.name, spec) \
+            if ann.CHECK_STATIC_VOLUME in view.annotations else []
+        if static:
+            # as CDI: a claim for the pre-bound volume(s) that holds the data already, with nothing to fill
+            annotations[ann.PERSISTENT_VOLUME_LIST] = json.dumps(static)
+        elif view.source_kind == "upload":
             annotations[ann.UPLOAD_TARGET] = ""
             annotations[ann.CONTENT_TYPE] = view.content_type
         elif view.source_kind is None:  # filled by the claim's data source or a volume populator, as CDI
@@ -195,7 +224,7 @@ class DataVolumeReconciler(Reconciler):
         if view.spec.get("serviceAccountName"):
             annotations[SERVICE_ACCOUNT] = str(view.spec["serviceAccountName"])
         annotations[ann.CREATED_FOR_DATAVOLUME] = view.uid
-        if not self._gate(featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER):
+        if not self._gate(featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER) and not static:
             annotations[ann.BIND_IMMEDIATE] = ""  # as CDI: worker pods need not wait for a first consumer
         labels = {k: v for k, v in view.labels.items() if _passes_label(k)}
         labels[ann.LABEL_APP] = ann.LABEL_APP_VALUE

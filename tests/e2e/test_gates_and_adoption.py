@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -204,3 +205,33 @@ def test_log_verbosity_turns_on_debug_logs_in_components_and_worker_pods(
         assert " DEBUG cdi.importer: importing blank" in k("logs", "importer-talkative").stdout
     finally:
         k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"logVerbosity": None}}}))
+
+
+def test_check_static_volume_takes_the_volume_pre_bound_to_the_datavolume(
+        shared_kubectl: Kubectl, tmp_path: Path) -> None:
+    k = shared_kubectl
+    directory = tmp_path / "static-volume"
+    directory.mkdir()
+    (directory / "disk.img").write_bytes(MARKER)
+    k.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "static-for-dv"},
+             "spec": {"storageClassName": "", "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                      "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(directory)},
+                      "claimRef": {"namespace": "default", "name": "static-dv"}}})
+    wait_for(lambda: k.get("pv", "static-for-dv", "").get("status", {}).get("phase") == "Available", 30,
+             message="the pre-bound volume Available")
+    static = {"cdi.kubevirt.io/storage.checkStaticVolume": ""}
+    for name in ("static-dv", "static-none"):  # the second has no volume waiting: it is filled as usual
+        dv = datavolume(name, {"blank": {}}, "64Mi", api="pvc", annotations=static)
+        dv["spec"]["pvc"]["storageClassName"] = ""
+        if name == "static-none":
+            del dv["spec"]["pvc"]["storageClassName"]
+        k.apply(dv)
+    wait_phase(k, "static-dv", "Succeeded")
+    claim = k.get("pvc", "static-dv")
+    assert claim["spec"]["volumeName"] == "static-for-dv"
+    assert claim["metadata"]["annotations"]["cdi.kubevirt.io/storage.populatedFor"] == "static-dv"
+    assert "cdi.kubevirt.io/storage.persistentVolumeList" not in claim["metadata"]["annotations"]
+    assert "cdi.kubevirt.io/storage.import.source" not in claim["metadata"]["annotations"]
+    expect_marker(k, "static-dv")
+    wait_phase(k, "static-none", "Succeeded")
+    assert "cdi.kubevirt.io/storage.import.source" in k.get("pvc", "static-none")["metadata"]["annotations"]
