@@ -17,6 +17,7 @@ from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions, staticvolumes
+from cdi.controller.claims import waits_for_first_consumer
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import (
     ClusterStorage,
@@ -339,8 +340,7 @@ class DataVolumeReconciler(Reconciler):
         if claim_phase == "Pending":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
-            if wffc and annotations.get(ann.BIND_IMMEDIATE) not in ("true", "") and \
-                    self._gate(featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER):
+            if wffc and waits_for_first_consumer(self.ctx, pvc):
                 status["phase"] = "WaitForFirstConsumer"
                 return None, None
             if not (wffc and pod_phase):

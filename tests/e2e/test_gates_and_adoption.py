@@ -85,6 +85,11 @@ def test_without_honor_wait_for_first_consumer_claims_ask_for_immediate_binding(
     wait_for(lambda: k.exists("pvc", "wffc-ignored"), 30, message="claim created")
     assert k.get("pvc", "wffc-ignored")["metadata"]["annotations"][BIND_IMMEDIATE] == ""
     wait_phase(k, "wffc-ignored", "Succeeded")  # the importer pod is the first consumer
+    bare = pvc("wffc-bare", "16Mi", storage_class="local-wffc")  # CDI's PVC import API, no DataVolume
+    bare["metadata"]["annotations"] = {"cdi.kubevirt.io/storage.import.source": "none"}
+    k.apply(bare)
+    wait_for(lambda: k.get("pvc", "wffc-bare")["metadata"]["annotations"].get(
+        "cdi.kubevirt.io/storage.pod.phase") == "Succeeded", 60, message="the bare claim imported without a consumer")
 
 
 def test_the_annotation_adopts_a_claim_and_keeps_its_content(shared_kubectl: Kubectl) -> None:
