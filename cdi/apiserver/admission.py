@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cdi.api import groups
+from cdi.api import featuregates, groups
 from cdi.api.validation import Cause, rejection_message, validate_datavolume
 from cdi.api.views import dig
 from cdi.kube import KubeClient, NotFound
@@ -88,11 +88,13 @@ class Admission:
             pvc = await self.client.get(groups.PVCS, name, namespace)
         except NotFound:
             return []
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        if annotations.get("cdi.kubevirt.io/storage.populatedFor") == name:
-            return []
-        if dig(dv, "metadata", "annotations", "cdi.kubevirt.io/allowClaimAdoption") == "true":
-            return []
+        try:
+            config = await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
+        except NotFound:
+            config = None
+        if not featuregates.claim_requires_work(
+                pvc, dv, featuregates.enabled(config, featuregates.DATA_VOLUME_CLAIM_ADOPTION)):
+            return []  # populated for it, or adoptable (annotation, else the DataVolumeClaimAdoption gate)
         owner = next((r for r in dig(pvc, "metadata", "ownerReferences") or [] if r.get("controller")), None)
         if owner is not None and owner.get("kind") == "DataVolume":
             return []

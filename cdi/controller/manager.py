@@ -102,6 +102,10 @@ class Manager:
                 self.profiles.enqueue(str(dig(sc, "metadata", "name")))
 
         def on_volume(obj: Obj, *rest: Obj) -> None:
+            # a volume pre-bound to a DataVolume's claim (`storage.checkStaticVolume`)
+            ref = dig(rest[0] if rest else obj, "spec", "claimRef") or {}
+            if ref.get("name") and ref.get("namespace"):
+                self.datavolumes.enqueue(f"{ref['namespace']}/{ref['name']}")
             # a no-provisioner class's profile takes its claim property sets from the class's volumes
             name = str(dig(rest[0] if rest else obj, "spec", "storageClassName") or "")
             storage_class = self.ctx.cached(groups.STORAGECLASSES, name) if name else None

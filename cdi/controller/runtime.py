@@ -125,6 +125,7 @@ class Reconciler:
             finally:
                 self.queue.done(key)
                 metrics.reconciled(self.name, outcome, time.monotonic() - started)
+                self.log.debug("reconciled %s: %s in %.3fs", key, outcome, time.monotonic() - started)
                 metrics.queue_depth.labels(self.name).set(len(self.queue))
 
 

@@ -45,6 +45,7 @@ from cdi.controller.claims import (
     owner_reference,
     preallocation_wanted,
     scratch_name,
+    waits_for_first_consumer,
 )
 from cdi.controller.imports import termination
 from cdi.controller.runtime import Context, Reconciler
@@ -114,7 +115,7 @@ class UploadReconciler(Reconciler):
         if dig(pvc, "status", "phase") != "Bound":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
-            if not (wffc and annotations.get(ann.BIND_IMMEDIATE) in ("true", "")):
+            if not (wffc and not waits_for_first_consumer(self.ctx, pvc)):
                 return None
         if pod is None:
             await self._create(pvc)

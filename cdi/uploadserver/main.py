@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from cdi.api import env as envnames
-from cdi.common import aioloop
+from cdi.common import aioloop, verbosity
 from cdi.importer import ImporterError, Reason
 from cdi.importer import termination as term
 from cdi.uploadserver.config import UploadServerConfig
@@ -58,8 +58,8 @@ async def serve(config: UploadServerConfig) -> term.TerminationMessage:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=verbosity.program_level(sys.argv[1:] if argv is None else argv),
+                        stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log_path = Path(os.environ.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT)
     try:
         config = UploadServerConfig.from_env()
