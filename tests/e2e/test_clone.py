@@ -1,0 +1,270 @@
+"""Cloning against `cdi up` through the real kubectl: DataSources and their Ready condition, and
+DataVolumes that clone a PVC, a snapshot or a DataSource's source with the strategy the planner
+chose, byte for byte, leaving no temporary object behind."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.e2e.workloads import get, new_namespace, pod, pvc, run_to_completion
+from tests.support.cluster import Kubectl, wait_for
+
+MIB = 1024 * 1024
+
+# a sparse 64 MiB disk.img with three 4 KiB data blocks
+SPARSE_WRITE = """
+import os
+with open("/data/disk.img", "wb") as f:
+    f.truncate(64 * 1024 * 1024)
+    for offset in (0, 10 * 1024 * 1024, 64 * 1024 * 1024 - 4096):
+        f.seek(offset)
+        f.write(os.urandom(4096))
+    f.flush()
+    os.fsync(f.fileno())
+"""
+
+DESCRIBE = """
+import hashlib, json, os
+path = "/data/disk.img"
+digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+st = os.stat(path)
+print(json.dumps({"sha256": digest, "size": st.st_size, "allocated": st.st_blocks * 512}))
+"""
+
+
+def describe(k: Kubectl, ns: str, claim: str, name: str) -> dict[str, Any]:
+    out = run_to_completion(k, ns, pod(name, DESCRIBE, claim, python=True))
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def data_source(name: str, source: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource", "metadata": {"name": name},
+            "spec": {"source": source}}
+
+
+def ready_condition(k: Kubectl, ns: str, name: str) -> dict[str, Any]:
+    ds = get(k, "datasource", name, ns) or {}
+    return next((c for c in (ds.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), {})
+
+
+def wait_ready_reason(k: Kubectl, ns: str, name: str, status: str, reason: str) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        cond = ready_condition(k, ns, name)
+        return cond if cond.get("status") == status and cond.get("reason") == reason else None
+
+    result: dict[str, Any] = wait_for(check, 60, 0.1, message=f"DataSource {ns}/{name} Ready={status} {reason}: "
+                                                             f"{ready_condition(k, ns, name)}")
+    return result
+
+
+def test_datasource_ready_condition_follows_its_source(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "das")
+    k.apply(data_source("golden", {"pvc": {"namespace": ns, "name": "golden-disk"}}), "-n", ns)
+    cond = wait_ready_reason(k, ns, "golden", "False", "NotFound")
+    assert cond["message"] == "PVC not found"
+    assert get(k, "datasource", "golden", ns)["status"].get("source") in ({}, None)
+
+    k.apply(pvc("golden-disk", "16Mi"), "-n", ns)
+    k("label", "pvc", "golden-disk", "-n", ns, "instancetype.kubevirt.io/default-instancetype=u1.small",
+      "other.example.com/x=y")
+    cond = wait_ready_reason(k, ns, "golden", "True", "Ready")
+    assert cond["message"] == "DataSource is ready to be consumed"
+    ds = get(k, "datasource", "golden", ns)
+    assert ds["status"]["source"] == {"pvc": {"namespace": ns, "name": "golden-disk"}}
+    assert ds["metadata"]["labels"]["instancetype.kubevirt.io/default-instancetype"] == "u1.small"
+    assert "other.example.com/x" not in ds["metadata"]["labels"]
+
+    # one level of indirection: a DataSource naming the ready one is ready with its source
+    k.apply(data_source("alias", {"dataSource": {"namespace": ns, "name": "golden"}}), "-n", ns)
+    wait_ready_reason(k, ns, "alias", "True", "Ready")
+    assert get(k, "datasource", "alias", ns)["status"]["source"] == {"pvc": {"namespace": ns, "name": "golden-disk"}}
+    # ... but no more than one, never itself, never in another namespace
+    k.apply(data_source("alias2", {"dataSource": {"namespace": ns, "name": "alias"}}), "-n", ns)
+    cond = wait_ready_reason(k, ns, "alias2", "False", "MaxReferenceDepthReached")
+    assert cond["message"] == "DataSource reference chain exceeds maximum depth of 1"
+    k.apply(data_source("me", {"dataSource": {"namespace": ns, "name": "me"}}), "-n", ns)
+    assert wait_ready_reason(k, ns, "me", "False", "SelfReference")["message"] == "DataSource cannot self-reference"
+    k.apply(data_source("far", {"dataSource": {"name": "golden", "namespace": "default"}}), "-n", ns)
+    assert wait_ready_reason(k, ns, "far", "False", "CrossNamespaceReference")["message"] == \
+        "DataSource cannot reference a DataSource in another namespace"
+
+    # a snapshot source is ready once the snapshot is
+    k.apply(data_source("snap-das", {"snapshot": {"namespace": ns, "name": "snap"}}), "-n", ns)
+    assert wait_ready_reason(k, ns, "snap-das", "False", "NotFound")["message"] == "Snapshot not found"
+    k.apply({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
+             "spec": {"volumeSnapshotClassName": "local", "source": {"persistentVolumeClaimName": "golden-disk"}}},
+            "-n", ns)
+    wait_ready_reason(k, ns, "snap-das", "True", "Ready")
+
+    # the PVC of a DataVolume still importing is not ready: the reason is the DataVolume's phase
+    k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "pending-disk"},
+             "spec": {"source": {"http": {"url": "http://127.0.0.1:9/nothing.img"}},
+                      "storage": {"resources": {"requests": {"storage": "16Mi"}}}}}, "-n", ns)
+    k.apply(data_source("importing", {"pvc": {"namespace": ns, "name": "pending-disk"}}), "-n", ns)
+
+    def not_ready_with_phase() -> dict[str, Any] | None:
+        cond = ready_condition(k, ns, "importing")
+        return cond if cond.get("status") == "False" and cond.get("message", "").startswith(
+            "Import DataVolume phase ") and cond.get("reason") not in ("NotFound", "") else None
+
+    cond = wait_for(not_ready_with_phase, 60, 0.1, message="DataSource of an importing DataVolume")
+    assert cond["message"] == f"Import DataVolume phase {cond['reason']}"
+    # when the PVC goes, so does the readiness
+    k("delete", "pvc", "golden-disk", "-n", ns, "--wait=false")
+    wait_ready_reason(k, ns, "golden", "False", "NotFound")
+    assert get(k, "datasource", "golden", ns)["status"].get("source") in ({}, None)
+
+
+def clone_dv(name: str, source: dict[str, Any] | None = None, *, size: str | None = None,
+             storage_class: str | None = None, source_ref: dict[str, Any] | None = None,
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    storage: dict[str, Any] = {}
+    if size is not None:
+        storage["resources"] = {"requests": {"storage": size}}
+    if storage_class is not None:
+        storage["storageClassName"] = storage_class
+    spec: dict[str, Any] = {"storage": storage}
+    if source is not None:
+        spec["source"] = source
+    if source_ref is not None:
+        spec["sourceRef"] = source_ref
+    meta: dict[str, Any] = {"name": name}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": meta, "spec": spec}
+
+
+def wait_dv_phase(k: Kubectl, ns: str, name: str, phase: str, timeout: float = 120) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        dv = get(k, "datavolume", name, ns) or {}
+        return dv if (dv.get("status") or {}).get("phase") == phase else None
+
+    result: dict[str, Any] = wait_for(check, timeout, 0.2, message=f"DataVolume {ns}/{name} {phase}")
+    return result
+
+
+def events_of(k: Kubectl, ns: str, name: str) -> list[tuple[str, str]]:
+    items = k.json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [(e["reason"], e["message"]) for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
+
+
+def leftovers(k: Kubectl, ns: str) -> list[str]:
+    """Temporary clone objects still in `ns`."""
+    names = [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]]
+    names += [s["metadata"]["name"] for s in k.json("get", "volumesnapshot", "-n", ns)["items"]]
+    return [n for n in names if n.startswith(("tmp-pvc-", "tmp-snapshot-"))]
+
+
+def test_snapshot_and_csi_clone_keep_bytes_and_leave_nothing_behind(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "smart")
+    k.apply(pvc("golden", "100Mi"), "-n", ns)
+    run_to_completion(k, ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, ns, "golden", "describe-golden")
+
+    def use_strategy(strategy: str) -> None:
+        k("patch", "storageprofile", "local", "--type=merge", "-p", json.dumps({"spec": {"cloneStrategy": strategy}}))
+
+        def applied() -> bool:
+            return (get(k, "storageprofile", "local", "") or {}).get("status", {}).get("cloneStrategy") == strategy
+
+        wait_for(applied, 30, 0.1, message=f"profile says {strategy}")
+
+    try:
+        # snapshot (smart clone) from the StorageProfile; no size: the source's
+        use_strategy("snapshot")
+        k.apply(clone_dv("smart", {"pvc": {"namespace": ns, "name": "golden"}}), "-n", ns)
+        dv = wait_dv_phase(k, ns, "smart", "Succeeded")
+        # csi-clone into a larger target (grown after the clone)
+        use_strategy("csi-clone")
+        k.apply(clone_dv("csi", {"pvc": {"namespace": ns, "name": "golden"}}, size="200Mi"), "-n", ns)
+        wait_dv_phase(k, ns, "csi", "Succeeded")
+    finally:
+        k("patch", "storageprofile", "local", "--type=json", "-p", '[{"op":"remove","path":"/spec/cloneStrategy"}]')
+    assert dv["status"]["progress"] == "100.0%"
+    target = get(k, "pvc", "smart", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "snapshot"
+    assert "cdi.kubevirt.io/cloneFallbackReason" not in target["metadata"]["annotations"]
+    assert target["status"]["phase"] == "Bound"
+    assert target["status"]["capacity"]["storage"] == get(k, "pvc", "golden", ns)["status"]["capacity"]["storage"]
+    reasons = [r for r, _ in events_of(k, ns, "smart")]
+    for reason in ("CloneScheduled", "SnapshotForSmartCloneInProgress", "CloneFromSnapshotSourceInProgress",
+                   "RebindInProgress", "CloneSucceeded"):
+        assert reason in reasons, reasons
+    scheduled = dict(events_of(k, ns, "smart"))["CloneScheduled"]
+    assert scheduled.startswith(f"Cloning from {ns}/golden into {ns}/smart scheduled: snapshot"), scheduled
+    assert dict(events_of(k, ns, "smart"))["CloneSucceeded"] == \
+        f"Successfully cloned from {ns}/golden into {ns}/smart"
+
+    target = get(k, "pvc", "csi", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "csi-clone"
+    assert target["status"]["capacity"]["storage"] == target["spec"]["resources"]["requests"]["storage"] != "100Mi"
+    reasons = [r for r, _ in events_of(k, ns, "csi")]
+    for reason in ("CSICloneInProgress", "PrepClaimInProgress", "CloneSucceeded"):
+        assert reason in reasons, reasons
+
+    # a DataSource's source, and a snapshot source
+    k.apply(data_source("golden-das", {"pvc": {"namespace": ns, "name": "golden"}}), "-n", ns)
+    wait_ready_reason(k, ns, "golden-das", "True", "Ready")
+    k.apply(clone_dv("from-ref", source_ref={"kind": "DataSource", "name": "golden-das"}), "-n", ns)
+    wait_dv_phase(k, ns, "from-ref", "Succeeded")
+    k.apply({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "golden-snap"},
+             "spec": {"volumeSnapshotClassName": "local", "source": {"persistentVolumeClaimName": "golden"}}},
+            "-n", ns)
+    k.apply(clone_dv("from-snap", {"snapshot": {"namespace": ns, "name": "golden-snap"}}), "-n", ns)
+    wait_dv_phase(k, ns, "from-snap", "Succeeded")
+    assert get(k, "pvc", "from-snap", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "snapshot"
+
+    for claim in ("smart", "csi", "from-ref", "from-snap"):
+        assert describe(k, ns, claim, f"describe-{claim}")["sha256"] == original["sha256"], claim
+    assert leftovers(k, ns) == []
+    assert [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]
+            if p["status"].get("phase") != "Bound"] == []
+
+
+def test_clone_into_another_namespace_rebinds_the_volume(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    src_ns, ns = new_namespace(k, "src"), new_namespace(k, "dst")
+    k.apply(pvc("golden", "64Mi"), "-n", src_ns)
+    run_to_completion(k, src_ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, src_ns, "golden", "describe-golden")
+    k.apply(clone_dv("copy", {"pvc": {"namespace": src_ns, "name": "golden"}}), "-n", ns)
+    wait_dv_phase(k, ns, "copy", "Succeeded")
+    assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
+    assert leftovers(k, src_ns) == [] and leftovers(k, ns) == []
+
+
+def test_fallback_and_validation_are_explained(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "fallback")
+    k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", ns)
+    k.apply(clone_dv("slow", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"), "-n", ns)
+    wait_dv_phase(k, ns, "slow", "CloneScheduled")
+    target = get(k, "pvc", "slow", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
+        "No compatible volumesnapshotclass found"
+
+    def fallback_event() -> bool:
+        return ("NoVolumeSnapshotClass", "No compatible volumesnapshotclass found") in events_of(k, ns, "slow")
+
+    wait_for(fallback_event, 30, 0.2, message="fallback event on the target claim")
+
+    # a target smaller than the source is refused with CDI's message, unless permissive
+    k.apply(clone_dv("small", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi",
+                     storage_class="local-nosnap"), "-n", ns)
+
+    def refused() -> bool:
+        return any(r == "CloneValidationFailed" for r, _ in events_of(k, ns, "small"))
+
+    wait_for(refused, 30, 0.2, message="CloneValidationFailed")
+    assert any(r == "ErrIncompatiblePVC" and m.startswith("target resources requests storage size is smaller than "
+                                                          "the source")
+               for r, m in events_of(k, ns, "small"))
+    assert get(k, "pvc", "small", ns) is None
+    k.apply(clone_dv("small-ok", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi",
+                     storage_class="local-nosnap", annotations={"cdi.kubevirt.io/permissiveClone": "true"}), "-n", ns)
+    wait_dv_phase(k, ns, "small-ok", "CloneScheduled")
