@@ -241,15 +241,30 @@ def test_fallback_and_validation_are_explained(shared_kubectl: Kubectl) -> None:
     k = shared_kubectl
     ns = new_namespace(k, "fallback")
     k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", ns)
+    # the profile of a class without snapshots advises copy: host-assisted, as asked, no fallback
     k.apply(clone_dv("slow", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"), "-n", ns)
     wait_dv_phase(k, ns, "slow", "CloneScheduled")
     target = get(k, "pvc", "slow", ns)
     assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    assert "cdi.kubevirt.io/cloneFallbackReason" not in target["metadata"]["annotations"]
+    assert dict(events_of(k, ns, "slow"))["CloneScheduled"] == (
+        f"Cloning from {ns}/golden into {ns}/slow scheduled: host-assisted copy, as asked by the cloneStrategy "
+        "of StorageProfile local-nosnap")
+
+    # Filesystem into Block cannot be a CSI clone or a snapshot: host-assisted, and why
+    k.apply(pvc("golden-fs", "64Mi"), "-n", ns)
+    dv = clone_dv("to-block", {"pvc": {"namespace": ns, "name": "golden-fs"}}, size="64Mi")
+    dv["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(dv, "-n", ns)
+    wait_dv_phase(k, ns, "to-block", "CloneScheduled")
+    target = get(k, "pvc", "to-block", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
     assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
-        "No compatible volumesnapshotclass found"
+        "The volume modes of source and target are incompatible"
 
     def fallback_event() -> bool:
-        return ("NoVolumeSnapshotClass", "No compatible volumesnapshotclass found") in events_of(k, ns, "slow")
+        return ("IncompatibleVolumeModes", "The volume modes of source and target are incompatible") in \
+            events_of(k, ns, "to-block")
 
     wait_for(fallback_event, 30, 0.2, message="fallback event on the target claim")
 
