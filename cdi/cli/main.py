@@ -18,6 +18,7 @@ COMMANDS = {  # command -> module with its register(); in `cdi --help` order
     "apiserver": "cdi.cli.apiserver",
     "image-upload": "cdi.cli.imageupload",
     "uploadproxy": "cdi.cli.uploadproxy",
+    "clone-plan": "cdi.cli.cloneplan",
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cdi.api import annotations as ann
@@ -30,7 +31,7 @@ from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions
 from cdi.controller.clone import planner
-from cdi.controller.datasource import ChainError, CloneSource, resolve_source_ref
+from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
 from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
@@ -98,6 +99,44 @@ def planner_cluster(ctx: Context) -> planner.Cluster:
                            ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES), str(override) if override else None)
 
 
+class SourceMissing(Exception):
+    """The source a clone names does not exist (yet): CDI's CloneWithoutSource."""
+
+
+@dataclass(frozen=True)
+class ClonePlan:
+    source: CloneSource
+    source_obj: Body
+    spec: Obj  # the target claim's spec
+    plan: planner.Plan
+
+
+def plan_datavolume(dv: Body, lookup: Lookup, storage: ClusterStorage, cluster: planner.Cluster) -> ClonePlan:
+    """Everything decided before anything moves: the source, the target claim's spec (its size taken
+    from the source when the `storage` API omits it) and the strategy with its reason. Shared by the
+    reconciler and `cdi clone-plan`. Raises ChainError, SourceMissing, RenderError or
+    planner.CloneValidationError."""
+    source = resolve_source_ref(dv, lookup)
+    gvr = groups.PVCS if source.kind == "pvc" else groups.VOLUMESNAPSHOTS
+    source_obj = lookup(gvr, source.name, source.namespace)
+    if source_obj is None:
+        raise SourceMissing(f"The source {source.kind} {source.name} doesn't exist")
+    spec = render_claim_spec(dv, storage)
+    requests = spec.setdefault("resources", {}).setdefault("requests", {})
+    if requests.get("storage") is None:
+        size = source_size(source, source_obj, spec)
+        if size is not None:
+            requests["storage"] = size
+    annotations: Mapping[str, str] = dig(dv, "metadata", "annotations") or {}
+    if source.kind == "pvc":
+        plan = planner.plan_from_pvc(source_obj, spec, annotations, cluster)
+    else:
+        content_name = dig(source_obj, "status", "boundVolumeSnapshotContentName")
+        content = lookup(groups.VOLUMESNAPSHOTCONTENTS, str(content_name), "") if content_name else None
+        plan = planner.plan_from_snapshot(source_obj, content, spec, cluster)
+    return ClonePlan(source, source_obj, spec, plan)
+
+
 class CloneReconciler(Reconciler):
     name = "clone"
 
@@ -141,20 +180,15 @@ class CloneReconciler(Reconciler):
     async def _create_target(self, dv: Body) -> float | None:
         view = DataVolumeView(dv)
         try:
-            source = resolve_source_ref(dv, self.lookup)
+            decided = plan_datavolume(dv, self.lookup, self.cluster_storage(), planner_cluster(self.ctx))
         except ChainError as exc:
             return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending", requeue=POLL)
-        gvr = groups.PVCS if source.kind == "pvc" else groups.VOLUMESNAPSHOTS
-        source_obj = self.ctx.cached(gvr, source.name, source.namespace)
-        if source_obj is None:
-            message = f"The source {source.kind} {source.name} doesn't exist"
+        except SourceMissing as exc:
+            message = str(exc)
             if (conditions.find(list(view.status.get("conditions") or []), "Bound") or {}).get("message") != message:
                 self.ctx.recorder.record(dv, WARNING, "CloneWithoutSource", message)
             return await self._status(dv, None, reason="CloneWithoutSource", message=message, phase="Pending",
                                       requeue=POLL)
-        try:
-            spec = self.target_spec(dv, source, source_obj)
-            plan = self.plan(source, source_obj, spec, view.annotations)
         except planner.CloneValidationError as exc:
             message = f"{planner.MESSAGE_CLONE_VALIDATION_FAILED}: {exc}"
             if (conditions.find(list(view.status.get("conditions") or []), "Bound") or {}).get("message") != message:
@@ -165,6 +199,7 @@ class CloneReconciler(Reconciler):
         except RenderError as exc:
             self.ctx.recorder.record(dv, WARNING, exc.reason, str(exc))
             return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")
+        source, spec, plan = decided.source, decided.spec, decided.plan
         if not spec.get("resources", {}).get("requests", {}).get("storage"):
             return await self._status(dv, None, reason="Pending", message="waiting for the source's size",
                                       phase="Pending", requeue=POLL)
@@ -197,24 +232,6 @@ class CloneReconciler(Reconciler):
             self.ctx.recorder.record(created, WARNING, plan.fallback_reason, plan.fallback_message)
         await self._status(dv, created, scheduled_why=plan.why)
         return POLL
-
-    def target_spec(self, dv: Body, source: CloneSource, source_obj: Body) -> Obj:
-        """The rendered target claim spec, its size taken from the source when the `storage` API omits it."""
-        spec = render_claim_spec(dv, self.cluster_storage())
-        requests = spec.setdefault("resources", {}).setdefault("requests", {})
-        if requests.get("storage") is None:
-            size = source_size(source, source_obj, spec)
-            if size is not None:
-                requests["storage"] = size
-        return spec
-
-    def plan(self, source: CloneSource, source_obj: Body, spec: Body, annotations: Mapping[str, str]) -> planner.Plan:
-        cluster = planner_cluster(self.ctx)
-        if source.kind == "pvc":
-            return planner.plan_from_pvc(source_obj, spec, annotations, cluster)
-        content_name = dig(source_obj, "status", "boundVolumeSnapshotContentName")
-        content = self.ctx.cached(groups.VOLUMESNAPSHOTCONTENTS, str(content_name)) if content_name else None
-        return planner.plan_from_snapshot(source_obj, content, spec, cluster)
 
     # -- the phases --------------------------------------------------------------------------------
 

@@ -5,10 +5,13 @@ chose, byte for byte, leaving no temporary object behind."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 from tests.e2e.workloads import get, new_namespace, pod, pvc, run_to_completion
-from tests.support.cluster import Kubectl, wait_for
+from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
 MIB = 1024 * 1024
 
@@ -137,6 +140,14 @@ def clone_dv(name: str, source: dict[str, Any] | None = None, *, size: str | Non
     return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": meta, "spec": spec}
 
 
+def clone_plan(cluster: CdiUp, manifest: dict[str, Any], ns: str) -> subprocess.CompletedProcess[str]:
+    """`cdi clone-plan -f -` as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "cdi.cli.main", "clone-plan", "-f", "-", "-n", ns, "--kubeconfig",
+                           str(cluster.kubeconfig)], input=json.dumps(manifest), capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
+
+
 def wait_dv_phase(k: Kubectl, ns: str, name: str, phase: str, timeout: float = 120) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         dv = get(k, "datavolume", name, ns) or {}
@@ -237,7 +248,7 @@ def test_clone_into_another_namespace_rebinds_the_volume(shared_kubectl: Kubectl
     assert leftovers(k, src_ns) == [] and leftovers(k, ns) == []
 
 
-def test_fallback_and_validation_are_explained(shared_kubectl: Kubectl) -> None:
+def test_fallback_and_validation_are_explained(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
     k = shared_kubectl
     ns = new_namespace(k, "fallback")
     k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", ns)
@@ -255,8 +266,18 @@ def test_fallback_and_validation_are_explained(shared_kubectl: Kubectl) -> None:
     k.apply(pvc("golden-fs", "64Mi"), "-n", ns)
     dv = clone_dv("to-block", {"pvc": {"namespace": ns, "name": "golden-fs"}}, size="64Mi")
     dv["spec"]["storage"]["volumeMode"] = "Block"
+    wait_bound_source = wait_for(lambda: (get(k, "pvc", "golden-fs", ns) or {}).get("status", {}).get("phase")
+                                 == "Bound", 30, 0.1, message="source bound")
+    assert wait_bound_source
+    planned = clone_plan(shared_cdi_up, dv, ns)  # before anything moves, the same words as the event
+    assert planned.returncode == 0, planned.stderr
+    assert "strategy: copy" in planned.stdout.splitlines()
+    assert "fallback: IncompatibleVolumeModes: The volume modes of source and target are incompatible" in \
+        planned.stdout.splitlines()
+    assert get(k, "pvc", "to-block", ns) is None
     k.apply(dv, "-n", ns)
     wait_dv_phase(k, ns, "to-block", "CloneScheduled")
+    assert dict(events_of(k, ns, "to-block"))["CloneScheduled"] == planned.stdout.splitlines()[0]
     target = get(k, "pvc", "to-block", ns)
     assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
     assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
@@ -276,6 +297,11 @@ def test_fallback_and_validation_are_explained(shared_kubectl: Kubectl) -> None:
         return any(r == "CloneValidationFailed" for r, _ in events_of(k, ns, "small"))
 
     wait_for(refused, 30, 0.2, message="CloneValidationFailed")
+    small = clone_dv("small", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi", storage_class="local-nosnap")
+    planned = clone_plan(shared_cdi_up, small, ns)
+    assert planned.returncode == 1
+    assert planned.stderr.startswith("The clone doesn't meet the validation requirements: target resources requests "
+                                     "storage size is smaller than the source"), planned.stderr
     assert any(r == "ErrIncompatiblePVC" and m.startswith("target resources requests storage size is smaller than "
                                                           "the source")
                for r, m in events_of(k, ns, "small"))
