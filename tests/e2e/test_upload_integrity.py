@@ -9,7 +9,6 @@ import hashlib
 import os
 import ssl
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -27,16 +26,13 @@ SIZE = "100Mi"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
-    up = CdiUp(tmp_path_factory.mktemp("integrity") / "cdi")
-    up.start()
-    yield up
-    up.stop()
+def cluster(shared_cdi_up: CdiUp) -> CdiUp:
+    return shared_cdi_up
 
 
 @pytest.fixture(scope="module")
-def k(cluster: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
-    return Kubectl(cluster.kubeconfig, tmp_path_factory.mktemp("kc"))
+def k(shared_kubectl: Kubectl) -> Kubectl:
+    return shared_kubectl
 
 
 def _ready(k: Kubectl, name: str, size: str = SIZE) -> str:
