@@ -24,16 +24,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
 from cdi.api import annotations as ann
-from cdi.api import groups
+from cdi.api import env, groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.quantity import QuantityError, parse_bytes
+from cdi.api.upload import SYNC_PATHS, upload_service_name
 from cdi.api.views import DataVolumeView, dig
+from cdi.common import pki
 from cdi.controller import conditions
 from cdi.controller.clone import planner
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
+from cdi.controller.importpod import WORKER_UID
+from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.uploadpki import UploadPki, ensure_upload_pki
+from cdi.controller.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -51,6 +59,10 @@ PHASE_MAP = {"": "CloneScheduled", PENDING: "CloneScheduled", SUCCEEDED: "Succee
              ERROR: "Failed"}
 CLONE_SOURCE_KIND = "VolumeCloneSource"
 DATA_SOURCE_NAMESPACE = "cdi.kubevirt.io/dataSourceNamespace"
+SOURCE_CONTAINER = "cdi-clone-source"
+# CDI's /var/run/cdi/clone/source, where /var/run is the usual symlink (the embedded node's sandbox
+# cannot make a mount point through that symlink)
+CLONER_MOUNT_PATH = "/run/cdi/clone/source"
 CLONE_SOURCE_ANNOTATION = "cdi.kubevirt.io/storage.clone.source"  # ours: kind/namespace/name the target clones
 
 
@@ -65,6 +77,11 @@ def clone_source_name(dv: Body) -> str:
 
 def temp_claim_name(target: Body) -> str:
     return f"tmp-pvc-{dig(target, 'metadata', 'uid')}"
+
+
+def source_pod_name(temp: Body) -> str:
+    """CDI's `<uid>-source-pod` (the uid of the claim the upload server fills)."""
+    return f"{dig(temp, 'metadata', 'uid')}-source-pod"
 
 
 def temp_snapshot_name(target: Body) -> str:
@@ -139,6 +156,15 @@ def plan_datavolume(dv: Body, lookup: Lookup, storage: ClusterStorage, cluster: 
 
 class CloneReconciler(Reconciler):
     name = "clone"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._pki: UploadPki | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     def lookup(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         return self.ctx.cached(gvr, name, namespace)
@@ -254,12 +280,12 @@ class CloneReconciler(Reconciler):
         kind, _, rest = annotations.get(CLONE_SOURCE_ANNOTATION, "").partition("/")
         source_ns, _, source_name = rest.partition("/")
         strategy = annotations.get(ann.CLONE_TYPE, planner.COPY)
-        if strategy == planner.COPY:
-            return None  # host-assisted copy: not carried out yet
         if dig(target, "spec", "volumeName"):
             return await self._finish(target, source_ns)
         temp_name = temp_claim_name(target)
         temp = await self._get(groups.PVCS, temp_name, source_ns)
+        if strategy == planner.COPY:
+            return await self._host_clone(target, temp, source_ns, source_name)
         if temp is None:
             return await self._start(target, kind, source_ns, source_name, strategy)
         if dig(temp, "status", "phase") != "Bound":
@@ -275,6 +301,109 @@ class CloneReconciler(Reconciler):
         await self._rebind(temp, written or target)
         return written
 
+    async def _host_clone(self, target: Body, temp: Body | None, source_ns: str, source_name: str) -> Obj | None:
+        """Host-assisted copy (HostClone): the temporary claim is an upload target that takes the
+        stream of a clone source pod reading the source; then its volume goes to the target (Rebind)."""
+        if temp is None:
+            client_name = f"{source_ns}/{source_name}-{dig(target, 'metadata', 'namespace')}/" \
+                          f"{dig(target, 'metadata', 'name')}"
+            if len(client_name) > 64:  # a certificate's CN holds 64 characters
+                client_name = f"clone-source-{dig(target, 'metadata', 'uid')}"
+            claim = self._temp_claim(target, source_ns, str(dig(target, "spec", "resources", "requests", "storage")),
+                                     None)
+            claim["metadata"]["annotations"].update({
+                ann.UPLOAD_TARGET: "", UPLOAD_CLIENT_NAME: client_name, ann.CONTENT_TYPE: "kubevirt",
+                ann.CLONE_REQUEST: f"{source_ns}/{source_name}"})
+            try:
+                await self.ctx.client.create(groups.PVCS, claim, source_ns)
+            except AlreadyExists:
+                pass
+            return await self._set_phase(target, HOST_CLONE)
+        temp_annotations: Mapping[str, str] = dig(temp, "metadata", "annotations") or {}
+        pod_name = source_pod_name(temp)
+        if temp_annotations.get(ann.POD_PHASE) == "Succeeded":
+            for gvr in (groups.PODS, groups.SECRETS):
+                try:
+                    await self.ctx.client.delete(gvr, pod_name, source_ns)
+                except NotFound:
+                    pass
+            written = await self._set_phase(target, REBIND)
+            await self._rebind(temp, written or target)
+            return written
+        if temp_annotations.get(ann.POD_READY) != "true" or \
+                self.ctx.cached(groups.PODS, pod_name, source_ns) is not None:
+            return None
+        await self._create_source_pod(target, temp, source_ns, source_name)
+        return None
+
+    async def pki(self) -> UploadPki:
+        if self._pki is None:
+            self._pki = await ensure_upload_pki(self.ctx.client, self.ctx.settings.namespace)
+        return self._pki
+
+    async def _create_source_pod(self, target: Body, temp: Body, namespace: str, source_name: str) -> None:
+        """`<uid>-source-pod` (container `cdi-clone-source`) in the source namespace: the source read-only,
+        a client certificate for the upload server's CLIENT_NAME, the server's CA, the Service's address."""
+        source = self.ctx.cached(groups.PVCS, source_name, namespace)
+        temp_name = str(dig(temp, "metadata", "name"))
+        service = await self._get(groups.SERVICES, upload_service_name(temp_name), namespace)
+        cluster_ip = dig(service, "spec", "clusterIP")
+        if source is None or not cluster_ip:
+            return
+        pod_name = source_pod_name(temp)
+        pki_ = await self.pki()
+        client_name = (dig(temp, "metadata", "annotations") or {}).get(UPLOAD_CLIENT_NAME, "")
+        pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True)
+        owner = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": temp_name,
+                  "uid": dig(temp, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}]
+        labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: SOURCE_CONTAINER,
+                  ann.LABEL_OWNED_BY_UID: str(dig(target, "metadata", "uid"))}
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": pod_name, "namespace": namespace, "labels": labels, "ownerReferences": owner},
+                  "stringData": {"tls.crt": pair.cert_pem.decode(), "tls.key": pair.key_pem.decode()}}
+        try:
+            await self.ctx.client.create(groups.SECRETS, secret, namespace)
+        except AlreadyExists:
+            pass
+        block = dig(source, "spec", "volumeMode") == "Block"
+        mount = "/dev/cdi-block-volume" if block else CLONER_MOUNT_PATH
+        host = f"[{cluster_ip}]" if ":" in str(cluster_ip) else str(cluster_ip)
+        owner_uid = (dig(target, "metadata", "annotations") or {}).get(ann.CREATED_FOR_DATAVOLUME) or \
+            str(dig(target, "metadata", "uid"))
+        environment: list[Obj] = [
+            {"name": "CLIENT_KEY", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.key"}}},
+            {"name": "CLIENT_CERT", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.crt"}}},
+            {"name": "SERVER_CA_CERT", "value": pki_.server_signer.cert_pem.decode()},
+            {"name": "UPLOAD_URL", "value": f"https://{host}:{UPLOAD_PORT}{SYNC_PATHS[0]}"},
+            {"name": "UPLOAD_SERVER_NAME", "value": f"{upload_service_name(temp_name)}.{namespace}.svc"},
+            {"name": env.OWNER_UID, "value": owner_uid},
+            {"name": "VOLUME_MODE", "value": "block" if block else "filesystem"},
+            {"name": "MOUNT_POINT", "value": mount},
+            {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ]
+        container: Obj = {
+            "name": SOURCE_CONTAINER, "image": self.ctx.settings.cloner_image,
+            "imagePullPolicy": self.ctx.settings.pull_policy, "env": environment,
+            "ports": [{"name": "metrics", "containerPort": 8443, "protocol": "TCP"}],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "runAsNonRoot": True, "runAsUser": WORKER_UID},
+        }
+        if block:
+            container["volumeDevices"] = [{"name": "cdi-data-vol", "devicePath": mount}]
+        else:
+            container["volumeMounts"] = [{"name": "cdi-data-vol", "mountPath": mount, "readOnly": True}]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": pod_name, "namespace": namespace, "labels": labels, "ownerReferences": owner},
+               "spec": {"restartPolicy": "OnFailure", "containers": [container],
+                        "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True},
+                        "volumes": [{"name": "cdi-data-vol", "persistentVolumeClaim": {
+                            "claimName": source_name, "readOnly": True}}]}}
+        try:
+            await self.ctx.client.create(groups.PODS, pod, namespace)
+        except AlreadyExists:
+            pass
+
     async def _get(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         try:
             result: Obj = await self.ctx.client.get(gvr, name, namespace)
@@ -282,12 +411,13 @@ class CloneReconciler(Reconciler):
         except NotFound:
             return None
 
-    def _temp_claim(self, target: Body, namespace: str, size: str, data_source: Obj) -> Obj:
+    def _temp_claim(self, target: Body, namespace: str, size: str, data_source: Obj | None) -> Obj:
         spec = json.loads(json.dumps(dig(target, "spec") or {}))
         for key in ("dataSourceRef", "dataSource", "volumeName"):
             spec.pop(key, None)
         spec["resources"]["requests"]["storage"] = size
-        spec["dataSource"] = data_source
+        if data_source is not None:
+            spec["dataSource"] = data_source
         return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": temp_claim_name(target), "namespace": namespace,
                              "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true",
@@ -395,6 +525,8 @@ class CloneReconciler(Reconciler):
             status["phase"] = PHASE_MAP.get(clone_phase, status.get("phase") or "CloneScheduled")
             if status["phase"] == "Succeeded":
                 status["progress"] = PROGRESS_COMPLETE
+            elif status["phase"] == "CloneInProgress":
+                await self._refresh_progress(view, pvc, status)
         elif not old_phase:
             status["phase"] = "Pending"
         conditions.update_all(status, pvc, message, reason)
@@ -403,6 +535,21 @@ class CloneReconciler(Reconciler):
             if status.get("phase") != old_phase:
                 self._phase_event(dv, str(status["phase"]), scheduled_why)
         return requeue
+
+    async def _refresh_progress(self, view: DataVolumeView, target: Body, status: Obj) -> None:
+        """The clone source pod's `kubevirt_cdi_clone_progress_total{ownerUID}`, as CDI reads it."""
+        source = (dig(target, "metadata", "annotations") or {}).get(CLONE_SOURCE_ANNOTATION, "")
+        source_ns = source.split("/")[1] if source.count("/") >= 2 else ""
+        temp = self.ctx.cached(groups.PVCS, temp_claim_name(target), source_ns)
+        pod = self.ctx.cached(groups.PODS, source_pod_name(temp), source_ns) if temp else None
+        pod_ip = dig(pod, "status", "podIP")
+        if not pod_ip:
+            return
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        value = await scrape(self._session, str(pod_ip), view.uid)
+        if value is not None:
+            status["progress"] = format_progress(min(value, 99.99))
 
     def _phase_event(self, dv: Body, phase: str, why: str | None) -> None:
         view = DataVolumeView(dv)

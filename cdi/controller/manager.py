@@ -182,6 +182,7 @@ class Manager:
         for informer in self.ctx.informers.values():
             await informer.stop()
         await self.datavolumes.close()
+        await self.clones.close()
         await self.ctx.recorder.close()
 
     # -- metrics ---------------------------------------------------------------------------------------

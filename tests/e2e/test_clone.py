@@ -254,7 +254,7 @@ def test_fallback_and_validation_are_explained(shared_cdi_up: CdiUp, shared_kube
     k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", ns)
     # the profile of a class without snapshots advises copy: host-assisted, as asked, no fallback
     k.apply(clone_dv("slow", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"), "-n", ns)
-    wait_dv_phase(k, ns, "slow", "CloneScheduled")
+    wait_dv_phase(k, ns, "slow", "Succeeded")
     target = get(k, "pvc", "slow", ns)
     assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
     assert "cdi.kubevirt.io/cloneFallbackReason" not in target["metadata"]["annotations"]
@@ -276,7 +276,7 @@ def test_fallback_and_validation_are_explained(shared_cdi_up: CdiUp, shared_kube
         planned.stdout.splitlines()
     assert get(k, "pvc", "to-block", ns) is None
     k.apply(dv, "-n", ns)
-    wait_dv_phase(k, ns, "to-block", "CloneScheduled")
+    wait_dv_phase(k, ns, "to-block", "Succeeded")
     assert dict(events_of(k, ns, "to-block"))["CloneScheduled"] == planned.stdout.splitlines()[0]
     target = get(k, "pvc", "to-block", ns)
     assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
@@ -308,4 +308,72 @@ def test_fallback_and_validation_are_explained(shared_cdi_up: CdiUp, shared_kube
     assert get(k, "pvc", "small", ns) is None
     k.apply(clone_dv("small-ok", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi",
                      storage_class="local-nosnap", annotations={"cdi.kubevirt.io/permissiveClone": "true"}), "-n", ns)
-    wait_dv_phase(k, ns, "small-ok", "CloneScheduled")
+    wait_for(lambda: get(k, "pvc", "small-ok", ns) is not None, 30, 0.2, message="permissive clone target")
+
+
+BLOCK_DESCRIBE = """
+import hashlib, json, os
+fd = os.open("/dev/cdi-block-volume", os.O_RDONLY)
+size = os.lseek(fd, 0, os.SEEK_END)
+h = hashlib.sha256()
+os.lseek(fd, 0, os.SEEK_SET)
+while chunk := os.read(fd, 1 << 20):
+    h.update(chunk)
+print(json.dumps({"sha256": h.hexdigest(), "size": size}))
+"""
+
+# sha256 of the first 64 MiB of disk.img, and whether the rest (a larger target) reads as zeros
+PREFIX_DESCRIBE = """
+import hashlib, json, os
+f = open("/data/disk.img", "rb")
+h = hashlib.sha256(f.read(64 * 1024 * 1024))
+rest_zero = all(not any(chunk) for chunk in iter(lambda: f.read(1 << 20), b""))
+st = os.stat("/data/disk.img")
+print(json.dumps({"sha256": h.hexdigest(), "size": st.st_size, "rest_zero": rest_zero}))
+"""
+
+
+def test_host_assisted_copy_across_modes_and_sizes(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    src_ns, ns = new_namespace(k, "hsrc"), new_namespace(k, "host")
+    k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", src_ns)
+    run_to_completion(k, src_ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, src_ns, "golden", "describe-golden")
+
+    # Filesystem to Filesystem in another namespace, the size the source's
+    k.apply(clone_dv("copy", {"pvc": {"namespace": src_ns, "name": "golden"}}, storage_class="local-nosnap"),
+            "-n", ns)
+    dv = wait_dv_phase(k, ns, "copy", "Succeeded")
+    assert dv["status"]["progress"] == "100.0%"
+    copied = describe(k, ns, "copy", "describe-copy")
+    assert copied["sha256"] == original["sha256"] and copied["size"] == original["size"]
+    assert copied["allocated"] <= original["allocated"] + 64 * 1024, "the copy lost its holes"
+    target = get(k, "pvc", "copy", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    reasons = [r for r, _ in events_of(k, ns, "copy")]
+    for reason in ("CloneScheduled", "CloneInProgress", "RebindInProgress", "CloneSucceeded"):
+        assert reason in reasons, reasons
+
+    # Filesystem to Block, then Block to a larger Filesystem volume of another storage class
+    to_block = clone_dv("to-block", {"pvc": {"namespace": src_ns, "name": "golden"}}, size="64Mi",
+                        storage_class="local-nosnap")
+    to_block["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(to_block, "-n", ns)
+    wait_dv_phase(k, ns, "to-block", "Succeeded")
+    out = run_to_completion(k, ns, pod("describe-block", BLOCK_DESCRIBE, "to-block", block=True, python=True))
+    assert json.loads(out) == {"sha256": original["sha256"], "size": 64 * MIB}
+    k.apply(clone_dv("back", {"pvc": {"namespace": ns, "name": "to-block"}}, size="100Mi",
+                     storage_class="local"), "-n", ns)
+    wait_dv_phase(k, ns, "back", "Succeeded")
+    assert get(k, "pvc", "back", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
+        "Provisioners are incompatible"
+    back = json.loads(run_to_completion(k, ns, pod("describe-back", PREFIX_DESCRIBE, "back", python=True)))
+    assert back["sha256"] == original["sha256"] and back["rest_zero"] and back["size"] > 64 * MIB
+
+    # nothing of the copy stays: temporary claims, source pods, upload servers and their secrets
+    for namespace in (src_ns, ns):
+        assert leftovers(k, namespace) == []
+        pods = [p["metadata"]["name"] for p in k.json("get", "pods", "-n", namespace)["items"]]
+        assert [p for p in pods if p.endswith("-source-pod") or p.startswith("cdi-upload-")] == [], pods
+        secrets = [x["metadata"]["name"] for x in k.json("get", "secrets", "-n", namespace)["items"]]
+        assert [x for x in secrets if x.endswith("-source-pod") or x.startswith("cdi-upload-")] == [], secrets
