@@ -60,6 +60,7 @@ PHASE_MAP = {"": "CloneScheduled", PENDING: "CloneScheduled", SUCCEEDED: "Succee
 CLONE_SOURCE_KIND = "VolumeCloneSource"
 DATA_SOURCE_NAMESPACE = "cdi.kubevirt.io/dataSourceNamespace"
 SOURCE_CONTAINER = "cdi-clone-source"
+CLONE_SOURCE_IN_USE = "CloneSourceInUse"
 # CDI's /var/run/cdi/clone/source, where /var/run is the usual symlink (the embedded node's sandbox
 # cannot make a mount point through that symlink)
 CLONER_MOUNT_PATH = "/run/cdi/clone/source"
@@ -333,8 +334,40 @@ class CloneReconciler(Reconciler):
         if temp_annotations.get(ann.POD_READY) != "true" or \
                 self.ctx.cached(groups.PODS, pod_name, source_ns) is not None:
             return None
+        users = self._pods_using(source_ns, source_name, str(dig(target, "metadata", "uid")))
+        if users:
+            return await self._source_in_use(target, users, source_name)
+        written = await self._set_phase(target, HOST_CLONE, {
+            ann.CONDITION_RUNNING: None, ann.CONDITION_RUNNING_REASON: None, ann.CONDITION_RUNNING_MESSAGE: None})
         await self._create_source_pod(target, temp, source_ns, source_name)
-        return None
+        return written
+
+    def _pods_using(self, namespace: str, claim: str, target_uid: str) -> list[Obj]:
+        """Running pods (not this clone's) that mount the source: CDI holds a host-assisted clone
+        until they are gone, as the source is read while nothing writes it."""
+        out = []
+        for pod in self.ctx.cached_list(groups.PODS, namespace):
+            if dig(pod, "status", "phase") in ("Succeeded", "Failed") or \
+                    (dig(pod, "metadata", "labels") or {}).get(ann.LABEL_OWNED_BY_UID) == target_uid:
+                continue
+            if any(dig(v, "persistentVolumeClaim", "claimName") == claim for v in dig(pod, "spec", "volumes") or []):
+                out.append(pod)
+        return out
+
+    async def _source_in_use(self, target: Body, users: list[Obj], claim: str) -> Obj | None:
+        """CloneSourceInUse: a Warning event per pod on the DataVolume, and its Running condition says so."""
+        messages = [f"pod {dig(p, 'metadata', 'namespace')}/{dig(p, 'metadata', 'name')} using "
+                    f"PersistentVolumeClaim {claim}" for p in users]
+        annotations: Mapping[str, str] = dig(target, "metadata", "annotations") or {}
+        if annotations.get(ann.CONDITION_RUNNING_MESSAGE) == "; ".join(messages):
+            return None
+        owner = self.ctx.cached(groups.DATAVOLUMES, str(dig(target, "metadata", "name")),
+                                str(dig(target, "metadata", "namespace")))
+        for message in messages:
+            self.ctx.recorder.record(owner or target, WARNING, CLONE_SOURCE_IN_USE, message)
+        return await self._set_phase(target, HOST_CLONE, {
+            ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: CLONE_SOURCE_IN_USE,
+            ann.CONDITION_RUNNING_MESSAGE: "; ".join(messages)})
 
     async def pki(self) -> UploadPki:
         if self._pki is None:

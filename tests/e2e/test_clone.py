@@ -377,3 +377,28 @@ def test_host_assisted_copy_across_modes_and_sizes(shared_kubectl: Kubectl) -> N
         assert [p for p in pods if p.endswith("-source-pod") or p.startswith("cdi-upload-")] == [], pods
         secrets = [x["metadata"]["name"] for x in k.json("get", "secrets", "-n", namespace)["items"]]
         assert [x for x in secrets if x.endswith("-source-pod") or x.startswith("cdi-upload-")] == [], secrets
+
+
+def test_host_assisted_clone_waits_while_the_source_is_in_use(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "inuse")
+    k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", ns)
+    run_to_completion(k, ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, ns, "golden", "describe-golden")
+    k.apply(pod("holder", "sleep 600", "golden"), "-n", ns)
+    wait_for(lambda: (get(k, "pod", "holder", ns) or {}).get("status", {}).get("phase") == "Running", 60, 0.1,
+             message="holder running")
+    k.apply(clone_dv("copy", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"), "-n", ns)
+    message = f"pod {ns}/holder using PersistentVolumeClaim golden"
+
+    def held() -> dict[str, Any] | None:
+        dv = get(k, "datavolume", "copy", ns) or {}
+        running = next((c for c in dv.get("status", {}).get("conditions", []) if c["type"] == "Running"), {})
+        return dv if running.get("reason") == "CloneSourceInUse" and running.get("message") == message else None
+
+    dv = wait_for(held, 60, 0.2, message="Running condition says CloneSourceInUse")
+    assert dv["status"]["phase"] == "CloneInProgress"
+    assert ("CloneSourceInUse", message) in events_of(k, ns, "copy")
+    k("delete", "pod", "holder", "-n", ns, "--wait=false")
+    wait_dv_phase(k, ns, "copy", "Succeeded")
+    assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
