@@ -402,3 +402,42 @@ def test_host_assisted_clone_waits_while_the_source_is_in_use(shared_kubectl: Ku
     k("delete", "pod", "holder", "-n", ns, "--wait=false")
     wait_dv_phase(k, ns, "copy", "Succeeded")
     assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
+
+
+def test_cross_namespace_clone_needs_permission_in_the_source_namespace(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    src_ns, ns = new_namespace(k, "authsrc"), new_namespace(k, "authdst")
+    k.apply(pvc("golden", "16Mi"), "-n", src_ns)
+    run_to_completion(k, src_ns, pod("fill", "echo golden > /data/disk.img", "golden"))
+
+    # kubectl auth can-i (a protobuf SelfSubjectAccessReview) and --as (impersonation headers)
+    assert k("auth", "can-i", "create", "pods", "-n", ns).stdout.strip() == "yes"
+    denied = k("auth", "can-i", "create", "pods", "-n", ns, "--as", "alice", check=False)
+    assert (denied.returncode, denied.stdout.strip()) == (1, "no")
+    forbidden = k("get", "pods", "-n", ns, "--as", "alice", check=False)
+    assert forbidden.returncode == 1
+    assert f'User "alice" cannot list resource "pods" in API group "" in the namespace "{ns}"' in forbidden.stderr
+
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "dv-maker"},
+             "rules": [{"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"],
+                        "verbs": ["create", "get", "list"]}]}, "-n", ns)
+    k("create", "rolebinding", "alice-dv", "--role=dv-maker", "--user=alice", "-n", ns)
+    assert k("auth", "can-i", "create", "datavolumes.cdi.kubevirt.io", "-n", ns, "--as", "alice").stdout.strip() == \
+        "yes"
+    manifest = clone_dv("stolen", {"pvc": {"namespace": src_ns, "name": "golden"}})
+    refused = k("create", "-f", "-", "-n", ns, "--as", "alice", input=json.dumps(manifest), check=False)
+    assert refused.returncode == 1
+    assert f"User alice has insufficient permissions in clone source namespace {src_ns}" in refused.stderr
+    assert get(k, "datavolume", "stolen", ns) is None
+
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "clone-source"},
+             "rules": [{"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes/source"], "verbs": ["create"]}]},
+            "-n", src_ns)
+    k("create", "rolebinding", "alice-source", "--role=clone-source", "--user=alice", "-n", src_ns)
+    assert k("auth", "can-i", "create", "datavolumes.cdi.kubevirt.io", "--subresource=source", "-n", src_ns,
+             "--as", "alice").stdout.strip() == "yes"
+    manifest["metadata"]["name"] = "granted"
+    k("create", "-f", "-", "-n", ns, "--as", "alice", input=json.dumps(manifest))
+    wait_dv_phase(k, ns, "granted", "Succeeded")
+    out = run_to_completion(k, ns, pod("read", "cat /data/disk.img", "granted"))
+    assert out == "golden\n"
