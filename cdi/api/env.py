@@ -19,6 +19,7 @@ EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"
 SECRET_EXTRA_HEADERS_DIR_PREFIX: Final = "IMPORTER_SECRET_EXTRA_HEADERS_"
 REGISTRY_ARCHITECTURE: Final = "IMPORTER_REGISTRY_IMAGE_ARCHITECTURE"
 PULL_METHOD: Final = "IMPORTER_PULL_METHOD"
+GOOGLE_CREDENTIALS: Final = "GOOGLE_APPLICATION_CREDENTIALS"  # gcs: the mounted key file, as CDI sets it
 FILESYSTEM_OVERHEAD: Final = "FILESYSTEM_OVERHEAD"
 PREALLOCATION: Final = "PREALLOCATION"
 OWNER_UID: Final = "OWNER_UID"
@@ -31,8 +32,9 @@ POD_IP: Final = "POD_IP"
 TLS_CIPHERS: Final = "TLS_CIPHERS"
 TLS_MIN_VERSION: Final = "TLS_MIN_VERSION"
 
-# importer tuning (our additions; CDI has no equivalent): seconds a failing request is retried inside
-# the run before the import gives up as retryable, and seconds without data before a read times out
+# importer tuning (our additions; CDI has no equivalent): seconds a source may keep failing (retried
+# inside the run) before the import fails for good, set from the controller's --import-retry-budget;
+# and seconds without data before a read times out (default: a third of the budget, at most 60)
 RETRY_BUDGET: Final = "IMPORTER_RETRY_BUDGET"
 READ_TIMEOUT: Final = "IMPORTER_READ_TIMEOUT"
 
@@ -49,6 +51,8 @@ BLOCK_PATH_DEFAULT: Final = "/dev/cdi-block-volume"
 SCRATCH_DIR_DEFAULT: Final = "/scratch"
 CERT_DIR_DEFAULT: Final = "/certs"
 PROXY_CERT_DIR_DEFAULT: Final = "/proxycerts"
+GOOGLE_CREDENTIALS_DIR: Final = "/google"  # gcs: where the secretRef secret is mounted
+GOOGLE_CREDENTIALS_KEY: Final = "credentials.json"  # gcs: the secret's key holding the credentials file
 TERMINATION_LOG_DEFAULT: Final = "/dev/termination-log"
 METRICS_PORT: Final = 8443
 

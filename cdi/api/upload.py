@@ -7,6 +7,10 @@ Resumable uploads (our extension; virtctl never sends these headers, so it sees 
   that are durably on the volume and can be kept (0 when there is nothing to continue, for example
   because the image is not a plain raw/ISO stream). `Upload-State` says what the server is doing
   (`idle`, `uploading`, `processing`, `done`).
+* With an offset above 0, `Upload-Kept-Sha256: START+LENGTH=HEX, ...` gives the sha256 of a few
+  regions of those N bytes as read back from the volume; a client resumes only when its own file has
+  the same bytes there (otherwise it starts over, without `Upload-Offset`). The offset is kept on disk
+  (`cdi.uploadserver.kept`), so an upload server that restarted still answers it.
 * `POST` with `Upload-Offset: N` (N > 0, equal to the offset HEAD reported) sends bytes N.. of the
   image and continues the upload there. A different N gets 409 with the server's `Upload-Offset`.
 * `X-CDI-Upload-Target: <namespace>/<pvc>` (optional) names the PVC the client means to upload to;
@@ -57,6 +61,7 @@ TOKEN_ISSUER: Final = "cdi-apiserver"
 CONTENT_TYPE_HEADER: Final = "x-cdi-content-type"  # host-assisted clone streams (not an upload)
 OFFSET_HEADER: Final = "Upload-Offset"
 STATE_HEADER: Final = "Upload-State"
+KEPT_HEADER: Final = "Upload-Kept-Sha256"
 TARGET_HEADER: Final = "X-CDI-Upload-Target"
 TLS_UPGRADE: Final = "cdi-upload-tls/1"
 NONCE_HEADER: Final = "Cdi-Upload-Nonce"
@@ -73,6 +78,23 @@ ENV_DESTINATION: Final = "DESTINATION"
 ENV_CONTENT_TYPE: Final = "CONTENT_TYPE"
 ENV_LISTEN_ADDRESS: Final = "LISTEN_ADDRESS"
 ENV_LISTEN_PORT: Final = "LISTEN_PORT"
+# ours: where a Block volume's upload server keeps its resume record when no scratch is mounted
+ENV_STATE_DIR: Final = "UPLOAD_STATE_DIR"
+STATE_DIR_DEFAULT: Final = "/upload-state"
+
+
+def parse_kept(value: str) -> list[tuple[int, int, str]] | None:
+    """(start, length, sha256 hex) of each region an `Upload-Kept-Sha256` value lists; None when malformed."""
+    out = []
+    for item in value.split(","):
+        span, _, digest = item.strip().partition("=")
+        start, _, length = span.partition("+")
+        digest = digest.lower()
+        if not (start.isdigit() and length.isdigit() and len(digest) == 64 and
+                all(c in "0123456789abcdef" for c in digest)):
+            return None
+        out.append((int(start), int(length), digest))
+    return out
 
 
 def upload_resource_name(pvc: str) -> str:

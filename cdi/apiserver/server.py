@@ -8,7 +8,9 @@ certificate) and front-proxied token requests (the front proxy's certificate).""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
 import ssl
 from pathlib import Path
@@ -16,17 +18,21 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.apiserver import pvcmutate
 from cdi.apiserver.admission import Admission
 from cdi.apiserver.frontproxy import RequestHeaderConfig
 from cdi.apiserver.signingkey import ensure_signing_key
 from cdi.apiserver.uploadtokens import UploadTokenApi
 from cdi.common import pki
-from cdi.kube import AlreadyExists, KubeClient, NotFound
+from cdi.controller.rendering import webhook_rendering_enabled
+from cdi.kube import AlreadyExists, ApiError, Backoff, Informer, KubeClient, NotFound
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "cdi-api"
 UPLOAD_APISERVICE = f"{groups.UPLOAD_VERSION}.{groups.UPLOAD_GROUP}"
+PVC_MUTATE_CONFIGURATION = "cdi-api-pvc-mutate"
 Obj = dict[str, Any]
 
 
@@ -36,6 +42,8 @@ class CdiApiServer:
         self.namespace = namespace
         self.dir = state_dir
         self.admission = Admission(client)
+        self.pvc_mutation = pvcmutate.PvcMutation(client)
+        self.pvc_webhook: PvcWebhookRegistration | None = None
         self.ca: pki.KeyPair | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -53,6 +61,7 @@ class CdiApiServer:
     def app(self) -> web.Application:
         app = web.Application()
         app.add_routes(self.admission.routes())
+        app.add_routes(self.pvc_mutation.routes())
         app.add_routes(self.tokens.routes())
         app.router.add_get("/healthz", _healthz)
         return app
@@ -82,6 +91,8 @@ class CdiApiServer:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        if self.pvc_webhook is not None:
+            await self.pvc_webhook.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -119,6 +130,76 @@ class CdiApiServer:
         bundle = base64.b64encode(self.ca.cert_pem).decode()
         await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
         await self._apply(groups.APISERVICES, upload_apiservice(self.namespace, bundle))
+        if self.pvc_webhook is None:
+            self.pvc_webhook = PvcWebhookRegistration(self.client, pvc_mutating_configuration(self.namespace, bundle))
+            self.pvc_webhook.start()
+
+
+class PvcWebhookRegistration:
+    """Keeps the PVC mutating webhook's configuration in line with CDIConfig `spec.webhookPvcRendering`:
+    present while enabled, removed when `Disabled` (CDI's operator does this; here the server that
+    answers the webhook does, since it holds the CA bundle). No CDIConfig yet: nothing is done, as CDI."""
+
+    def __init__(self, client: KubeClient, desired: Obj) -> None:
+        self.client = client
+        self.desired = desired
+        self.configs = Informer(client, groups.CDICONFIGS)
+        self.configs.add_handler(self._changed, self._updated, None)
+        self._dirty = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _changed(self, _: Obj) -> None:
+        self._dirty.set()
+
+    def _updated(self, _: Obj, new: Obj) -> None:
+        self._dirty.set()
+
+    def start(self) -> None:
+        self.configs.start()
+        self._task = asyncio.create_task(self._run(), name="pvc-webhook-registration")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.configs.stop()
+
+    async def _run(self) -> None:
+        backoff = Backoff(initial=0.2, maximum=10.0)
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self.sync()
+                backoff.reset()
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("could not update %s, retrying: %s", PVC_MUTATE_CONFIGURATION, exc)
+                self._dirty.set()
+                await backoff.sleep()
+
+    async def sync(self) -> None:
+        config = self.configs.get_by_name(groups.CDI_CONFIG_NAME)
+        if config is None:
+            return
+        try:
+            current = await self.client.get(groups.MUTATING_WEBHOOKS, PVC_MUTATE_CONFIGURATION)
+        except NotFound:
+            current = None
+        if not webhook_rendering_enabled(config.get("spec") or {}):
+            if current is not None:
+                with contextlib.suppress(NotFound):
+                    await self.client.delete(groups.MUTATING_WEBHOOKS, PVC_MUTATE_CONFIGURATION)
+            return
+        if current is None:
+            with contextlib.suppress(AlreadyExists):
+                await self.client.create(groups.MUTATING_WEBHOOKS, self.desired)
+            return
+        if current.get("webhooks") != self.desired["webhooks"] or \
+                current["metadata"].get("labels") != self.desired["metadata"]["labels"]:
+            body = {**self.desired, "metadata": {**self.desired["metadata"],
+                                                 "resourceVersion": current["metadata"]["resourceVersion"]}}
+            await self.client.replace(groups.MUTATING_WEBHOOKS, body)
 
 
 def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
@@ -133,6 +214,22 @@ def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
             "metadata": {"name": "cdi-api-datavolume-validate", "labels": {"cdi.kubevirt.io": ""}},
             "webhooks": [hook("datavolume-validate.cdi.kubevirt.io", "/datavolume-validate", "datavolumes",
                               ["CREATE", "UPDATE"])]}
+
+
+def pvc_mutating_configuration(namespace: str, ca_bundle: str) -> Obj:
+    """CDI's `cdi-api-pvc-mutate`: PVC creations whose labels opt in (objectSelector), nothing else, so a
+    cdi-apiserver that is down never blocks an ordinary claim."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": PVC_MUTATE_CONFIGURATION, "labels": {"cdi.kubevirt.io": SERVICE_NAME}},
+            "webhooks": [{
+                "name": "pvc-mutate.cdi.kubevirt.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": "Fail", "matchPolicy": "Exact", "timeoutSeconds": 10,
+                "reinvocationPolicy": "Never", "namespaceSelector": {},
+                "objectSelector": {"matchLabels": {ann.LABEL_APPLY_STORAGE_PROFILE: "true"}},
+                "clientConfig": {"service": {"namespace": namespace, "name": SERVICE_NAME, "path": pvcmutate.PATH,
+                                             "port": 443}, "caBundle": ca_bundle},
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                           "resources": ["persistentvolumeclaims"], "scope": "*"}]}]}
 
 
 def upload_apiservice(namespace: str, ca_bundle: str) -> Obj:

@@ -22,11 +22,16 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
                         help="retry budget for transient import failures (per import)")
     parser.add_argument("--retry-backoff", type=float, default=2.0,
                         help="first retry delay in seconds; doubles each attempt (max 5 minutes)")
+    parser.add_argument("--import-retry-budget", type=float, default=180.0, metavar="SECONDS",
+                        help="how long an import may keep failing to get data from its source (refused, "
+                             "timed out, reset, 5xx) before its DataVolume fails; passed to importer pods "
+                             "as IMPORTER_RETRY_BUDGET (default 180)")
 
 
 def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     return Settings(importer_image=args.importer_image, uploadserver_image=args.uploadserver_image,
-                    retry_budget=args.import_retries, retry_base=args.retry_backoff, **extra)
+                    retry_budget=args.import_retries, retry_base=args.retry_backoff,
+                    import_retry_budget=args.import_retry_budget, **extra)
 
 
 def register(commands: Any) -> None:

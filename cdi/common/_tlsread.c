@@ -7,10 +7,11 @@
 
    No OpenSSL headers and no link against libssl: the few functions are looked up (`bind`) in the
    libssl that `_ssl` itself is linked to, so the `SSL *` is always handled by its own library. The
-   `SSL *` sits right after the weak reference to the socket at the start of `_ssl._SSLSocket`, which
-   has been so from Python 3.6 to 3.15 at least; the module refuses to load for other versions (the
-   fallback in sockfill.py then reads record by record), and `fill` checks the type's name and that
-   `SSL_get_fd` gives the socket's descriptor before it reads.
+   `SSL *` sits right after the weak reference to the socket at the start of `_ssl._SSLSocket`. The
+   module is built only for the Python versions the project declares (`requires-python` in
+   pyproject.toml: 3.11, what CI runs); for any other it does not compile and, being optional, is left
+   out (the fallback in sockfill.py then reads record by record). `fill` also checks the type's name and
+   that `SSL_get_fd` gives the socket's descriptor before it reads.
 
    Timeouts are deadlines, as in the `ssl` module: `first_ms` from the call for the first byte,
    `pause_ms` from the latest byte; bytes trickling into a TLS record that is not complete yet do not
@@ -25,8 +26,8 @@
 #include <string.h>
 #include <time.h>
 
-#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x03100000
-#error "the layout of _ssl._SSLSocket was checked for Python 3.11 to 3.15 only"
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030C0000
+#error "built for Python 3.11 only, as pyproject.toml's requires-python (the layout of _ssl._SSLSocket is assumed)"
 #endif
 
 /* SSL_get_error results (OpenSSL ABI, unchanged since 1.0) */

@@ -73,11 +73,16 @@ class ConfigReconciler(Reconciler):
                                   self.ctx.settings.upload_proxy_url)
         if status != config.get("status"):
             await write_status(self.ctx.client, groups.CDICONFIGS, config, status)
-        if cdi is not None and (cdi.get("status") or {}).get("phase") != "Deployed":
-            await write_status(self.ctx.client, groups.CDIS, cdi, {
+        if cdi is None:
+            return None
+        cdi_status = cdi.get("status") or {}
+        if cdi_status.get("phase") != "Deployed":
+            cdi_status = {
                 "phase": "Deployed", "conditions": [
                     {"type": "Available", "status": "True", "reason": "Available", "message": ""},
                     {"type": "Progressing", "status": "False", "reason": "", "message": ""},
                     {"type": "Degraded", "status": "False", "reason": "", "message": ""}],
-                "operatorVersion": "cdi-py", "targetVersion": "cdi-py", "observedVersion": "cdi-py"})
+                "operatorVersion": "cdi-py", "targetVersion": "cdi-py", "observedVersion": "cdi-py"}
+            await write_status(self.ctx.client, groups.CDIS, cdi, cdi_status)
+        self.ctx.metrics.cdi_resource_seen(list(cdi_status.get("conditions") or []))
         return None

@@ -36,12 +36,12 @@ from cdi.common import pki
 from cdi.controller import conditions
 from cdi.controller.clone import planner
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.importpod import WORKER_UID
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.uploadpki import UploadPki, ensure_upload_pki
 from cdi.controller.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
+from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -415,23 +415,18 @@ class CloneReconciler(Reconciler):
             {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         ]
         container: Obj = {
-            "name": SOURCE_CONTAINER, "image": self.ctx.settings.cloner_image,
-            "imagePullPolicy": self.ctx.settings.pull_policy, "env": environment,
+            "name": SOURCE_CONTAINER, "image": self.ctx.settings.cloner_image, "env": environment,
             "ports": [{"name": "metrics", "containerPort": 8443, "protocol": "TCP"}],
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "runAsNonRoot": True, "runAsUser": WORKER_UID},
         }
         if block:
             container["volumeDevices"] = [{"name": "cdi-data-vol", "devicePath": mount}]
         else:
             container["volumeMounts"] = [{"name": "cdi-data-vol", "mountPath": mount, "readOnly": True}]
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": pod_name, "namespace": namespace, "labels": labels, "ownerReferences": owner},
-               "spec": {"restartPolicy": "OnFailure", "containers": [container],
-                        "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True},
-                        "volumes": [{"name": "cdi-data-vol", "persistentVolumeClaim": {
-                            "claimName": source_name, "readOnly": True}}]}}
+        pod = worker_pod(name=pod_name, namespace=namespace, component=SOURCE_CONTAINER, annotated=target,
+                         owner=owner[0], containers=[container], restart_policy="OnFailure",
+                         volumes=[{"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": source_name,
+                                                                                     "readOnly": True}}],
+                         settings=pod_settings(self.ctx), labels=labels)
         try:
             await self.ctx.client.create(groups.PODS, pod, namespace)
         except AlreadyExists:
@@ -580,9 +575,9 @@ class CloneReconciler(Reconciler):
             return
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        value = await scrape(self._session, str(pod_ip), view.uid)
-        if value is not None:
-            status["progress"] = format_progress(min(value, 99.99))
+        report = await scrape(self._session, str(pod_ip), view.uid)
+        if report is not None and report.progress is not None:
+            status["progress"] = format_progress(min(report.progress, 99.99))
 
     def _phase_event(self, dv: Body, phase: str, why: str | None) -> None:
         view = DataVolumeView(dv)

@@ -71,7 +71,10 @@ def update_bound(conditions: list[Obj], pvc: Body | None, message: str = "", rea
     return update(conditions, "Ready", "False", "", "")
 
 
-def update_running(conditions: list[Obj], annotations: Mapping[str, str]) -> list[Obj]:
+def update_running(conditions: list[Obj], annotations: Mapping[str, str],
+                   running_message: str | None = None) -> list[Obj]:
+    """`running_message`, when given, says what the running pod is doing (what it is retrying, read from
+    its metrics) in place of the annotation's message."""
     if annotations.get(ann.POD_SCHEDULABLE) == "false":
         return update(conditions, "Running", "False", "Importer pod cannot be scheduled", "Unschedulable")
     value = annotations.get(ann.CONDITION_RUNNING)
@@ -80,17 +83,18 @@ def update_running(conditions: list[Obj], annotations: Mapping[str, str]) -> lis
     if value is None or value.lower() == "false":
         return update(conditions, "Running", "False", message, reason)
     if value.lower() == "true":
-        update(conditions, "Running", "True", message, reason)
+        update(conditions, "Running", "True", message if running_message is None else running_message, reason)
         return update(conditions, "Ready", "False", "", TRANSFER_RUNNING)
     return update(conditions, "Running", "Unknown", message, reason)
 
 
-def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "") -> None:
+def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "", *,
+               running_message: str | None = None) -> None:
     conditions: list[Obj] = [dict(c) for c in status.get("conditions") or []]
     phase = status.get("phase")
     ready = "True" if phase == "Succeeded" else "Unknown" if phase == "Unknown" else "False"
     update_bound(conditions, pvc, message, reason)
     update(conditions, "Ready", ready, message, reason)
     annotations: Mapping[str, str] = (dig(pvc, "metadata", "annotations") or {}) if pvc else {}
-    update_running(conditions, annotations)
+    update_running(conditions, annotations, running_message)
     status["conditions"] = conditions

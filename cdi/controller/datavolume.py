@@ -14,10 +14,18 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.upload import FORMAT_ANNOTATION
+from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions
 from cdi.controller.progress import format_progress, scrape
-from cdi.controller.rendering import ClusterStorage, NoStorageClass, RenderError, render_claim_spec
+from cdi.controller.rendering import (
+    ClusterStorage,
+    NoStorageClass,
+    RenderError,
+    render_claim_spec,
+    unrendered_claim_spec,
+    webhook_rendering_enabled,
+)
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
@@ -30,9 +38,10 @@ IMPORT_SOURCES = {"http", "s3", "gcs", "registry", "blank"}
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
-                       FORMAT_ANNOTATION)
-PRIORITY_CLASS = "cdi.kubevirt.io/storage.pod.priorityclassname"
-SERVICE_ACCOUNT = "cdi.kubevirt.io/storage.pod.serviceaccountname"
+                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION)
+EXTERNAL_POPULATION = "cdi.kubevirt.io/externalPopulation"  # CDI's AnnExternalPopulation
+PRIORITY_CLASS = ann.POD_PRIORITY_CLASS
+SERVICE_ACCOUNT = ann.POD_SERVICE_ACCOUNT
 
 
 def _passes_label(key: str) -> bool:
@@ -89,11 +98,16 @@ class DataVolumeReconciler(Reconciler):
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
         if dv is None or dig(dv, "metadata", "deletionTimestamp"):
             self._set_pending(key, False)
+            self.ctx.metrics.clear_import_progress(key)
             return None
         view = DataVolumeView(dv)
         kind = view.source_kind
-        if kind not in IMPORT_SOURCES and kind != "upload":
-            return None  # clones and populators are reconciled elsewhere
+        unsupported = unsupported_source(view.spec)
+        if unsupported is not None:
+            return await self._refuse(dv, unsupported)
+        external = kind is None and view.spec.get("sourceRef") is None and external_population(view.spec) is not None
+        if kind not in IMPORT_SOURCES and kind != "upload" and not external:
+            return None  # clones are reconciled elsewhere
         pvc = self.ctx.cached(groups.PVCS, name, namespace)
         if pvc is None:
             if view.phase in ("Succeeded", "Failed") and view.status.get("claimName"):
@@ -112,12 +126,18 @@ class DataVolumeReconciler(Reconciler):
             self.pending_on_storage.add(key)
         else:
             self.pending_on_storage.discard(key)
-        self.ctx.metrics.datavolume_pending.set(len(self.pending_on_storage))
+
+    async def _refuse(self, dv: Body, cause: Cause) -> float | None:
+        """A source CDI admits that cannot work here: Failed at once, with the field and the reason."""
+        event: Event = (WARNING, cause.reason, cause.message)
+        return await self._update_status(dv, None, message=cause.message, reason=cause.reason, phase="Failed",
+                                         event=event)
 
     async def _create_claim(self, dv: Body) -> float | None:
         view = DataVolumeView(dv)
         try:
-            spec = render_claim_spec(dv, self.cluster_storage())
+            spec = unrendered_claim_spec(dv) if self._left_to_pvc_webhook(view) else \
+                render_claim_spec(dv, self.cluster_storage())
         except NoStorageClass as exc:
             self._set_pending(view.key, True)
             return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")
@@ -129,6 +149,8 @@ class DataVolumeReconciler(Reconciler):
         if view.source_kind == "upload":
             annotations[ann.UPLOAD_TARGET] = ""
             annotations[ann.CONTENT_TYPE] = view.content_type
+        elif view.source_kind is None:  # filled by the claim's data source or a volume populator, as CDI
+            annotations[EXTERNAL_POPULATION] = "true"
         else:
             annotations.update(import_annotations(dv))
         preallocation = view.spec.get("preallocation")
@@ -156,14 +178,22 @@ class DataVolumeReconciler(Reconciler):
             return 0.5  # our cache is behind; look again
         return await self._update_status(dv, created)
 
+    def _left_to_pvc_webhook(self, view: DataVolumeView) -> bool:
+        """As CDI: a `storage` DataVolume labelled applyStorageProfile, while the PVC mutating webhook is
+        enabled, gets its claim rendered by the webhook alone (rendering twice would inflate it twice)."""
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+        return view.spec.get("storage") is not None and \
+            view.labels.get(ann.LABEL_APPLY_STORAGE_PROFILE) == "true" and \
+            webhook_rendering_enabled(config.get("spec") or {})
+
     async def _update_status(self, dv: Body, pvc: Body | None, *, message: str = "", reason: str = "",
-                             phase: str | None = None) -> float | None:
+                             phase: str | None = None, event: Event | None = None) -> float | None:
         view = DataVolumeView(dv)
         status: Obj = json.loads(json.dumps(view.status))
         old_phase = status.get("phase", "")
         old_conditions = json.loads(json.dumps(status.get("conditions") or []))
-        event: Event | None = None
         requeue: float | None = None
+        running_message: str | None = None
         status.setdefault("progress", PROGRESS_UNKNOWN)
         if phase is not None:
             status["phase"] = phase
@@ -172,11 +202,15 @@ class DataVolumeReconciler(Reconciler):
                 status["phase"] = "Pending"
         elif not dig(pvc, "metadata", "deletionTimestamp"):
             status["claimName"] = dig(pvc, "metadata", "name")
-            event, requeue = await self._phase_from_claim(view, pvc, status)
+            event, requeue = self._phase_from_claim(view, pvc, status)
+            if status.get("phase") == "ImportInProgress":
+                running_message = await self._refresh_progress(view, pvc, status)
             restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
-        conditions.update_all(status, pvc, message, reason)
+        conditions.update_all(status, pvc, message, reason, running_message=running_message)
+        if status.get("phase") != "ImportInProgress":
+            self.ctx.metrics.clear_import_progress(view.key)
         if status == view.status:
             return requeue
         # conditional on the version we computed from: a reconcile working from a stale cache runs again
@@ -200,8 +234,8 @@ class DataVolumeReconciler(Reconciler):
                 (was_running is None or was_running.get("message") != running.get("message")):
             self.ctx.recorder.record(dv, WARNING, str(running.get("reason", "")), str(running["message"]))
 
-    async def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
-                                status: Obj) -> tuple[Event | None, float | None]:
+    def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
+                          status: Obj) -> tuple[Event | None, float | None]:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         name = str(dig(pvc, "metadata", "name"))
         claim_phase = dig(pvc, "status", "phase")
@@ -229,12 +263,16 @@ class DataVolumeReconciler(Reconciler):
             return None, None
         if upload:
             return self._upload_phase(annotations, name, status), None
+        if annotations.get(EXTERNAL_POPULATION) == "true":
+            status["phase"] = "Succeeded"
+            ref = dig(pvc, "spec", "dataSourceRef") or dig(pvc, "spec", "dataSource") or {}
+            return (NORMAL, "ExternalPopulationSucceeded",
+                    f"PVC {name} successfully populated by {ref.get('name', '')}"), None
         if pod_phase == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             status["phase"] = "Failed"
             return (WARNING, "ImportFailed", f"Failed to import into PVC {name}"), None
         if pod_phase == "Running":
             status["phase"] = "ImportInProgress"
-            await self._refresh_progress(view, annotations, status)
             return (NORMAL, "ImportInProgress", f"Import into {name} in progress"), self.ctx.settings.progress_interval
         status["phase"] = "ImportScheduled"
         return (NORMAL, "ImportScheduled", f"Import into {name} scheduled"), None
@@ -249,16 +287,24 @@ class DataVolumeReconciler(Reconciler):
         status["phase"] = "UploadScheduled"
         return NORMAL, "UploadScheduled", f"Upload into {name} scheduled"
 
-    async def _refresh_progress(self, view: DataVolumeView, annotations: Mapping[str, str], status: Obj) -> None:
-        pod_name = annotations.get(ann.IMPORT_POD_NAME)
+    async def _refresh_progress(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
+        """Read the importer's progress into `status`; returns the Running condition's message: what the
+        importer is retrying ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the
+        pod could not be asked, to keep what the condition says."""
+        pod_name = (dig(pvc, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
         pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
         pod_ip = dig(pod, "status", "podIP") if pod else None
         if not pod_ip:
-            return
+            return None
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        value = await scrape(self._session, str(pod_ip), view.uid)
-        if value is not None:
+        report = await scrape(self._session, str(pod_ip), view.uid)
+        if report is None:
+            running = conditions.find(status.get("conditions") or [], "Running")
+            return str(running.get("message", "")) if running and running.get("status") == "True" else None
+        if report.progress is not None:
             # 100 is held back until the importer's result is in: conversion may still be running
-            status["progress"] = format_progress(min(value, 99.99))
-            self.ctx.metrics.import_progress.labels(view.uid).set(value)
+            status["progress"] = format_progress(min(report.progress, 99.99))
+            self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
+        return report.retry.describe() if report.retry else \
+            (dig(pvc, "metadata", "annotations") or {}).get(ann.CONDITION_RUNNING_MESSAGE, "")

@@ -16,6 +16,9 @@ from urllib.parse import urlparse
 from cdi.api import annotations as ann
 from cdi.api import env, naming
 from cdi.api.views import dig
+from cdi.controller.claims import owner_reference
+from cdi.controller.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
+from cdi.controller.workerpod import PodSettings, worker_pod
 
 Body = Mapping[str, Any]
 Obj = dict[str, Any]
@@ -25,7 +28,7 @@ DATA_VOLUME = "cdi-data-vol"
 SCRATCH_VOLUME = "cdi-scratch-vol"
 CERT_VOLUME = "cdi-cert-vol"
 PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
-WORKER_UID = 107  # CDI's worker pods run as qemu's uid, non-root
+SECRET_VOLUME = "cdi-secret-vol"  # gcs: the credentials secret, mounted as a file (CDI's name)
 
 
 @dataclass(frozen=True)
@@ -73,15 +76,14 @@ def _lines(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """CDIConfig status and controller flags that shape every worker pod."""
+    """CDIConfig status and controller flags that shape importer pods: what every worker pod gets
+    (`pod`, applied by `workerpod.worker_pod`) and the importer's own."""
 
     importer_image: str = "cdi-importer"
-    pull_policy: str = "IfNotPresent"
-    resources: Body | None = None
     import_proxy: Body | None = None
     insecure_registries: tuple[str, ...] = ()
-    image_pull_secrets: tuple[Body, ...] = ()
-    node_placement: Body = field(default_factory=dict)
+    pod: PodSettings = field(default_factory=PodSettings)
+    retry_budget: float | None = None  # IMPORTER_RETRY_BUDGET: seconds of failing before the import gives up
 
 
 def pod_name(pvc_name: str, attempt: int) -> str:
@@ -100,12 +102,12 @@ def _owner_uid(pvc: Body) -> str:
 
 
 def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, attempt: int = 0,
-                 scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False,
-                 priority_class: str = "", service_account: str = "") -> Obj:
+                 scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False) -> Obj:
+    """The importer's container and volumes; placement, resources, security context, priority class,
+    service account and pass-through annotations are every worker pod's (`workerpod.worker_pod`)."""
     name = str(dig(pvc, "metadata", "name"))
     namespace = str(dig(pvc, "metadata", "namespace"))
     block = dig(pvc, "spec", "volumeMode") == "Block"
-    pvc_annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
     environment: list[Obj] = [
         {"name": env.SOURCE, "value": source.source},
         {"name": env.ENDPOINT, "value": source.endpoint},
@@ -121,9 +123,14 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
     environment.append({"name": env.INSECURE_TLS, "value": "true" if insecure else "false"})
     if source.checksum:
         environment.append({"name": env.CHECKSUM, "value": source.checksum})
+    if settings.retry_budget is not None:
+        environment.append({"name": env.RETRY_BUDGET, "value": f"{settings.retry_budget:g}"})
     if source.registry_arch:
         environment.append({"name": env.REGISTRY_ARCHITECTURE, "value": source.registry_arch})
-    if source.secret:
+    if source.secret and source.source == env.SOURCE_GCS:
+        environment.append({"name": env.GOOGLE_CREDENTIALS,
+                            "value": f"{env.GOOGLE_CREDENTIALS_DIR}/{env.GOOGLE_CREDENTIALS_KEY}"})
+    elif source.secret:
         for var, key in ((env.ACCESS_KEY_ID, "accessKeyId"), (env.SECRET_KEY, "secretKey")):
             environment.append({"name": var, "valueFrom": {"secretKeyRef": {
                 "name": source.secret, "key": key, "optional": True}}})
@@ -144,12 +151,15 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
     if scratch_claim:
         volumes.append({"name": SCRATCH_VOLUME, "persistentVolumeClaim": {"claimName": scratch_claim}})
         mounts.append({"name": SCRATCH_VOLUME, "mountPath": env.SCRATCH_DIR_DEFAULT})
+    if source.secret and source.source == env.SOURCE_GCS:
+        volumes.append({"name": SECRET_VOLUME, "secret": {"secretName": source.secret}})
+        mounts.append({"name": SECRET_VOLUME, "mountPath": env.GOOGLE_CREDENTIALS_DIR, "readOnly": True})
     if source.cert_configmap:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": source.cert_configmap}})
         mounts.append({"name": CERT_VOLUME, "mountPath": env.CERT_DIR_DEFAULT})
         environment.append({"name": env.CERT_DIR, "value": env.CERT_DIR_DEFAULT})
-    if proxy.get("trustedCAProxy"):
-        volumes.append({"name": PROXY_CERT_VOLUME, "configMap": {"name": str(proxy["trustedCAProxy"])}})
+    if trusted_ca_proxy(proxy):  # the copy in the claim's namespace (importproxy.ensure_proxy_ca)
+        volumes.append({"name": PROXY_CERT_VOLUME, "configMap": {"name": proxy_ca_configmap_name(name)}})
         mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": env.PROXY_CERT_DIR_DEFAULT})
         environment.append({"name": env.PROXY_CERT_DIR, "value": env.PROXY_CERT_DIR_DEFAULT})
     for index, secret in enumerate(source.secret_extra_headers):
@@ -158,50 +168,18 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         mounts.append({"name": volume, "mountPath": f"/extraheaders/secret_{index}", "readOnly": True})
 
     container: Obj = {
-        "name": IMPORTER_CONTAINER, "image": settings.importer_image, "imagePullPolicy": settings.pull_policy,
-        "env": environment, "ports": [{"name": "metrics", "containerPort": env.METRICS_PORT, "protocol": "TCP"}],
+        "name": IMPORTER_CONTAINER, "image": settings.importer_image, "env": environment,
+        "ports": [{"name": "metrics", "containerPort": env.METRICS_PORT, "protocol": "TCP"}],
         "terminationMessagePath": env.TERMINATION_LOG_DEFAULT, "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "runAsUser": WORKER_UID},
     }
     if mounts:
         container["volumeMounts"] = mounts
     if devices:
         container["volumeDevices"] = devices
-    if settings.resources:
-        container["resources"] = dict(settings.resources)
-    annotations = {ann.ISTIO_INJECT: "false", ann.LINKERD_INJECT: "disabled"}
-    for key in (ann.MULTUS_NETWORKS, ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT):
-        if key in pvc_annotations:
-            annotations[key] = pvc_annotations[key]
-    spec: Obj = {
-        "restartPolicy": "Never", "containers": [container], "volumes": volumes,
-        "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
-        "terminationGracePeriodSeconds": 30,
-    }
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    if service_account:
-        spec["serviceAccountName"] = service_account
-    if settings.image_pull_secrets:
-        spec["imagePullSecrets"] = [dict(s) for s in settings.image_pull_secrets]
-    for key in ("nodeSelector", "tolerations", "affinity"):
-        if settings.node_placement.get(key):
-            spec[key] = settings.node_placement[key]
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": pod_name(name, attempt), "namespace": namespace,
-            "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "importer",
-                       ann.LABEL_PROMETHEUS: "true"},
-            "annotations": annotations,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": name,
-                                 "uid": dig(pvc, "metadata", "uid"), "controller": True,
-                                 "blockOwnerDeletion": True}],
-        },
-        "spec": spec,
-    }
+    return worker_pod(
+        name=pod_name(name, attempt), namespace=namespace, component="importer", annotated=pvc,
+        owner=owner_reference(pvc), containers=[container], volumes=volumes, restart_policy="Never",
+        settings=settings.pod, labels={ann.LABEL_PROMETHEUS: "true"})
 
 
 def mounts_scratch(pod: Body) -> bool:

@@ -12,7 +12,8 @@ not a restart, as in CDI.
 The importer reports `reason` and `retryable` in its termination message. A permanent failure
 (bad checksum, image too large, 404, refused credentials ...) ends the import at once, and nothing
 is downloaded again; a transient one is retried with exponential backoff until the retry budget is
-spent. `storage.pod.restarts` counts the retries, so DataVolume `restartCount` stays meaningful."""
+spent. `storage.pod.restarts` counts the importer pods started again, so DataVolume `restartCount`
+counts pod restarts as in CDI; failures the importer retried inside its pod are not restarts."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ from cdi.controller.claims import (
     scratch_name,
 )
 from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, mounts_scratch, pod_name
+from cdi.controller.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
 from cdi.controller.runtime import Context, Reconciler
+from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -87,14 +90,11 @@ class ImportReconciler(Reconciler):
     def worker_settings(self) -> WorkerSettings:
         status = config_status(self.ctx)
         settings = self.ctx.settings
-        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None) or {}
         config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
         return WorkerSettings(
-            importer_image=settings.importer_image, pull_policy=settings.pull_policy,
-            resources=status.get("defaultPodResourceRequirements"), import_proxy=status.get("importProxy"),
+            importer_image=settings.importer_image, import_proxy=status.get("importProxy"),
             insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()),
-            image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
-            node_placement=dig(cdi, "spec", "workload") or {},
+            pod=pod_settings(self.ctx), retry_budget=settings.import_retry_budget,
         )
 
     def _dv_of(self, pvc: Body) -> Body | None:
@@ -106,7 +106,10 @@ class ImportReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         cached = self.ctx.cached(groups.PVCS, name, namespace)
-        if cached is None or dig(cached, "metadata", "deletionTimestamp") or not is_import_claim(cached):
+        if cached is None or not is_import_claim(cached):
+            return None
+        if dig(cached, "metadata", "deletionTimestamp"):
+            await self._stop_for_deletion(cached)
             return None
         # the claim's annotations are this reconciler's memory (attempt, retry time, pod name): read them
         # fresh, never from a cache that may not have seen our last write yet
@@ -150,12 +153,17 @@ class ImportReconciler(Reconciler):
             source = ImportSource(**{**source.__dict__, "source": "blank"})
         # scratch only once an importer asked for it (or a user's annotation did): never from a look at the source
         scratch = annotations.get(ann.REQUIRES_SCRATCH) == "true"
+        try:
+            await ensure_proxy_ca(self.ctx, pvc)
+        except ProxyCaMissing as exc:  # the pod could not start without it: say so instead of a hung pod
+            self.ctx.recorder.record(self._dv_of(pvc) or pvc, WARNING, MISSING_REASON, str(exc))
+            await annotate(self.ctx, pvc, {ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: MISSING_REASON,
+                                           ann.CONDITION_RUNNING_MESSAGE: str(exc)})
+            return 10.0
         scratch_claim = await ensure_scratch(self.ctx, pvc) if scratch else None
         pod = importer_pod(
             pvc, source, self.worker_settings(), attempt=attempt, scratch_claim=scratch_claim,
-            filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc),
-            priority_class=annotations.get("cdi.kubevirt.io/storage.pod.priorityclassname", ""),
-            service_account=annotations.get("cdi.kubevirt.io/storage.pod.serviceaccountname", ""))
+            filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc))
         try:
             await self.ctx.client.create(groups.PODS, pod, namespace)
         except AlreadyExists:
@@ -229,8 +237,8 @@ class ImportReconciler(Reconciler):
                         ann.POD_READY: "false", ann.IMPORT_REASON: None})
         if result.get("preallocationApplied"):
             changes[ann.PREALLOCATION_APPLIED] = "true"
-        if result.get("retries"):  # transient failures the importer absorbed count as restarts too
-            changes[ann.POD_RESTARTS] = str(int(changes.get(ann.POD_RESTARTS) or 0) + int(result["retries"]))
+        if result.get("retries"):  # failures retried inside the pod: not restarts (restartCount counts pods)
+            changes[ann.IMPORT_RETRIES] = str(int(result["retries"]))
         checksum = result.get("checksum")
         if checksum:
             changes[ann.IMPORT_CHECKSUM_RESULT] = str(checksum)
@@ -295,10 +303,25 @@ class ImportReconciler(Reconciler):
     async def _delete_scratch(self, namespace: str, name: str) -> None:
         await delete_if_present(self.ctx, groups.PVCS, scratch_name(name), namespace)
 
+    async def _stop_for_deletion(self, pvc: Body) -> None:
+        """The claim is being deleted (its DataVolume was): stop the import now, as CDI does. Left alone,
+        the importer would download to the end, or wait on a stalled server, while pvc-protection
+        holds the claim `Terminating`; its data is going anyway, so no grace period."""
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        for pod in self.ctx.cached_list(groups.PODS, namespace):
+            owners = dig(pod, "metadata", "ownerReferences") or []
+            if dig(pod, "metadata", "labels", ann.LABEL_COMPONENT) == "importer" and \
+                    not dig(pod, "metadata", "deletionTimestamp") and any(
+                    r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name for r in owners):
+                await self._delete_pod(pod)
+        await self._delete_scratch(namespace, name)
+
     async def _cleanup(self, pvc: Body, pod: Body | None, *, succeeded: bool) -> None:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         await self._delete_scratch(namespace, name)
+        if pod is not None:  # the import just ended (later cleanups mostly find the pod gone)
+            await delete_proxy_ca(self.ctx, pvc)
         retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true"
         dv = self._dv_of(pvc)
         if dv is not None and (dig(dv, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION) == "true":

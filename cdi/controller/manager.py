@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cdi.api import groups
 from cdi.api.views import dig
+from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
 from cdi.controller.clones import CloneReconciler
 from cdi.controller.datasource import DataSourceReconciler
@@ -29,8 +30,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
-           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.DATASOURCES,
-           groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS)
+           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
+           groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 
@@ -50,6 +51,7 @@ class Manager:
                                               self.config, self.datasources, self.clones]
         for gvr in WATCHED:
             self.ctx.informer(gvr)
+        self.metrics.count_pending_datavolumes(lambda: self.ctx.cached_list(groups.DATAVOLUMES))
         self._wire()
         self._tasks: list[asyncio.Task[Any]] = []
         self.leading = asyncio.Event()
@@ -118,6 +120,13 @@ class Manager:
         def on_snapshot(obj: Obj, *rest: Obj) -> None:
             self.datasources.enqueue_referring("snapshot", object_key(rest[0] if rest else obj))
 
+        def on_volume(obj: Obj, *rest: Obj) -> None:
+            # a no-provisioner class's profile takes its claim property sets from the class's volumes
+            name = str(dig(rest[0] if rest else obj, "spec", "storageClassName") or "")
+            storage_class = self.ctx.cached(groups.STORAGECLASSES, name) if name else None
+            if storage_class is not None and storage_class.get("provisioner") == NO_PROVISIONER:
+                self.profiles.enqueue(name)
+
         def on_config(obj: Obj, *rest: Obj) -> None:
             self.config.enqueue(CONFIG_KEY)
 
@@ -129,6 +138,7 @@ class Manager:
         inf[groups.VOLUMESNAPSHOTCLASSES].add_handler(on_snapshot_class, on_snapshot_class, on_snapshot_class)
         inf[groups.DATASOURCES].add_handler(on_datasource, on_datasource, on_datasource)
         inf[groups.VOLUMESNAPSHOTS].add_handler(on_snapshot, on_snapshot, on_snapshot)
+        inf[groups.PVS].add_handler(on_volume, on_volume, on_volume)
         inf[groups.CDICONFIGS].add_handler(on_config, on_config, on_config)
         inf[groups.CDIS].add_handler(on_config, on_config, on_config)
 

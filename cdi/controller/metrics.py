@@ -1,13 +1,28 @@
 """The controller's Prometheus metrics: CDI's names for what users alert on
-(kubevirt_cdi_datavolume_pending, kubevirt_cdi_storageprofile_info, the re-exported import progress),
-plus ours for the controller itself (reconciles, their duration, queue depth)."""
+(kubevirt_cdi_datavolume_pending, kubevirt_cdi_storageprofile_info, kubevirt_cdi_cr_ready, which CDI's
+operator exports and the CDI resource's reconciler here), the import progress re-exported while an
+import runs, plus ours for the controller itself (reconciles, their duration, queue depth)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import disable_created_metrics as _disable_created
 
 _disable_created()  # type: ignore[no-untyped-call]
+
+
+def waits_on_default_class(dv: Mapping[str, Any]) -> bool:
+    """CDI's rule for kubevirt_cdi_datavolume_pending: the DataVolume names no storage class (it depends
+    on the cluster's default) and is Pending or has no phase yet. One that names a class, or waits for
+    its first consumer, does not say anything about the default class."""
+    spec = dv.get("spec") or {}
+    claim = spec.get("pvc") if spec.get("pvc") is not None else spec.get("storage")
+    if (claim or {}).get("storageClassName") is not None:
+        return False
+    return (dv.get("status") or {}).get("phase") in (None, "", "Pending")
 
 
 class ControllerMetrics:
@@ -25,6 +40,8 @@ class ControllerMetrics:
             "optimal for virtualization",
             ["storageclass", "provisioner", "complete", "default", "virtdefault", "rwx", "smartclone", "degraded"],
             registry=self.registry)
+        self.cr_ready = Gauge("kubevirt_cdi_cr_ready", "CDI install ready", registry=self.registry)
+        self.cr_ready.set(-1)  # as CDI: unknown until the CDI resource is seen (0 is what alerts)
         self.import_progress = Gauge(
             "kubevirt_cdi_import_progress_total", "The import progress in percentage, as last scraped from the "
             "importer pod", ["ownerUID"], registry=self.registry)
@@ -39,6 +56,36 @@ class ControllerMetrics:
                                       "transient failure", registry=self.registry)
         self.import_failures = Counter("cdi_controller_import_failures_total", "Imports ended as Failed, by "
                                        "importer reason", ["reason"], registry=self.registry)
+
+        self._progress_series: dict[str, str] = {}  # DataVolume key -> ownerUID of its series
+
+    def count_pending_datavolumes(self, datavolumes: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+        """kubevirt_cdi_datavolume_pending is counted when scraped, over the DataVolumes `datavolumes`
+        returns (the controller's cache), so it never lags behind or outlives them."""
+        self.datavolume_pending.set_function(lambda: sum(1 for dv in datavolumes() if waits_on_default_class(dv)))
+
+    def set_import_progress(self, key: str, owner_uid: str, value: float) -> None:
+        if self._progress_series.get(key, owner_uid) != owner_uid:
+            self.clear_import_progress(key)  # a DataVolume of the same name, recreated
+        self._progress_series[key] = owner_uid
+        self.import_progress.labels(owner_uid).set(value)
+
+    def clear_import_progress(self, key: str) -> None:
+        """The import of DataVolume `key` is over (done, failed, deleted): its series goes, as the
+        importer's own does when it exits, instead of staying at its last value forever."""
+        owner_uid = self._progress_series.pop(key, None)
+        if owner_uid is not None:
+            self.import_progress.remove(owner_uid)
+
+    def cdi_resource_seen(self, conditions: list[dict[str, str]]) -> None:
+        """CDI's operator rule: ready while Available is True; not ready when it is not and nothing is
+        Progressing either (an install or upgrade under way does not alert)."""
+        def true(kind: str) -> bool:
+            return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+        if true("Available"):
+            self.cr_ready.set(1)
+        elif not true("Progressing"):
+            self.cr_ready.set(0)
 
     def reconciled(self, controller: str, outcome: str, seconds: float) -> None:
         self.reconciles.labels(controller, outcome).inc()

@@ -1,7 +1,8 @@
 """The PVC a DataVolume asks for: the `pvc` API verbatim, or the `storage` API with its gaps
 filled as CDI fills them (storage class from the virt default then the Kubernetes default, access
 and volume modes from the StorageProfile, size inflated by the filesystem overhead, the profile's
-minimum size). Pure: the caller passes what the cluster holds."""
+minimum size). The same rules complete a bare PVC labelled `cdi.kubevirt.io/applyStorageProfile`
+(the PVC mutating webhook, CDI's RenderPvc). Pure: the caller passes what the cluster holds."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from cdi.api.views import dig
 
 Body = Mapping[str, Any]
 MIB = 1024 * 1024
+FROM_STORAGE_PROFILE = "FromStorageProfile"  # a PVC volumeMode the PVC mutating webhook replaces
+_STORAGE_FIELDS = ("accessModes", "selector", "resources", "volumeName", "storageClassName", "volumeMode",
+                   "dataSource", "dataSourceRef")
 
 
 class RenderError(Exception):
@@ -98,15 +102,57 @@ def render_claim_spec(dv: Body, cluster: ClusterStorage) -> dict[str, Any]:
         return copy.deepcopy(dict(spec_in["pvc"]))
     storage: Body = spec_in.get("storage") or {}
     content_type = str(spec_in.get("contentType") or "kubevirt")
-    spec: dict[str, Any] = {k: copy.deepcopy(storage[k]) for k in (
-        "accessModes", "selector", "resources", "volumeName", "storageClassName", "volumeMode", "dataSource",
-        "dataSourceRef") if storage.get(k) is not None}
+    spec: dict[str, Any] = {k: copy.deepcopy(storage[k]) for k in _STORAGE_FIELDS if storage.get(k) is not None}
+    _render_class_and_modes(spec, cluster, content_type)
+    source = spec_in.get("source") or {}
+    is_clone = source.get("pvc") is not None or source.get("snapshot") is not None or \
+        spec_in.get("sourceRef") is not None
+    _render_size(spec, cluster, is_clone)
+    return spec
+
+
+def webhook_rendering_enabled(config_spec: Body) -> bool:
+    """CDIConfig `spec.webhookPvcRendering`: the PVC mutating webhook is on unless it says `Disabled`
+    (CDI made the old `WebhookPvcRendering` feature gate the default; listing it changes nothing)."""
+    return config_spec.get("webhookPvcRendering") != "Disabled"
+
+
+def unrendered_claim_spec(dv: Body) -> dict[str, Any]:
+    """The `storage` API copied as a PVC spec and left for the PVC mutating webhook to complete (a
+    DataVolume labelled `cdi.kubevirt.io/applyStorageProfile` while the webhook is enabled, as CDI)."""
+    storage: Body = dig(dv, "spec", "storage") or {}
+    spec: dict[str, Any] = {k: copy.deepcopy(storage[k]) for k in _STORAGE_FIELDS if storage.get(k) is not None}
+    spec.setdefault("volumeMode", FROM_STORAGE_PROFILE)
+    return spec
+
+
+def render_pvc_spec(pvc: Body, cluster: ClusterStorage) -> dict[str, Any]:
+    """CDI's RenderPvc: the spec of a bare PVC completed from its StorageProfile as a DataVolume's would be
+    (storage class, access and volume modes, size with the filesystem overhead). `volumeMode:
+    FromStorageProfile` asks for the profile's mode; an absent one was already defaulted to Filesystem
+    by the API server. Claims restored from a VolumeSnapshot keep their size: the snapshot bounds it."""
+    spec = copy.deepcopy(dict(pvc.get("spec") or {}))
+    if spec.get("volumeMode") == FROM_STORAGE_PROFILE:
+        del spec["volumeMode"]
+    archive = (dig(pvc, "metadata", "annotations") or {}).get(ann.CONTENT_TYPE) == "archive"
+    _render_class_and_modes(spec, cluster, "archive" if archive else "kubevirt")
+    if any((spec.get(key) or {}).get("kind") == "VolumeSnapshot" and
+           (spec.get(key) or {}).get("apiGroup") == "snapshot.storage.k8s.io"
+           for key in ("dataSource", "dataSourceRef")):
+        return spec
+    _render_size(spec, cluster, False)
+    return spec
+
+
+def _render_class_and_modes(spec: dict[str, Any], cluster: ClusterStorage, content_type: str) -> None:
+    """Storage class (named, else the default for the content type), then the access and volume modes
+    the StorageProfile prefers for what is missing. A name that matches no class renders nothing."""
     if content_type == "archive":
         if spec.get("volumeMode") == "Block":
             raise RenderError("ContentType Archive cannot have block volumeMode")
         spec["volumeMode"] = "Filesystem"
     name = spec.get("storageClassName")
-    storage_class = cluster.storage_class(name) if name else cluster.default_class(content_type)
+    storage_class = cluster.storage_class(name) if name is not None else cluster.default_class(content_type)
     if storage_class is None:
         if not spec.get("accessModes"):
             raise NoStorageClass("DataVolume.storage spec is missing accessMode and no storageClass to choose "
@@ -115,11 +161,6 @@ def render_claim_spec(dv: Body, cluster: ClusterStorage) -> dict[str, Any]:
         class_name = str(dig(storage_class, "metadata", "name"))
         spec["storageClassName"] = class_name
         _modes_from_profile(spec, class_name, cluster.storage_profiles.get(class_name))
-    source = spec_in.get("source") or {}
-    is_clone = source.get("pvc") is not None or source.get("snapshot") is not None or \
-        spec_in.get("sourceRef") is not None
-    _render_size(spec, cluster, is_clone)
-    return spec
 
 
 def _render_size(spec: dict[str, Any], cluster: ClusterStorage, is_clone: bool) -> None:
@@ -138,12 +179,14 @@ def _render_size(spec: dict[str, Any], cluster: ClusterStorage, is_clone: bool) 
     class_name = spec.get("storageClassName")
     if (spec.get("volumeMode") or "Filesystem") == "Filesystem":
         size = required_space(cluster.filesystem_overhead(class_name), requested)
-    if class_name:
-        profile = cluster.storage_profiles.get(class_name)
-        minimum = (dig(profile, "metadata", "annotations") or {}).get(ann.MINIMUM_PVC_SIZE)
-        if minimum:
-            try:
-                size = max(size, parse_bytes(minimum))
-            except QuantityError:
-                pass
     requests["storage"] = str(size)
+    if class_name:
+        # CDI raises the (inflated) request of either volume mode to the profile's minimum, and then asks for
+        # the minimum as the annotation writes it ("4Gi"); an unparsable annotation is ignored.
+        profile = cluster.storage_profiles.get(class_name)
+        minimum = str((dig(profile, "metadata", "annotations") or {}).get(ann.MINIMUM_PVC_SIZE) or "").strip()
+        try:
+            if minimum and size < parse_bytes(minimum):
+                requests["storage"] = minimum
+        except QuantityError:
+            pass

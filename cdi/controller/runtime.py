@@ -38,7 +38,8 @@ class Settings:
     uploadserver_image: str = "cdi-uploadserver"
     cloner_image: str = "cdi-cloner"
     pull_policy: str = "IfNotPresent"
-    retry_budget: int = 5
+    retry_budget: int = 5  # importer pods started again after a retryable failure
+    import_retry_budget: float = 180.0  # seconds an import may keep failing on its source (IMPORTER_RETRY_BUDGET)
     retry_base: float = 2.0
     retry_max: float = 300.0
     progress_interval: float = 2.0

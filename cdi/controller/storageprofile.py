@@ -1,5 +1,6 @@
-"""One StorageProfile per StorageClass, created and deleted with it, its status computed from the
-profile's spec, the class, the known-provisioner table and the snapshot classes present."""
+"""One StorageProfile per StorageClass, created and deleted with it (object-bucket classes included, as
+in CDI), its status computed from the profile's spec, the class, the known-provisioner table and the
+snapshot classes present, and the table's annotations (minimum PVC size, DataImportCron hints) added."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import dig
 from cdi.controller import conditions
-from cdi.controller.capabilities import capability, profile_status
+from cdi.controller.capabilities import is_complete, profile_annotations, profile_status
 from cdi.controller.runtime import Reconciler, write_status
 from cdi.kube import AlreadyExists, NotFound
 
@@ -42,15 +43,19 @@ class StorageProfileReconciler(Reconciler):
         if profile is None:
             body: Obj = {"apiVersion": groups.CDI_API_VERSION, "kind": "StorageProfile",
                          "metadata": {"name": key, "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE}}, "spec": {}}
-            known = capability(storage_class)
-            if known is not None and known.minimum_size:
-                body["metadata"]["annotations"] = {ann.MINIMUM_PVC_SIZE: known.minimum_size}
             try:
                 profile = await self.ctx.client.create(groups.STORAGEPROFILES, body)
             except AlreadyExists:
                 return 0.2
+        snapshot_classes = self.ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES)
+        annotations = dig(profile, "metadata", "annotations") or {}
+        wanted = profile_annotations(storage_class, annotations, snapshot_classes)
+        if wanted != annotations:
+            # a replace carrying the resourceVersion: a stale cache gets a 409 and the reconcile runs again
+            metadata = {**profile["metadata"], "annotations": wanted}
+            profile = await self.ctx.client.replace(groups.STORAGEPROFILES, {**profile, "metadata": metadata})
         spec = profile.get("spec") or {}
-        status = profile_status(storage_class, spec, self.ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES))
+        status = profile_status(storage_class, spec, snapshot_classes, self.ctx.cached_list(groups.PVS))
         status["conditions"] = _merge_conditions((profile.get("status") or {}).get("conditions") or [],
                                                  status["conditions"])
         if status != profile.get("status"):
@@ -73,7 +78,8 @@ class StorageProfileReconciler(Reconciler):
         single_node = len(self.ctx.cached_list(groups.NODES)) <= 1  # live migration needs RWX only with peers
         self._drop_metric(name)
         self.ctx.metrics.storageprofile_info.labels(
-            name, str(storage_class.get("provisioner", "")), str(bool(sets)).lower(),
+            name, str(storage_class.get("provisioner", "")),
+            str(is_complete(str(storage_class.get("provisioner", "")), status)).lower(),
             str(annotations.get(ann.DEFAULT_STORAGE_CLASS) == "true").lower(),
             str(annotations.get(ann.DEFAULT_VIRT_STORAGE_CLASS) == "true").lower(),
             str(rwx).lower(), str(smart).lower(), str(not smart or not (rwx or single_node)).lower()).set(1)

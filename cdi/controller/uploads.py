@@ -8,7 +8,8 @@ Upload-server pod contract (env, as CDI's): TLS_CERT_FILE / TLS_KEY_FILE (its ce
 CLIENT_CERT_FILE (CA of the proxy's client certificate), CLIENT_NAME (the CN the client must have),
 UPLOAD_IMAGE_SIZE, FILESYSTEM_OVERHEAD, PREALLOCATION, DESTINATION (/data/disk.img or
 /dev/cdi-block-volume), CONTENT_TYPE, POD_IP, OWNER_UID; scratch at /scratch when mounted; HTTPS on
-$POD_IP:8443; readiness on GET /healthz.
+$POD_IP:8443; readiness on GET /healthz. A Block volume without scratch also gets an emptyDir at
+UPLOAD_STATE_DIR (ours), where the server keeps the resume offset of a raw upload across its restarts.
 
 Failures: an upload the server refuses (too large, bad image) is answered to the client and leaves
 the server ready for another attempt, so the DataVolume stays `UploadReady`. A failure after an
@@ -27,23 +28,28 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import env, groups
-from cdi.api.upload import FORMAT_ANNOTATION, upload_resource_name, upload_service_name
+from cdi.api.upload import (
+    ENV_STATE_DIR,
+    FORMAT_ANNOTATION,
+    STATE_DIR_DEFAULT,
+    upload_resource_name,
+    upload_service_name,
+)
 from cdi.api.views import dig
 from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller.claims import (
     annotate,
     claim_overhead,
-    config_status,
     delete_if_present,
     ensure_scratch,
     owner_reference,
     preallocation_wanted,
     scratch_name,
 )
-from cdi.controller.importpod import WORKER_UID
 from cdi.controller.imports import termination
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
+from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -94,7 +100,11 @@ class UploadReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         cached = self.ctx.cached(groups.PVCS, name, namespace)
-        if cached is None or dig(cached, "metadata", "deletionTimestamp") or not is_upload_claim(cached):
+        if cached is None or not is_upload_claim(cached):
+            return None
+        if dig(cached, "metadata", "deletionTimestamp"):
+            # as CDI: a claim being deleted loses its upload server now, which pvc-protection waits for
+            await self._cleanup(cached, self.ctx.cached(groups.PODS, upload_name(name), namespace))
             return None
         try:
             pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
@@ -179,34 +189,25 @@ class UploadReconciler(Reconciler):
         if scratch:
             volumes.append({"name": "cdi-scratch-vol", "persistentVolumeClaim": {"claimName": scratch}})
             mounts.append({"name": "cdi-scratch-vol", "mountPath": env.SCRATCH_DIR_DEFAULT})
+        elif block:  # where the server keeps the resume offset of a raw upload across its restarts
+            volumes.append({"name": "cdi-upload-state", "emptyDir": {}})
+            mounts.append({"name": "cdi-upload-state", "mountPath": STATE_DIR_DEFAULT})
+            environment.append({"name": ENV_STATE_DIR, "value": STATE_DIR_DEFAULT})
         container: Obj = {
-            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image,
-            "imagePullPolicy": self.ctx.settings.pull_policy, "env": environment, "volumeMounts": mounts,
+            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image, "env": environment,
+            "volumeMounts": mounts,
             "ports": [{"name": "uploadserver", "containerPort": UPLOAD_PORT, "protocol": "TCP"}],
             "readinessProbe": {"httpGet": {"path": "/healthz", "port": UPLOAD_PORT, "scheme": "HTTPS"},
                                "periodSeconds": 1, "failureThreshold": 3},
             "terminationMessagePolicy": "FallbackToLogsOnError",
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "runAsNonRoot": True, "runAsUser": WORKER_UID},
         }
-        resources = config_status(self.ctx).get("defaultPodResourceRequirements")
-        if resources:
-            container["resources"] = dict(resources)
         if devices:
             container["volumeDevices"] = devices
-        spec: Obj = {"restartPolicy": "OnFailure", "containers": [container], "volumes": volumes,
-                     "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True}}
-        for key, field in (("cdi.kubevirt.io/storage.pod.priorityclassname", "priorityClassName"),
-                           ("cdi.kubevirt.io/storage.pod.serviceaccountname", "serviceAccountName")):
-            if annotations.get(key):
-                spec[field] = annotations[key]
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": resource, "namespace": dig(pvc, "metadata", "namespace"),
-                             "labels": {**labels, SERVICE_LABEL: service,
-                                        ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))},
-                             "annotations": {ann.ISTIO_INJECT: "false", ann.LINKERD_INJECT: "disabled"},
-                             "ownerReferences": owner},
-                "spec": spec}
+        return worker_pod(
+            name=resource, namespace=str(dig(pvc, "metadata", "namespace")), component=labels[ann.LABEL_COMPONENT],
+            annotated=pvc, owner=owner[0], containers=[container], volumes=volumes, restart_policy="OnFailure",
+            settings=pod_settings(self.ctx),
+            labels={**labels, SERVICE_LABEL: service, ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))})
 
     async def _observe(self, pvc: Body, pod: Body) -> float | None:
         phase = str(dig(pod, "status", "phase") or "Pending")

@@ -14,7 +14,7 @@ from cdi.api.sizing import overhead_fraction
 
 from .checksum import Checksum
 from .errors import ImporterError, Reason
-from .retry import RetryPolicy
+from .retry import DEFAULT_BUDGET, RetryPolicy
 from .target import Paths
 
 SECRET_EXTRA_HEADERS_DIR = Path("/extraheaders")
@@ -71,7 +71,7 @@ class ImporterConfig:
     pod_ip: str
     paths: Paths
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    read_timeout: float = 60.0
+    read_timeout: float = 60.0  # see default_read_timeout
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ImporterConfig:
@@ -83,10 +83,11 @@ class ImporterConfig:
         if source not in (
             envnames.SOURCE_HTTP,
             envnames.SOURCE_S3,
+            envnames.SOURCE_GCS,
             envnames.SOURCE_REGISTRY,
             envnames.SOURCE_BLANK,
         ):
-            raise _bad(f"unknown {envnames.SOURCE} {source!r}: expected http, s3, registry or blank")
+            raise _bad(f"unknown {envnames.SOURCE} {source!r}: expected http, s3, gcs, registry or blank")
         endpoint = env.get(envnames.ENDPOINT, "").strip()
         if source != envnames.SOURCE_BLANK and not endpoint:
             raise _bad(f"{envnames.ENDPOINT} is missing")
@@ -109,6 +110,7 @@ class ImporterConfig:
         except ValueError as exc:
             raise _bad(f"{envnames.FILESYSTEM_OVERHEAD}={overhead!r}: {exc}") from None
         cert_dir_text = env.get(envnames.CERT_DIR, "").strip()
+        budget = positive_float(env, envnames.RETRY_BUDGET, DEFAULT_BUDGET)
         return cls(
             source=source,
             endpoint=endpoint,
@@ -130,9 +132,16 @@ class ImporterConfig:
             owner_uid=env.get(envnames.OWNER_UID, ""),
             pod_ip=env.get(envnames.POD_IP, "").strip(),
             paths=paths,
-            retry=RetryPolicy(budget=positive_float(env, envnames.RETRY_BUDGET, 300.0)),
-            read_timeout=positive_float(env, envnames.READ_TIMEOUT, 60.0),
+            retry=RetryPolicy(budget=budget),
+            read_timeout=positive_float(env, envnames.READ_TIMEOUT, default_read_timeout(budget)),
         )
+
+
+def default_read_timeout(budget: float) -> float:
+    """A minute without a byte is a stalled read, but never more than a third of the retry budget:
+    against a server that accepts and never answers, each attempt costs a whole timeout, and the
+    import should still fail close to the budget, after a few attempts, not after the first."""
+    return min(60.0, max(1.0, budget / 3))
 
 
 def extra_headers(env: Mapping[str, str]) -> list[str]:

@@ -7,8 +7,11 @@ part of the worker-pod contract (DESIGN §3.1): add new ones, never rename or re
 Permanent failures (`retryable: false`) will fail again with the same inputs: a bad checksum, an
 image that does not fit, an unsafe or unsupported image, a missing object, refused credentials.
 Re-running the pod only burns bandwidth (CDI#3619: a too-small DataVolume re-downloaded forever).
-Transient failures (`retryable: true`) are network or server trouble that outlasted the in-run
-retry budget; a new attempt may well succeed, and resumes where this one stopped when it can.
+Transient failures (network or server trouble) are retried inside the run; one that outlasts the
+retry budget (IMPORTER_RETRY_BUDGET) ends the import with `retryable: false` and "gave up after N
+attempts in Ts", because the budget is the whole time an import may spend on a source that does not
+deliver. What still ends retryable (a changed source, a signal, a bug) gets a new attempt, which
+resumes where this one stopped when it can.
 """
 
 from __future__ import annotations
@@ -109,12 +112,13 @@ REASONS: dict[Reason, tuple[bool, str]] = {
     ),
     Reason.CONNECTION_FAILED: (
         True,
-        "The network failed (refused, reset, timed out, name not resolved) longer than the in-run "
-        "retry budget allows.",
+        "The network failed (refused, reset, timed out, name not resolved) longer than the retry "
+        "budget allows; final (retryable false) once the budget is spent.",
     ),
     Reason.SERVER_ERROR: (
         True,
-        "The source kept answering 5xx/429/408 longer than the in-run retry budget allows.",
+        "The source kept answering 5xx/429/408 longer than the retry budget allows; final "
+        "(retryable false) once the budget is spent.",
     ),
     Reason.SOURCE_CHANGED: (
         True,

@@ -71,6 +71,10 @@ def open_origin(config: ImporterConfig, stop: threading.Event) -> Origin:
         from .source_s3 import open_s3
 
         return open_s3(config, stop)
+    if config.source == envnames.SOURCE_GCS:
+        from .source_gcs import open_gcs
+
+        return open_gcs(config, stop)
     if config.source == envnames.SOURCE_REGISTRY:
         from .source_registry import open_registry
 
@@ -95,7 +99,8 @@ def run(config: ImporterConfig, progress: Progress, stop: threading.Event) -> Im
     )
     if config.source == envnames.SOURCE_BLANK:
         return import_blank(target, options, progress)
-    config.retry.listeners.append(progress.retried)
+    config.retry.listeners.append(lambda exc, attempt: progress.retried(exc.reason, exc.message, attempt))
+    config.retry.recovered.append(progress.recovered)
     origin = open_origin(config, stop)
     try:
         return run_import(origin, target, options, progress, stop)

@@ -711,7 +711,9 @@ class _Import:
 
         Reading (which is where decompression happens) and writing run in two threads with a few
         chunks between them: both release the GIL, so a gzip import decompresses while it writes.
-        A `pushed` stream (an upload body, read by a thread of its own) is written as it is read."""
+        A `pushed` stream (an upload body, read by a thread of its own) is written as it is read, and
+        each chunk is handed back to the origin once written (`Origin.give_back`): this is where the
+        pipeline lets go of it, and the upload server then refills its buffer."""
         pos = start
         meter = self.origin.meter
         behind = WriteBehind(writer, depth=0) if pushed else WriteBehind(writer)
@@ -730,6 +732,9 @@ class _Import:
                     )
                 behind.write(pos, as_bytes(chunk))
                 pos += len(chunk)
+                if pushed:  # written in this thread (depth 0): nothing refers to the chunk any more
+                    self.origin.give_back(chunk)
+                    del chunk
                 self.progress.update(meter.total)
         except BaseException:
             behind.close(quiet=True)

@@ -14,6 +14,9 @@ Metrics (registry of their own, no `_created` series):
   byte progress of each phase (total 0 while unknown).
 * `cdi_importer_bytes_transferred_total{ownerUID}`: bytes received from the source.
 * `cdi_importer_retries_total{ownerUID}`: transient failures retried inside the run.
+* `cdi_importer_retrying{ownerUID,reason,message}`: while a failed operation is being retried, the
+  attempt number, labelled with the failure's reason code and message (absent otherwise). The
+  controller puts it in the DataVolume's Running condition.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Progress:
         self._percent = 0.0
         self._transferred_value = 0
         self._retry_count = 0
+        self._retrying: tuple[str, str, int] | None = None  # (reason, message, attempt) of the retry under way
         self._phases: dict[str, list[int]] = {}  # phase -> [done, total], in the order seen
         self._set_phase(INFO)
 
@@ -111,9 +115,21 @@ class Progress:
         with self._lock:
             self._transferred_value = max(self._transferred_value, total)
 
-    def retried(self, _exc: object = None) -> None:
+    def retried(self, reason: str, message: str, attempt: int) -> None:
+        """A transient failure is being retried (attempt `attempt` of this operation failed)."""
         with self._lock:
             self._retry_count += 1
+            self._retrying = (reason, message, attempt)
+
+    def recovered(self) -> None:
+        """The operation that was being retried went through."""
+        with self._lock:
+            self._retrying = None
+
+    @property
+    def retrying(self) -> tuple[str, str, int] | None:
+        with self._lock:
+            return self._retrying
 
     @property
     def retries(self) -> int:
@@ -234,3 +250,13 @@ class _Collector:
         )
         retried.add_metric([uid], retries)
         yield retried
+        retrying = self.progress.retrying
+        if retrying is not None:
+            reason, message, attempt = retrying
+            now = GaugeMetricFamily(
+                "cdi_importer_retrying",
+                "The attempt of the failing operation being retried, with the failure's reason and message",
+                labels=["ownerUID", "reason", "message"],
+            )
+            now.add_metric([uid, reason, message], attempt)
+            yield now

@@ -88,6 +88,10 @@ class Origin:
     def abort(self) -> None:
         """Release requests still in flight (the import stopped or failed)."""
 
+    def give_back(self, chunk: Any) -> None:
+        """The pipeline is done with `chunk`, a chunk `stream()` returned: it is written, and nothing holds it
+        or a view of it any more (only said for a `pushed` stream, whose producer may reuse its buffer)."""
+
     def close(self) -> None:
         pass
 
@@ -105,6 +109,7 @@ class StreamOrigin(Origin):
         self._peek = PeekStream(counted)
         self.head = self._peek.peek(HEAD_SIZE)
         self._used = False
+        self._give_back = getattr(stream, "give_back", None)
         self._finished = False
 
     def stream(self) -> Stream:
@@ -112,6 +117,10 @@ class StreamOrigin(Origin):
             raise RuntimeError("a stream origin can be read once")
         self._used = True
         return self._peek
+
+    def give_back(self, chunk: Any) -> None:
+        if self._give_back is not None:
+            self._give_back(chunk)
 
     def finish(self) -> None:
         """The body must have ended, cleanly and at its announced size, before the image counts as

@@ -5,7 +5,9 @@
 file of the Filesystem volume it is in; anything else (`/dev/cdi-block-volume`) is a Block volume
 written in place, whether the node binds it as a device or, like the embedded node, as a file.
 Scratch is `/scratch` when it is mounted (`IMPORTER_SCRATCH_DIR` overrides the path, as for the
-importer, and `TERMINATION_LOG` the termination log, for running outside a pod)."""
+importer, and `TERMINATION_LOG` the termination log, for running outside a pod). The resume record of a
+raw upload (`kept.py`) is kept next to `disk.img`, or for a Block volume on scratch, else in
+`UPLOAD_STATE_DIR` when that directory exists (none: the offset lives in memory only)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class UploadServerConfig:
     scratch_dir: Path | None
     termination_log: Path
     idle_timeout: float = 120.0  # seconds a request body may stay silent before it counts as cut off
+    state_dir: Path | None = None  # where the resume record is kept (`kept.py`); None: in memory only
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> UploadServerConfig:
@@ -70,6 +73,10 @@ class UploadServerConfig:
         destination = env.get(names.ENV_DESTINATION, "").strip() or \
             f"{envnames.DATA_DIR_DEFAULT}/{envnames.DISK_IMAGE_NAME}"
         scratch = Path(env.get(envnames.SCRATCH_DIR) or envnames.SCRATCH_DIR_DEFAULT)
+        state_dir: Path | None = Path(destination).parent
+        if Path(destination).name != envnames.DISK_IMAGE_NAME:  # a Block volume: scratch, else UPLOAD_STATE_DIR
+            given = Path(env.get(names.ENV_STATE_DIR) or names.STATE_DIR_DEFAULT)
+            state_dir = scratch if scratch.is_dir() else given if given.is_dir() else None
         client_ca = env.get(names.ENV_CLIENT_CERT_FILE, "")
         port_text = env.get(names.ENV_LISTEN_PORT, "") or str(names.UPLOAD_PORT)
         try:
@@ -91,6 +98,7 @@ class UploadServerConfig:
             scratch_dir=scratch if scratch.is_dir() else None,
             termination_log=Path(env.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT),
             idle_timeout=positive_float(env, IDLE_TIMEOUT, 120.0),
+            state_dir=state_dir,
         )
 
     @property

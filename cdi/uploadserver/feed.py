@@ -16,13 +16,19 @@ yields one at every chunk boundary of a chunked body; taken as the end, it trunc
 
 A failure (`fail`, the client went away) is raised to the pipeline only after the chunks that
 arrived before it: every byte received is good, and written, so a resumed upload needs to resend as
-little as possible, and the resumable offset is exactly what arrived, whatever the scheduling."""
+little as possible, and the resumable offset is exactly what arrived, whatever the scheduling.
+
+Buffers have one owner at a time: the producer, then this queue, then the consumer, which hands a chunk
+back (`give_back`) once it is done with it; only then does it go to `recycle` (the producer's pool,
+`front.ReceiveBuffers`) to be filled again. A chunk the consumer keeps, or only got a slice of, is never
+recycled."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Callable
 
 Chunk = bytes | bytearray | memoryview
 
@@ -39,6 +45,8 @@ class FedStream:
         self._cond = threading.Condition()
         self._space: asyncio.Future[None] | None = None  # the producer waits on it while the queue is full
         self._current = memoryview(b"")
+        self._lent: Chunk | None = None  # the chunk `read` last returned whole: the one `give_back` takes
+        self._recycle: Callable[[Chunk], None] | None = None
 
     # -- producer (event loop) ------------------------------------------------------------------------
     async def put(self, chunk: Chunk) -> bool:
@@ -98,10 +106,24 @@ class FedStream:
                 self._size -= len(data)
                 self._wake_producer()
             if len(data) <= n:
+                self._lent = data
                 return data
+            self._lent = None
             self._current = memoryview(data)
         out, self._current = self._current[:n], self._current[n:]
         return out
+
+    def recycle_with(self, recycle: Callable[[Chunk], None]) -> None:
+        """Where chunks the consumer gave back go (the producer's buffer pool)."""
+        self._recycle = recycle
+
+    def give_back(self, chunk: Chunk) -> None:
+        """The consumer is done with `chunk` and holds no reference to it or to a view of it. Only the chunk
+        `read` last returned whole is recycled (once): anything else is left alone."""
+        if chunk is self._lent and chunk is not None:
+            self._lent = None
+            if self._recycle is not None:
+                self._recycle(chunk)
 
     def close(self) -> None:
         """The consumer is done (or failed): the producer's `put` returns False from now on."""

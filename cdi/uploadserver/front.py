@@ -22,8 +22,8 @@ import hmac
 import logging
 import socket
 import ssl
-import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -61,8 +61,10 @@ class BodyBridge:
         self.stopped = threading.Event()  # the consumer is gone (done, failed, cancelled)
         self._attached = threading.Event()
         self._feed: tuple[FedStream, Callable[[Chunk], None], Callable[[], None]] | None = None
+        self.buffers = ReceiveBuffers(CHUNK)  # the reading thread's; the importer gives them back through the queue
 
     def attach(self, queue: FedStream, arrived: Callable[[Chunk], None], fed: Callable[[], None]) -> None:
+        queue.recycle_with(self.buffers.give_back)
         self._feed = queue, arrived, fed
         self._attached.set()
 
@@ -216,11 +218,12 @@ class Front:
 
 
 class ReceiveBuffers:
-    """The reading thread's 1 MiB buffers, each taken again once nothing else refers to it (the importer
-    wrote it and let go): a fresh buffer costs a zero fill, page faults and their kernel zeroing, ~10 %
-    of the reading thread, which is the busiest of the upload. Whether a buffer is free is its reference
-    count: every holder of a chunk (queues, memoryviews, a write in progress) holds a reference, so a
-    buffer still in use is never filled again; at worst one is not reused."""
+    """The reading thread's 1 MiB buffers, filled again once the importer handed them back: a fresh buffer
+    costs a zero fill, page faults and their kernel zeroing, ~10 % of the reading thread, which is the
+    busiest of the upload. A buffer is taken again only after `give_back`, which the importer's queue
+    calls when the importer said it is done with that chunk (`FedStream.give_back`: written, no view of
+    it left); a chunk nobody hands back is simply not reused. Ownership is explicit, never guessed from
+    reference counts (which the interpreter does not promise to keep meaningful)."""
 
     # more than the chunks in flight while the disk keeps up (bridge, importer queue, a write); when it
     # falls behind, the session's queue holds up to QUEUE_BYTES and the extra buffers are fresh ones,
@@ -229,21 +232,22 @@ class ReceiveBuffers:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._kept: list[bytearray] = []
+        self._free: deque[bytearray] = deque()  # append and pop are atomic: the importer's thread gives back
+        self.fresh = 0  # buffers made (the rest were given back and reused)
 
     def get(self, size: int) -> bytearray:
-        if size != self.size:
-            return bytearray(size)
-        for buffer in self._kept:
-            if sys.getrefcount(buffer) == _ONLY_KEPT:
-                return buffer
-        buffer = bytearray(size)
-        if len(self._kept) < self.KEEP:
-            self._kept.append(buffer)
-        return buffer
+        if size == self.size:
+            try:
+                return self._free.pop()
+            except IndexError:
+                pass
+        self.fresh += 1
+        return bytearray(size)
 
-
-_ONLY_KEPT = 3  # the list, the loop variable, getrefcount's argument
+    def give_back(self, chunk: Chunk) -> None:
+        """`chunk` is free to be filled again: its last holder let go of it."""
+        if type(chunk) is bytearray and len(chunk) == self.size and len(self._free) < self.KEEP:
+            self._free.append(chunk)
 
 
 def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, length: int) -> bool:
@@ -260,7 +264,7 @@ def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, le
             return True
         else:
             break
-    buffers = ReceiveBuffers(CHUNK)
+    buffers = bridge.buffers
     filler = sockfill.Filler(sock)
     while remaining > 0:
         buffer = buffers.get(min(CHUNK, remaining))  # handed on whole, no copy on the way to the importer's writer
@@ -278,7 +282,8 @@ def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, le
             return False
         remaining -= n
         if n < len(buffer):  # a pause or the end of the connection: what arrived, in a buffer of its own
-            buffer = buffer[:n]
+            whole, buffer = buffer, buffer[:n]
+            buffers.give_back(whole)  # never handed on: still ours
         if not bridge.put(buffer):
             return False
     bridge.end()

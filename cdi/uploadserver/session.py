@@ -24,9 +24,11 @@ as it arrives, each chunk before the next is read. When the client goes away in 
 pipeline first takes everything that had arrived), the
 bytes the pipeline had read are exactly the bytes on the volume; they are flushed (fdatasync) and
 that count becomes the resumable offset. A later request with `Upload-Offset` equal to it sends the
-rest. The offset lives in this process only: if the pod restarts, the next upload starts over (never
-wrong, only slower). Other formats and archives restart from 0: their bytes are not where they will
-end up."""
+rest. While the body arrives, the bytes written so far are flushed and recorded every
+`CHECKPOINT_SECONDS` too. The offset is recorded on disk (`kept.py`: next to `disk.img`, or on scratch
+or `UPLOAD_STATE_DIR` for a Block volume) with digests of the kept bytes, so a server that restarted
+(a killed pod) answers it again once it has checked the volume still holds them. Other formats and
+archives restart from 0: their bytes are not where they will end up."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from cdi.importer import (
     Reason,
     import_stream,
 )
+from cdi.uploadserver import kept
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.feed import Chunk, FedStream
 
@@ -60,6 +63,7 @@ QUEUE_BYTES = 32 << 20
 _TRANSFER_PHASES = frozenset({"Info", "TransferDataFile", "TransferScratch", "TransferDataDir"})
 _SPACE_REASONS = frozenset({Reason.IMAGE_TOO_LARGE, Reason.NO_SPACE_LEFT})
 TOO_LARGE_PREFIX = "effective image size is larger than the reported available storage"
+CHECKPOINT_SECONDS = 5.0  # how often the bytes written so far of a raw upload are flushed and recorded
 
 
 class Refusal(Exception):
@@ -99,16 +103,23 @@ class _Progress(Progress):
 
 
 class _Counted:
-    """The pipeline's view of the body, counting what it has consumed (the resumable offset)."""
+    """The pipeline's view of the body, counting what it has consumed (the resumable offset once the pipeline
+    failed) and what it handed back as written (`give_back`, on the raw stream route: the offset a
+    checkpoint may keep while the body still arrives)."""
 
     def __init__(self, inner: FedStream) -> None:
         self.inner = inner
         self.consumed = 0
+        self.settled = 0
 
     def read(self, n: int) -> memoryview | bytes | bytearray:
         chunk = self.inner.read(n)
         self.consumed += len(chunk)
         return chunk
+
+    def give_back(self, chunk: Chunk) -> None:
+        self.settled += len(chunk)
+        self.inner.give_back(chunk)
 
     def close(self) -> None:
         self.inner.close()
@@ -119,7 +130,11 @@ class UploadSession:
         self.config = config
         self.queue_bytes = queue_bytes
         self.state = IDLE
-        self.offset = 0  # durable, resumable bytes of a raw upload that was cut off
+        self.kept_path = config.state_dir / kept.FILE_NAME if config.state_dir is not None else None
+        self.kept = kept.load(self.kept_path, config.destination)  # an earlier server's, checked against the volume
+        self.offset = self.kept.offset if self.kept else 0  # durable, resumable bytes of a raw upload that was cut off
+        self._kept_lock = threading.Lock()  # the record is written by checkpoint threads, removed on the event loop
+        self._kept_generation = 0  # bumped whenever the record must go: a checkpoint of an older one is dropped
         self.result: ImportResult | None = None
         self.fatal: ImporterError | None = None  # a failure after an async answer: the server must exit
         self.finished = asyncio.Event()  # done, or fatal: time to exit
@@ -129,7 +144,11 @@ class UploadSession:
     # -- admission ------------------------------------------------------------------------------------
     def describe(self) -> dict[str, str]:
         """Headers answering a HEAD (our resume extension)."""
-        return {names.OFFSET_HEADER: str(self.offset if self.state == IDLE else 0), names.STATE_HEADER: self.state}
+        offset = self.offset if self.state == IDLE else 0
+        headers = {names.OFFSET_HEADER: str(offset), names.STATE_HEADER: self.state}
+        if offset and self.kept is not None and self.kept.offset == offset:
+            headers[names.KEPT_HEADER] = self.kept.header()
+        return headers
 
     def admit(self, offset: int) -> None:
         """Take the request (state becomes `uploading`) or refuse it as CDI's server does."""
@@ -149,6 +168,8 @@ class UploadSession:
                       offset: int = 0, length: int | None = None) -> Outcome:
         """Feed one request body through the importer; the state must be `uploading` (see `admit`)."""
         loop = asyncio.get_running_loop()
+        if not offset:
+            self._forget()  # starting over: the volume is about to be rewritten
         validated = asyncio.Event()
         progress = _Progress(self.config.owner_uid, loop, validated)
         queue = FedStream(loop, self.queue_bytes)
@@ -232,8 +253,20 @@ class UploadSession:
                     feeder.cancel()
                     return
 
+        async def checkpoints() -> None:
+            """Flush and record the bytes written so far, so that a restarted server can continue there."""
+            generation = self._kept_generation
+            last = offset
+            while not feeder.done():
+                await asyncio.sleep(CHECKPOINT_SECONDS)
+                settled = offset + body.settled
+                if settled > last and self.state == UPLOADING and (offset or _raw_stream(bytes(head), progress)):
+                    last = settled
+                    await asyncio.to_thread(self._keep, settled, generation)
+
         feeder = asyncio.ensure_future(pump())
         guard = asyncio.ensure_future(watchdog())
+        checkpointer = asyncio.ensure_future(checkpoints())
         try:
             await asyncio.wait([feeder, done], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
             if not feeder.done():
@@ -264,6 +297,7 @@ class UploadSession:
             return Outcome(500, f"Saving stream failed: internal error: {type(exc).__name__}: {exc}")
         finally:
             guard.cancel()
+            checkpointer.cancel()
         self._completed(result, received, time.monotonic() - started)
         return Outcome(200, "")
 
@@ -285,7 +319,7 @@ class UploadSession:
     def _completed(self, result: ImportResult, received: int, seconds: float) -> None:
         self.result = result
         self.state = DONE
-        self.offset = 0
+        self._forget()
         log.info("upload complete: %s image, %d bytes received%s, virtual size %d, route %s", result.source_format,
                  received, f" in {seconds:.1f}s" if seconds else "", result.virtual_size, result.route)
         self.finished.set()
@@ -294,7 +328,9 @@ class UploadSession:
                       client_error: BaseException | None) -> Outcome:
         if client_error is not None and exc.reason == Reason.CONNECTION_FAILED:
             resumable = offset > 0 or _raw_stream(head, progress)
-            self.offset = await asyncio.to_thread(self._durable, offset + body.consumed) if resumable else 0
+            self._forget()
+            generation = self._kept_generation
+            self.offset = await asyncio.to_thread(self._keep, offset + body.consumed, generation) if resumable else 0
             self.state = IDLE
             log.warning("%s; %s", exc.message,
                         f"{self.offset} bytes are kept for a resumed upload" if self.offset else "nothing to resume")
@@ -306,25 +342,55 @@ class UploadSession:
         status = 500 if exc.retryable else 400
         return Outcome(status, f"Saving stream failed: {exc.reason}: {exc.message}")
 
-    def _durable(self, offset: int) -> int:
-        """fdatasync the target so that `offset` bytes survive; 0 when that fails."""
+    def _keep(self, offset: int, generation: int) -> int:
+        """fdatasync the target so that `offset` bytes survive, and record them where a restarted server finds
+        them (`kept.py`); the offset, or 0 when the bytes cannot be kept. Runs in a thread."""
         try:
             fd = os.open(self.config.destination, os.O_RDWR)
         except OSError as exc:
             log.warning("cannot keep the partial upload (%s)", exc)
             return 0
         try:
+            if not self.config.is_block and os.fstat(fd).st_size < offset:
+                # the last bytes kept were zeros, skipped on the fresh file: its last byte makes the file as long
+                # as what is kept (a zero over a zero whatever the pipeline writes meanwhile, always beyond it)
+                os.pwrite(fd, b"\0", offset - 1)
             os.fdatasync(fd)
         except OSError as exc:
             log.warning("cannot flush the partial upload (%s)", exc)
             return 0
         finally:
             os.close(fd)
+        try:
+            record = kept.record(self.config.destination, offset)
+        except OSError as exc:
+            log.warning("cannot read back the partial upload (%s)", exc)
+            return 0
+        with self._kept_lock:
+            if generation != self._kept_generation:
+                return 0  # the upload completed or started over meanwhile
+            self.kept = record
+            if self.kept_path is not None:
+                try:
+                    kept.save(self.kept_path, record)
+                except OSError as exc:
+                    log.warning("cannot record the partial upload in %s (%s): a restarted upload server will "
+                                "not resume it", self.kept_path, exc)
+                else:
+                    log.info("kept %d bytes on the volume for a resumed upload", offset)
         return offset
+
+    def _forget(self) -> None:
+        """No bytes to resume from any more (done, starting over, or refused)."""
+        with self._kept_lock:
+            self._kept_generation += 1
+            self.kept = None
+            self.offset = 0
+            kept.remove(self.kept_path)
 
     def _reset(self) -> None:
         self.state = IDLE
-        self.offset = 0
+        self._forget()
 
 
 def _settle(future: asyncio.Future[ImportResult], result: ImportResult | None, exc: BaseException | None) -> None:

@@ -4,6 +4,7 @@
 from tests.integration.importer.conftest import (  # noqa: F401 - re-exported fixtures
     ca,
     ca_dir,
+    gcs,
     https_server,
     images,
     range_server,

@@ -6,8 +6,17 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
+
+from tests.e2e.importing import datavolume, wait_phase
+from tests.e2e.workloads import new_namespace
 from tests.support.cluster import CdiUp, Kubectl, wait_for
+
+RWO, RWX = "ReadWriteOnce", "ReadWriteMany"
+FS, BLOCK = "Filesystem", "Block"
 
 
 def test_a_profile_per_storage_class(shared_kubectl: Kubectl) -> None:
@@ -60,14 +69,17 @@ def test_cdiconfig_follows_the_cdi_resource(shared_kubectl: Kubectl) -> None:
     k("patch", "cdi", "cdi", "--type", "merge", "-p", '{"spec":{"config":{}}}')
 
 
-def test_controller_metrics_carry_cdis_names(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
-    url = re.search(r"controller metrics (\S+)", shared_cdi_up.log_path.read_text())
+def scrape_controller_metrics(cdi_up: CdiUp) -> str:
+    url = re.search(r"controller metrics (\S+)", cdi_up.log_path.read_text())
     assert url, "cdi up prints where the controller's metrics are"
+    with urllib.request.urlopen(url.group(1), timeout=5) as resp:
+        text: str = resp.read().decode()
+        return text
 
+
+def test_controller_metrics_carry_cdis_names(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
     def scrape() -> str:
-        with urllib.request.urlopen(url.group(1), timeout=5) as resp:
-            text: str = resp.read().decode()
-            return text
+        return scrape_controller_metrics(shared_cdi_up)
     wait_for(lambda: 'storageclass="local"' in scrape(), 30, message="storageprofile_info for local")
     text = scrape()
     local = next(line for line in text.splitlines()
@@ -77,3 +89,183 @@ def test_controller_metrics_carry_cdis_names(shared_cdi_up: CdiUp, shared_kubect
     assert "kubevirt_cdi_datavolume_pending 0.0" in text
     assert 'cdi_controller_reconciles_total{controller="storageprofile",outcome="success"}' in text
     assert "cdi_controller_workqueue_depth" in text
+
+
+# -- CDI's known-provisioner table: keys derived from StorageClass parameters ---------------------------
+
+def sets(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
+    return [{"accessModes": [mode], "volumeMode": volume} for mode, volume in pairs]
+
+
+# name: (provisioner, parameters, expected claimPropertySets, expected minimumSupportedPvcSize)
+PARAMETER_CLASSES: dict[str, tuple[str, dict[str, str], list[dict[str, Any]], str | None]] = {
+    "ebs-io2": ("ebs.csi.aws.com", {"type": "io2"}, sets((RWX, BLOCK), (RWO, BLOCK), (RWO, FS)), "4Gi"),
+    "ebs-gp3": ("ebs.csi.aws.com", {"type": "gp3"}, sets((RWO, BLOCK)), "1Gi"),
+    "trident-nas": ("csi.trident.netapp.io", {"backendType": "ontap-nas-economy"}, sets((RWX, FS), (RWO, FS)), None),
+    "trident-san": ("csi.trident.netapp.io", {"backendType": "ontap-san"}, sets((RWX, BLOCK)), None),
+    "longhorn-migratable": ("driver.longhorn.io", {"migratable": "true", "numberOfReplicas": "3"},
+                            sets((RWX, BLOCK), (RWO, BLOCK)), None),
+    "longhorn-nfs": ("driver.longhorn.io", {"nfsOptions": "vers=4.2,noresvport"}, sets((RWX, FS), (RWO, FS)), None),
+    "hpp-pool": ("kubevirt.io.hostpath-provisioner", {"storagePool": "local"}, sets((RWO, FS)), None),
+    "hpp-overlay": ("kubevirt.io.hostpath-provisioner", {"storagePool": "local", "overlayCSI": "true"},
+                    sets((RWX, FS)), None),
+}
+
+
+def storage_class(name: str, provisioner: str, parameters: dict[str, str] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
+                            "provisioner": provisioner}
+    if parameters:
+        body["parameters"] = parameters
+    return body
+
+
+def profile_of(k: Kubectl, name: str) -> dict[str, Any]:
+    """The class's StorageProfile once the controller has written its status."""
+    def ready() -> Any:
+        if not k.exists("storageprofile", name, ""):
+            return None
+        profile: dict[str, Any] = k.json("get", "storageprofile", name)
+        return profile if (profile.get("status") or {}).get("conditions") else None
+    result: dict[str, Any] = wait_for(ready, 30, message=f"StorageProfile {name}")
+    return result
+
+
+@pytest.fixture
+def classes(shared_kubectl: Kubectl) -> Iterator[list[str]]:
+    """Names of StorageClasses a test creates; deleted afterwards (CDIConfig lists every class)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        shared_kubectl("delete", "storageclass", name, "--ignore-not-found")
+    wait_for(lambda: not any(shared_kubectl.exists("storageprofile", name, "") for name in names), 30,
+             message="profiles deleted with their classes")
+
+
+def test_storage_class_parameters_select_cdis_provisioner_keys(shared_kubectl: Kubectl, classes: list[str]) -> None:
+    k = shared_kubectl
+    for name, (provisioner, parameters, _, _) in PARAMETER_CLASSES.items():
+        k.apply(storage_class(name, provisioner, parameters))
+        classes.append(name)
+    for name, (_, _, expected_sets, minimum) in PARAMETER_CLASSES.items():
+        profile = profile_of(k, name)
+        assert profile["status"].get("claimPropertySets") == expected_sets, name
+        recognized = profile["status"]["conditions"][0]
+        assert (recognized["type"], recognized["status"], recognized["reason"], recognized["message"]) == \
+            ("Recognized", "True", "RecognizedProvisioner", "Provisioner is recognized"), name
+        assert (profile["metadata"].get("annotations") or {}).get("cdi.kubevirt.io/minimumSupportedPvcSize") == \
+            minimum, name
+
+
+def test_trident_backend_type_selects_clone_strategy_and_cron_source_format(
+        shared_kubectl: Kubectl, classes: list[str]) -> None:
+    k = shared_kubectl
+    k.apply({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+             "metadata": {"name": "trident-snapshots"}, "driver": "csi.trident.netapp.io", "deletionPolicy": "Delete"})
+    try:
+        k.apply(storage_class("trident-san-snap", "csi.trident.netapp.io", {"backendType": "ontap-san-economy"}))
+        classes.append("trident-san-snap")
+        wait_for(lambda: profile_of(k, "trident-san-snap")["status"].get("snapshotClass") == "trident-snapshots",
+                 30, message="snapshot class seen")
+        status = profile_of(k, "trident-san-snap")["status"]
+        assert status["cloneStrategy"] == "snapshot"
+        assert status["dataImportCronSourceFormat"] == "snapshot"
+        assert status["claimPropertySets"] == sets((RWX, BLOCK))
+    finally:
+        k("delete", "volumesnapshotclass", "trident-snapshots", "--ignore-not-found")
+
+
+def test_unknown_parameter_combination_is_reported_as_cdi_does(shared_kubectl: Kubectl, classes: list[str]) -> None:
+    k = shared_kubectl
+    k.apply(storage_class("trident-unknown", "csi.trident.netapp.io", {"backendType": "solidfire-san"}))
+    classes.append("trident-unknown")
+    profile = profile_of(k, "trident-unknown")
+    assert "claimPropertySets" not in profile["status"]
+    recognized = profile["status"]["conditions"][0]
+    assert (recognized["type"], recognized["status"], recognized["reason"], recognized["message"]) == \
+        ("Recognized", "False", "UnrecognizedStorageClassParameters", "Storage class parameters are not recognized")
+
+
+def test_object_bucket_provisioner_gets_an_empty_profile_never_counted_incomplete(
+        shared_cdi_up: CdiUp, shared_kubectl: Kubectl, classes: list[str]) -> None:
+    """CDI keeps a StorageProfile for object-bucket classes (its reconciler skips no class) but never counts
+    them as incomplete, so CDIStorageProfilesIncomplete does not fire for a cluster running NooBaa."""
+    k = shared_kubectl
+    k.apply(storage_class("buckets", "openshift-storage.noobaa.io/obc", {"bucketclass": "noobaa-default"}))
+    k.apply(storage_class("mystery-unknown", "example.com/unknown"))
+    classes.extend(["buckets", "mystery-unknown"])
+    profile = profile_of(k, "buckets")
+    assert "claimPropertySets" not in profile["status"]
+    assert profile["status"]["conditions"][0]["reason"] == "UnrecognizedProvisioner"
+
+    def info(name: str) -> str | None:
+        return next((line for line in scrape_controller_metrics(shared_cdi_up).splitlines()
+                     if line.startswith("kubevirt_cdi_storageprofile_info{") and f'storageclass="{name}"' in line),
+                    None)
+    buckets = wait_for(lambda: info("buckets"), 30, message="storageprofile_info for buckets")
+    unknown = wait_for(lambda: info("mystery-unknown"), 30, message="storageprofile_info for mystery-unknown")
+    assert 'complete="true"' in buckets
+    assert 'complete="false"' in unknown
+
+
+def test_minimum_supported_pvc_size_raises_small_requests(shared_kubectl: Kubectl, classes: list[str]) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "minsize")
+    # the table's minimum: a 1Gi request on EBS io2 asks for 4Gi, in io2's preferred modes
+    k.apply(storage_class("ebs-io2-min", "ebs.csi.aws.com", {"type": "io2"}))
+    # a minimum an administrator set on the profile of a class the local provisioner serves
+    k.apply(storage_class("local-min", "local.storage.cdi.kubevirt.io"))
+    classes.extend(["ebs-io2-min", "local-min"])
+    profile_of(k, "ebs-io2-min")
+    profile_of(k, "local-min")
+    k("annotate", "storageprofile", "local-min", "cdi.kubevirt.io/minimumSupportedPvcSize=4Gi")
+    k.apply(datavolume("on-io2", {"blank": {}}, "1Gi", storage_class="ebs-io2-min"), "-n", ns)
+    k.apply(datavolume("small", {"blank": {}}, "1Gi", storage_class="local-min"), "-n", ns)
+    k.apply(datavolume("large", {"blank": {}}, "4Gi", storage_class="local-min"), "-n", ns)
+    try:
+        io2 = wait_for(lambda: k.exists("pvc", "on-io2", ns) and k.get("pvc", "on-io2", ns), 60,
+                       message="claim of on-io2")
+        assert io2["spec"]["resources"]["requests"]["storage"] == "4Gi"
+        assert (io2["spec"]["accessModes"], io2["spec"]["volumeMode"]) == ([RWX], BLOCK)
+        wait_phase(k, "small", "Succeeded", namespace=ns)
+        small = k.get("pvc", "small", ns)
+        assert small["spec"]["resources"]["requests"]["storage"] == "4Gi"  # not 1Gi inflated by the overhead
+        assert small["status"]["capacity"]["storage"] == "4Gi"
+        # above the minimum the request inflated by the filesystem overhead stands, in bytes
+        wait_phase(k, "large", "Succeeded", namespace=ns)
+        assert int(k.get("pvc", "large", ns)["spec"]["resources"]["requests"]["storage"]) > 4 * 1024 ** 3
+        # a value the administrator set is kept; the table's value comes back when it is removed
+        k("annotate", "--overwrite", "storageprofile", "ebs-io2-min", "cdi.kubevirt.io/minimumSupportedPvcSize=8Gi")
+        k("annotate", "storageprofile", "local-min", "cdi.kubevirt.io/minimumSupportedPvcSize-")
+        wait_for(lambda: "cdi.kubevirt.io/minimumSupportedPvcSize" not in
+                 (k.json("get", "storageprofile", "local-min")["metadata"].get("annotations") or {}), 30,
+                 message="no minimum on a class without one in the table")
+        assert k.json("get", "storageprofile", "ebs-io2-min")["metadata"]["annotations"][
+            "cdi.kubevirt.io/minimumSupportedPvcSize"] == "8Gi"
+        k("annotate", "storageprofile", "ebs-io2-min", "cdi.kubevirt.io/minimumSupportedPvcSize-")
+        wait_for(lambda: (k.json("get", "storageprofile", "ebs-io2-min")["metadata"].get("annotations") or {}).get(
+            "cdi.kubevirt.io/minimumSupportedPvcSize") == "4Gi", 30, message="the table's minimum restored")
+    finally:
+        k("delete", "namespace", ns, "--wait=false")
+
+
+def test_no_provisioner_profile_takes_the_modes_of_its_volumes(shared_kubectl: Kubectl, classes: list[str]) -> None:
+    """A class of statically provisioned volumes: CDI offers the access and volume modes of its PVs."""
+    k = shared_kubectl
+    k.apply(storage_class("static", "kubernetes.io/no-provisioner"))
+    classes.append("static")
+    assert "claimPropertySets" not in profile_of(k, "static")["status"]
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "static-disk-1"},
+          "spec": {"storageClassName": "static", "capacity": {"storage": "1Gi"}, "volumeMode": "Block",
+                   "accessModes": [RWX, RWO], "persistentVolumeReclaimPolicy": "Retain",
+                   "local": {"path": "/dev/null"},
+                   "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                       {"key": "kubernetes.io/hostname", "operator": "Exists"}]}]}}}}
+    k.apply(pv)
+    try:
+        wait_for(lambda: profile_of(k, "static")["status"].get("claimPropertySets") == sets((RWX, BLOCK), (RWO, BLOCK)),
+                 30, message="the profile follows the class's volumes")
+    finally:
+        k("delete", "pv", "static-disk-1", "--ignore-not-found", "--wait=false")
+    wait_for(lambda: "claimPropertySets" not in profile_of(k, "static")["status"], 30,
+             message="the profile forgets a deleted volume")

@@ -1,13 +1,20 @@
 """Resumable uploads end to end: a TCP relay between `cdi image-upload` and the upload proxy drops the
 upload's connection half way through (deterministically, after a byte count); the CLI asks the upload
-server where to continue, sends only the rest, and the volume holds exactly the image."""
+server where to continue, sends only the rest, and the volume holds exactly the image. The same when
+the upload server is killed in the middle (its restart finds the offset kept on the volume), and when
+the client is killed and run again."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import random
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,18 +24,22 @@ import pytest
 
 from tests.e2e.importing import read_back
 from tests.e2e.uploading import image_upload, proxy_url
-from tests.support.cluster import CdiUp, Kubectl
+from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
 SIZE = 96 << 20
 
 
 class CuttingRelay:
     """Forwards TCP connections to `target`; the first connection that carries more than `cut_after`
-    bytes from the client is aborted (RST both ways) right there. Later connections pass untouched."""
+    bytes from the client is aborted (RST both ways) right there. Later connections pass untouched.
+    `stall`: that connection first stops carrying anything (`stalled` is set) until `release` is set."""
 
-    def __init__(self, target: tuple[str, int], cut_after: int) -> None:
+    def __init__(self, target: tuple[str, int], cut_after: int, *, stall: bool = False) -> None:
         self.target = target
         self.cut_after = cut_after
+        self.stall = stall
+        self.stalled = threading.Event()
+        self.release = threading.Event()
         self.cuts = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -56,11 +67,16 @@ class CuttingRelay:
                         if cut:
                             self.cuts += 1
                     if cut:
+                        if self.stall:
+                            self.stalled.set()
+                            self.release.wait()
                         for s in (source, sink):
                             # shutdown, not just close: the other direction's thread is blocked in recv on
-                            # these sockets, and a close alone would neither wake it nor tell the peers
-                            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                            s.shutdown(socket.SHUT_RDWR)
+                            # these sockets, and a close alone would neither wake it nor tell the peers; each
+                            # on its own (the client's may be gone already, when it was killed)
+                            with contextlib.suppress(OSError):
+                                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                                s.shutdown(socket.SHUT_RDWR)
                             s.close()
                         return
                 sink.sendall(data)
@@ -70,6 +86,7 @@ class CuttingRelay:
                 s.close()
 
     def close(self) -> None:
+        self.release.set()
         self.listener.close()
 
 
@@ -122,5 +139,101 @@ def test_a_dropped_upload_resumes_and_sends_only_the_rest(cluster: CdiUp, tmp_pa
     # queue) is all that is sent twice
     assert SIZE // 2 - (48 << 20) < offset <= SIZE // 2
     assert last < SIZE * 0.6
+    assert f"result     DataVolume default/{name} Succeeded" in output
+    assert read_back(k, name, SIZE, block=True) == hashlib.sha256(disk.read_bytes()).hexdigest()
+
+
+def start_image_upload(cluster: CdiUp, *args: str) -> subprocess.Popen[str]:
+    """`cdi image-upload` as `image_upload` runs it, in the background (to be killed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("KUBECONFIG", None)
+    return subprocess.Popen([sys.executable, "-m", "cdi.cli.main", "image-upload", *args, "--kubeconfig",
+                             str(cluster.kubeconfig)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+
+
+def kept_offsets(k: Kubectl, pod: str) -> list[int]:
+    """The offsets the upload server said it kept on the volume (its log)."""
+    log = k("logs", pod, check=False).stdout
+    return [int(n) for n in re.findall(r"kept (\d+) bytes on the volume", log)]
+
+
+@pytest.mark.parametrize("mode", ["filesystem", "block"])
+def test_a_killed_upload_server_restarts_and_the_upload_resumes_from_the_volume(
+        cluster: CdiUp, tmp_path: Path, disk: Path, mode: str) -> None:
+    """The upload server is SIGKILLed in the middle of the upload; the node restarts it, it finds the
+    offset it recorded (next to disk.img; for a Block volume in the pod's emptyDir), and the client, after
+    502/503 while the pod restarts, continues there."""
+    k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
+    proxy = urlsplit(proxy_url(k))
+    relay = CuttingRelay((str(proxy.hostname), int(proxy.port or 443)), cut_after=SIZE // 2, stall=True)
+    name = f"server-killed-{mode}"
+    pod = f"cdi-upload-{name}"
+    client = start_image_upload(cluster, "dv", name, "--size", "128Mi", "--volume-mode", mode,
+                                "--image-path", str(disk), "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
+    try:
+        wait_for(relay.stalled.is_set, 120, message="half the image on its way")
+        kept = wait_for(lambda: kept_offsets(k, pod), 60, interval=0.5, message="the upload server's checkpoint")
+        container = k.json("get", "pod", pod)["status"]["containerStatuses"][0]
+        os.killpg(int(container["containerID"].removeprefix("bwrap://")), signal.SIGKILL)
+        wait_for(lambda: k.json("get", "pod", pod)["status"]["containerStatuses"][0]["restartCount"] >= 1, 120,
+                 interval=0.5, message="the node to restart the upload server")
+        relay.release.set()  # the client's connection breaks (as it does once the proxy notices)
+        output, _ = client.communicate(timeout=300)
+    finally:
+        client.kill()
+        relay.close()
+    assert client.returncode == 0, output
+    resumed = re.search(r"resumed    at .*?\((\d+) bytes\); the last attempt sent .*?\((\d+) bytes\)", output)
+    assert resumed, output
+    offset, last = int(resumed.group(1)), int(resumed.group(2))
+    assert offset + last == SIZE
+    assert offset >= max(kept) > 0  # from the record the killed server left, not from 0
+    assert f"result     DataVolume default/{name} Succeeded" in output
+    assert read_back(k, name, SIZE, block=mode == "block") == hashlib.sha256(disk.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-image", "another-image"])
+def test_a_second_image_upload_after_a_killed_one_resumes(cluster: CdiUp, tmp_path: Path, disk: Path,
+                                                          same: bool) -> None:
+    """`cdi image-upload` is SIGKILLed in the middle; run again for the same DataVolume, it sends only what
+    the volume does not hold yet and says how much it skipped. Run with another image, it starts over."""
+    k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
+    proxy = urlsplit(proxy_url(k))
+    relay = CuttingRelay((str(proxy.hostname), int(proxy.port or 443)), cut_after=SIZE // 2, stall=True)
+    name = f"client-killed-{int(same)}"
+    args = ("dv", name, "--size", "128Mi", "--volume-mode", "block", "--uploadproxy-url",
+            f"https://127.0.0.1:{relay.port}")
+    second = disk
+    if not same:  # the same size and the same first MiBs, different from the middle on
+        second = tmp_path / "other.raw"
+        data = bytearray(disk.read_bytes())
+        data[SIZE // 4:] = random.Random(9).randbytes(SIZE - SIZE // 4)
+        second.write_bytes(data)
+    first = start_image_upload(cluster, *args, "--image-path", str(disk))
+    try:
+        wait_for(relay.stalled.is_set, 120, message="half the image on its way")
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        relay.release.set()  # its connection goes, as a dead client's does
+        result = image_upload(cluster, *args, "--image-path", str(second), timeout=300)
+    finally:
+        first.kill()
+        relay.close()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"Using existing PVC default/{name}" in output
+    if not same:
+        assert "of a different image; starting over" in output and "skipped" not in output
+        assert re.search(rf"sent       .*?\({SIZE} bytes\)", output), output
+        assert read_back(k, name, SIZE, block=True) == hashlib.sha256(second.read_bytes()).hexdigest()
+        return
+    skipped = re.search(r"skipped    .*?\((\d+) bytes\) already on the volume", output)
+    assert skipped, output
+    offset = int(skipped.group(1))
+    assert SIZE // 2 - (48 << 20) < offset <= SIZE // 2
+    sent = re.search(r"sent       .*?\((\d+) bytes\)", output)
+    assert sent and int(sent.group(1)) == SIZE - offset, output
+    assert "1 attempt," in output
     assert f"result     DataVolume default/{name} Succeeded" in output
     assert read_back(k, name, SIZE, block=True) == hashlib.sha256(disk.read_bytes()).hexdigest()

@@ -13,7 +13,8 @@ Beyond virtctl:
 * the format is written on the new DataVolume/PVC (`cdi.kubevirt.io/storage.upload.format`), so an
   image that streams gets no scratch volume;
 * a progress bar with rate and ETA on a terminal, plain lines otherwise (`progress.py`);
-* automatic resume after a dropped connection (`transfer.py`);
+* automatic resume after a dropped connection or a restarted upload server, and of what an earlier,
+  killed invocation left on the volume (`transfer.py`);
 * the proxy's CA found without flags (ConfigMap `cdi/cdi-uploadproxy-ca`, or `cdi up`'s
   `uploadproxy-ca.crt` next to the kubeconfig), so `--insecure` is not needed;
 * a completion summary."""
@@ -241,6 +242,9 @@ def summary(request: Request, image: ImageFacts, stats: TransferStats, phase: st
         f"{len(stats.attempts)} attempt{'s' if len(stats.attempts) != 1 else ''}, endpoint {stats.path}"
         + (" (TLS end to end with the upload server)" if stats.attempts and stats.attempts[-1].end_to_end else ""),
     ]
+    if stats.skipped:
+        lines.append(f"  skipped    {human(stats.skipped)} ({stats.skipped} bytes) already on the volume from an "
+                     "earlier upload, not sent again")
     if len(stats.attempts) > 1:
         last = stats.attempts[-1]
         lines.append(f"  resumed    at {human(last.offset)} ({last.offset} bytes); the last attempt sent "

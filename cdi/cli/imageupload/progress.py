@@ -63,6 +63,10 @@ class Progress:
             self._samples.append((now, offset))
         self._line(why)
 
+    def note(self, text: str) -> None:
+        """A message on a line of its own."""
+        self._line(text)
+
     def add(self, n: int) -> None:
         now = time.monotonic()
         with self._lock:

@@ -10,12 +10,20 @@ Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
    probes it); otherwise the sync endpoint is used.
 2. `POST` the file with `Content-Length`, `Authorization: Bearer <token>` and
    `X-CDI-Upload-Target: <namespace>/<pvc>` (the proxy refuses a token for another PVC).
+   Before the first `POST`, the same path is asked where to start (`HEAD`, `Upload-Offset`): an
+   earlier invocation that was killed (or lost its connection for good) may have left the start of
+   this image on the volume. It is skipped only when the regions the server vouches for
+   (`Upload-Kept-Sha256`) hold the same bytes in this file; otherwise, or without them, the upload
+   starts over.
 3. When the connection breaks before an answer: `HEAD` the same path until the upload server
    reports `Upload-State: idle` (it may take a moment to notice the break), read `Upload-Offset`,
    and `POST` the rest of the file with `Upload-Offset: N`. An offset of 0 (an image that cannot
-   resume, or a server without the extension) sends the whole file again. At most `attempts`
-   connections are tried. A token older than 4 minutes is replaced before a new request (tokens
-   live 5 minutes and are only checked when a request starts).
+   resume, or a server without the extension) sends the whole file again. While asking, a 502, 503
+   or 504 (the proxy cannot reach the upload server: its pod is restarting) and connection errors are
+   retried for up to `SETTLE_TIMEOUT` seconds per break; the server keeps the offset on the volume,
+   so it answers it again after a restart. At most `attempts` connections carry the image. A token
+   older than 4 minutes is replaced before a new request (tokens live 5 minutes and are only checked
+   when a request starts).
 4. When the proxy offers end-to-end TLS (`Upgrade: cdi-upload-tls/1` on its answer to the probe), the
    `POST` of step 2 is an upgrade: the proxy checks the token and switches the connection, and the
    image goes in a TLS session with the upload server itself (`cdi.api.upload`), so it is encrypted
@@ -28,6 +36,7 @@ Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import logging
 import os
@@ -49,7 +58,10 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 SEND_TIMEOUT = 120.0  # seconds without progress while sending before the connection counts as dropped
 TOKEN_MAX_AGE = 240.0
-SETTLE_TIMEOUT = 120.0  # how long to wait for the upload server to notice a dropped connection
+# how long to wait for the upload server to notice a break (a silent one: its 120 s idle limit), or to come back
+# after a restart
+SETTLE_TIMEOUT = 180.0
+RETRIED = frozenset({502, 503, 504})  # while asking where to resume: the upload server is not reachable yet
 ASYNC_PATH = "/v1beta1/upload-async"
 SYNC_PATH = "/v1beta1/upload"
 FINISHED_MARK = "already finished uploading"
@@ -74,6 +86,7 @@ class TransferStats:
     seconds: float = 0.0
     attempts: list[Attempt] = field(default_factory=list)
     path: str = ""
+    skipped: int = 0  # bytes an earlier invocation had left on the volume, not sent again
 
     @property
     def sent(self) -> int:
@@ -260,44 +273,78 @@ class Transfer:
                 attempt.sent += n
                 self.progress.add(n)
 
-    def _resume_offset(self, path: str) -> int | None:
-        """Where the upload server can continue (None: it already has the whole image)."""
+    def _resume_offset(self, path: str, *, vouched: bool = False) -> int | None:
+        """Where the upload server can continue (None: it already has the whole image). `vouched` (before the
+        first POST): continue only at an offset whose kept bytes the server shows to be this file's
+        (`Upload-Kept-Sha256`), as for bytes another invocation sent, else 0; and an answer that says
+        nothing about resuming (a proxy without the extension, a refused token) is 0 too: the POST gets the
+        real verdict."""
         deadline = time.monotonic() + SETTLE_TIMEOUT
+        delay = 0.2
         while True:
+            why = ""
             try:
                 status, headers, reason = self._head(path)
             except (OSError, http.client.HTTPException) as exc:
-                if time.monotonic() > deadline:
-                    raise UploadFailed(f"the upload proxy is unreachable: {exc}") from exc
-                time.sleep(1.0)
-                continue
+                if vouched:
+                    return 0
+                status, headers, reason = 0, {}, ""
+                why = f"the upload proxy is unreachable: {exc}"
+            if vouched and status not in (200, 409, *RETRIED):
+                return 0
             if status == 401:
                 self.tokens.get(fresh=True)
+                why = "the token was refused"
             elif status == 200:
                 state = headers.get(names.STATE_HEADER.lower(), "idle")
                 if state in ("processing", "done"):
                     return None
                 if state == "idle":
-                    return int(headers.get(names.OFFSET_HEADER.lower(), "0") or 0)
+                    offset = int(headers.get(names.OFFSET_HEADER.lower(), "0") or 0)
+                    if vouched and offset and not self._holds_this_file(offset, headers.get(names.KEPT_HEADER.lower())):
+                        self.progress.note(f"the volume holds {human(offset)} of a different image; starting over")
+                        return 0
+                    return offset
+                why = "another upload to this volume is in progress" if vouched else \
+                    "the upload server has not noticed the break yet"
             elif status == 409:
                 return None  # the upload finished (the proxy found the PVC Succeeded)
-            elif status != 503:  # 503: the upload server is restarting or not ready yet
-                raise UploadFailed(f"the upload proxy answered {status} {reason} when asked where to resume")
-            else:
+            elif status in RETRIED:  # the upload server is restarting or not ready yet
                 failure = self.failed()
                 if failure:
                     raise UploadFailed(failure)
+                why = f"the upload proxy answered {status} {reason}"
+            elif status:
+                raise UploadFailed(f"the upload proxy answered {status} {reason} when asked where to resume")
             if time.monotonic() > deadline:
-                raise UploadFailed("the upload server did not become ready for a resumed upload within "
-                                   f"{SETTLE_TIMEOUT:.0f}s")
-            time.sleep(0.2)
+                raise UploadFailed(f"the upload server did not become ready for a resumed upload within "
+                                   f"{SETTLE_TIMEOUT:.0f}s: {why}")
+            time.sleep(delay)
+            delay = min(2.0, delay * 1.5)
+
+    def _holds_this_file(self, offset: int, kept: str | None) -> bool:
+        """Whether the regions the server vouches for hold this file's bytes, up to the offset."""
+        regions = names.parse_kept(kept) if kept else None
+        if not regions or offset > self.size or max(start + length for start, length, _ in regions) != offset:
+            return False
+        with open(self.file, "rb", buffering=0) as f:
+            for start, length, digest in regions:
+                f.seek(start)
+                data = f.read(length)
+                if len(data) != length or hashlib.sha256(data).hexdigest() != digest:
+                    return False
+        return True
 
     # -- the whole transfer -------------------------------------------------------------------------------
     def run(self) -> TransferStats:
         stats = TransferStats(self.size)
         started = time.monotonic()
         stats.path = path = self.choose_path()
-        offset = 0
+        offset = self._resume_offset(path, vouched=True) or 0  # what an earlier invocation left on the volume
+        if offset:
+            stats.skipped = offset
+            self.progress.restart_at(offset, f"{human(offset)} ({offset} bytes) of this image are already on the "
+                                             "volume: resuming there")
         while True:
             attempt = Attempt(offset)
             stats.attempts.append(attempt)

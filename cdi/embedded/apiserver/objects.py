@@ -269,6 +269,9 @@ class Objects:
             raise errors.invalid(rtype.kind, rtype.group, name, causes)
         request = AdmissionRequest("CREATE", rtype, ns, name, obj, None, ctx, subresource)
         obj = await self._admit(request) or obj
+        causes = self.strategies.validate_create(rtype, obj)
+        if causes:
+            raise errors.invalid(rtype.kind, rtype.group, name, causes)
         obj = self._validate_schema(rtype, obj, ctx, name)
         await self._validate_admission(request)
         if rtype.key == "apiextensions.k8s.io/customresourcedefinitions":

@@ -158,6 +158,15 @@ def _create_pvc(obj: Obj, _: Obj | None) -> list[Cause]:
     spec = obj.setdefault("spec", {})
     spec.setdefault("volumeMode", "Filesystem")
     obj["status"] = {"phase": "Pending"}
+    return []
+
+
+def _validate_pvc(obj: Obj) -> list[Cause]:
+    """After mutating admission, as kube-apiserver validates: a webhook may complete the spec (CDI's
+    PVC mutating webhook fills accessModes and replaces `volumeMode: FromStorageProfile`); what a webhook
+    dropped is defaulted again, as the API server decodes a patched object."""
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("volumeMode", "Filesystem")
     causes = []
     if not spec.get("accessModes"):
         causes.append(Cause("spec.accessModes", "Required value: at least 1 access mode is required",
@@ -255,6 +264,9 @@ class Strategies:
             ("", "Secret"): _create_secret, ("", "Service"): self._create_service, ("", "Event"): _create_event,
             ("", "ConfigMap"): _check_configmap,
         }
+        self._validate_create: dict[tuple[str, str], Callable[[Obj], list[Cause]]] = {
+            ("", "PersistentVolumeClaim"): _validate_pvc,
+        }
         self._update: dict[tuple[str, str], Callable[[Obj, Obj | None], list[Cause]]] = {
             ("", "Pod"): _update_pod, ("", "PersistentVolumeClaim"): _update_pvc, ("", "Secret"): _create_secret,
             ("", "Service"): self._update_service, ("", "ConfigMap"): _check_configmap,
@@ -263,6 +275,12 @@ class Strategies:
     def prepare_create(self, rtype: ResourceType, obj: Obj) -> list[Cause]:
         hook = self._create.get((rtype.group if rtype.storage_group is None else rtype.storage_group, rtype.kind))
         return hook(obj, None) if hook else []
+
+    def validate_create(self, rtype: ResourceType, obj: Obj) -> list[Cause]:
+        """What kube-apiserver checks of a new object once mutating webhooks have had their say."""
+        hook = self._validate_create.get((rtype.group if rtype.storage_group is None else rtype.storage_group,
+                                          rtype.kind))
+        return hook(obj) if hook else []
 
     def prepare_update(self, rtype: ResourceType, obj: Obj, old: Obj) -> list[Cause]:
         hook = self._update.get((rtype.group, rtype.kind))

@@ -27,8 +27,10 @@ from cdi.embedded.node.podips import PodIPs
 from cdi.embedded.node.podstatus import carry_transition_times, now, pod_conditions, pod_phase
 from cdi.embedded.node.probes import Prober, ProbeResult
 from cdi.embedded.node.process import ContainerProcess
-from cdi.embedded.node.sandbox import Mount, SandboxSpec
-from cdi.embedded.node.volumes import PodVolumes, Published, VolumeError
+from cdi.embedded.node.sandbox import Mount, SandboxSpec, container_capabilities, system_path, user_argv
+from cdi.embedded.node.security import Identity, RuntimeRefused, identity
+from cdi.embedded.node.userns import open_user_namespace
+from cdi.embedded.node.volumes import PodVolumes, Published, VolumeError, own_device
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +49,31 @@ class KubeletConfig:
     max_backoff: float = 300.0
     shutdown_grace: float = 5.0     # grace of containers still running when `cdi up` stops
     bwrap: str = "bwrap"
+    setpriv: str = "setpriv"
     python: str = sys.executable
     package_root: Path = Path(__file__).resolve().parents[3]
+    userns_fd: int | None = None    # the node's user namespace, opened when the kubelet starts
 
     def runtime_mounts(self) -> list[Mount]:
-        """The interpreter, its virtualenv and this package where the sandbox has directories of its own
-        (a checkout under /tmp, say): bound read-only at the same paths so the "image" still works."""
-        paths = {self.package_root, Path(sys.prefix), Path(sys.base_prefix), Path(self.python).parent}
-        own = ("/tmp/", "/run/")
-        return [Mount(path, str(path), read_only=True) for path in sorted(paths)
-                if any(str(path).startswith(prefix) for prefix in own) and path.is_dir()]
+        """What the "image" runs from besides the system directories: this Python's installation, its
+        virtualenv and this package, read-only at the same paths, so that `python -m cdi.importer` works
+        while nothing else of the trees they live in (a working tree, a home directory) is there."""
+        package = Path(__file__).resolve().parents[2]
+        candidates = {package, Path(sys.prefix), Path(sys.exec_prefix), Path(sys.base_prefix),
+                      Path(sys.base_exec_prefix), Path(self.python).parent}
+        paths = sorted(p for p in candidates if p.is_absolute() and p.is_dir() and not system_path(str(p)))
+        kept: list[Path] = []
+        for path in paths:  # sorted: a path comes after the ones it lies in
+            if not any(path == k or k in path.parents for k in kept):
+                kept.append(path)
+        return [Mount(path, str(path), read_only=True) for path in kept]
 
-    def base_env(self, pod: Obj) -> dict[str, str]:
-        """What the "image" provides: PATH with this Python first, PYTHONPATH to this package."""
+    def base_env(self, pod: Obj, identity: Identity) -> dict[str, str]:
+        """What the "image" provides: PATH with this Python first, PYTHONPATH to this package, HOME of
+        the container's user."""
         bindir = str(Path(self.python).parent)
         return {"PATH": f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOSTNAME": pod["metadata"]["name"], "HOME": "/root", "LANG": "C.UTF-8",
+                "HOSTNAME": pod["metadata"]["name"], "HOME": identity.home, "LANG": "C.UTF-8",
                 "PYTHONPATH": str(self.package_root), "PYTHONUNBUFFERED": "1"}
 
 
@@ -86,6 +97,7 @@ class ContainerRunner:
         self.started = False
         self.container_id = ""
         self.process: ContainerProcess | None = None
+        self.identity = Identity()  # who the last start ran as (exec probes run as the same)
         self.stopping = False
         self.finished = asyncio.Event()
         self._wake = asyncio.Event()
@@ -178,7 +190,7 @@ class ContainerRunner:
                 self._resumed = False
                 self.restart_count += 1
             try:
-                argv, env, mounts = self._configure()
+                argv, env, mounts, user = self._configure()
             except ImagePullError as exc:
                 self._pull_failures += 1
                 reason = "ErrImagePull" if self._pull_failures % 2 else "ImagePullBackOff"
@@ -188,11 +200,11 @@ class ContainerRunner:
                                        min(self.worker.kubelet.config.restart_backoff * self._pull_failures,
                                            self.worker.kubelet.config.max_backoff))
                 continue
-            except (ConfigError, VolumeError) as exc:
+            except (ConfigError, VolumeError, RuntimeRefused) as exc:
                 reason = "CreateContainerConfigError" if isinstance(exc, ConfigError) else "CreateContainerError"
                 await self._wait_state(reason, f"Error: {exc}", "Failed", RETRY_PERIOD)
                 continue
-            code, terminated = await self._start_once(argv, env, mounts)
+            code, terminated = await self._start_once(argv, env, mounts, user)
             if self.stopping:
                 self.state = {"terminated": terminated}
                 self._changed()
@@ -229,18 +241,26 @@ class ContainerRunner:
             if reason.startswith("CreateContainer"):
                 break  # a pod update may have fixed it: try again now
 
-    def _configure(self) -> tuple[list[str], dict[str, str], list[Mount]]:
+    def _configure(self) -> tuple[list[str], dict[str, str], list[Mount], Identity]:
         worker = self.worker
         pod = worker.pod_view()
+        user = identity(pod, self.spec)
         env = build_env(pod, self.spec, worker.kubelet.secret, worker.kubelet.configmap,
-                        worker.kubelet.config.base_env(pod))
+                        worker.kubelet.config.base_env(pod, user))
         point = entrypoint(self.spec.get("image", ""), self.spec.get("command"), self.spec.get("args"),
                            worker.kubelet.config.python)
         argv = expand_args(point.argv, env)
         mounts = worker.volumes.mounts(self.spec) if worker.volumes else []
-        return argv, env, mounts
+        for mount in mounts:
+            if mount.device:  # the device is the container user's, as device_ownership_from_security_context
+                try:
+                    own_device(mount.source, user.uid, user.gid)
+                except OSError as exc:
+                    raise VolumeError(f"giving {mount.target} to the container's user: {exc}") from exc
+        return argv, env, mounts, user
 
-    async def _start_once(self, argv: list[str], env: dict[str, str], mounts: list[Mount]) -> tuple[int, Obj]:
+    async def _start_once(self, argv: list[str], env: dict[str, str], mounts: list[Mount],
+                          user: Identity) -> tuple[int, Obj]:
         worker = self.worker
         kubelet = worker.kubelet
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -250,11 +270,13 @@ class ContainerRunner:
         message_path = self.spec.get("terminationMessagePath") or "/dev/termination-log"
         all_mounts = [*kubelet.config.runtime_mounts(), *mounts, Mount(message_file, message_path)]
         spec = SandboxSpec(argv=argv, env=env, mounts=all_mounts, working_dir=self.spec.get("workingDir", ""),
-                           hostname=worker.name, hide=kubelet.config.hide)
+                           hostname=worker.name, hide=kubelet.config.hide, identity=user,
+                           userns_fd=kubelet.config.userns_fd)
+        self.identity = user
         await worker.event("Pulled", f'Container image "{self.spec.get("image", "")}" already present on machine')
         await worker.event("Created", f"Created container {self.name}")
         writer = kubelet.logs.open(self.dir / f"{self.restart_count}.log")
-        self.process = ContainerProcess(spec, writer, kubelet.config.bwrap)
+        self.process = ContainerProcess(spec, writer, kubelet.config.bwrap, kubelet.config.setpriv)
         started_at = now()
         self._started_at = time.monotonic()
         self._kill_reason = ""
@@ -361,15 +383,26 @@ class ContainerRunner:
         asyncio.get_running_loop().create_task(process.stop(grace))
 
     async def _exec(self, argv: list[str], timeout: float) -> tuple[int, str]:
-        """Run argv inside this container (its mount and PID namespaces, root and working directory)."""
+        """Run argv inside this container (its user, mount and PID namespaces, root and working
+        directory) as the container's user with its capabilities, as a runtime's exec does."""
         process = self.process
         target = process.main_pid() if process else None
         if target is None:
             return 1, "container is not running"
+        config = self.worker.kubelet.config
+        user = self.identity
         env = build_env(self.worker.pod_view(), self.spec, self.worker.kubelet.secret,
-                        self.worker.kubelet.configmap, self.worker.kubelet.config.base_env(self.worker.pod))
+                        self.worker.kubelet.configmap, config.base_env(self.worker.pod, user))
+        enter = ["nsenter", "-t", str(target)]
+        if config.userns_fd is not None:
+            enter += ["-U"]
+        elif os.geteuid() != 0:
+            enter += ["-U", "--preserve-credentials"]
+        enter += ["-m", "-p", "-u", "-i", "-r", "-w", "--"]
+        if os.geteuid() == 0:
+            enter += user_argv(user, container_capabilities(user, config.userns_fd), config.setpriv)
         proc = await asyncio.create_subprocess_exec(
-            "nsenter", "-t", str(target), "-m", "-p", "-u", "-i", "-r", "-w", "--", *argv,
+            *enter, *argv,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             env=env, start_new_session=True)
         try:
@@ -676,6 +709,8 @@ class Kubelet:
 
     async def start(self) -> None:
         (self.config.root / "pods").mkdir(parents=True, exist_ok=True)
+        if self.config.userns_fd is None:
+            self.config.userns_fd = open_user_namespace()
         known = set()
         for pod in self.api.list(PODS):
             if (pod.get("spec") or {}).get("nodeName") != self.config.node_name:
@@ -732,3 +767,6 @@ class Kubelet:
                 await self._watch
         await asyncio.gather(*(w.shutdown(self.config.shutdown_grace) for w in list(self.workers.values())),
                              return_exceptions=True)
+        if self.config.userns_fd is not None:
+            os.close(self.config.userns_fd)
+            self.config.userns_fd = None

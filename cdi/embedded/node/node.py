@@ -92,12 +92,16 @@ class LocalNode:
         if bwrap is None:
             raise RuntimeError("the local node needs bubblewrap: apt-get install bubblewrap")
         self.bwrap = bwrap
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise RuntimeError("the local node needs setpriv: apt-get install util-linux")
         self.logs = NodeLogs()
         root.mkdir(parents=True, exist_ok=True)
         self.pod_range = claim_range(POD_NETWORK, root / POD_RANGE_FILE)
         self.ips = PodIPs(self.pod_range.network)
         self.config = KubeletConfig(node_name=self.name, root=root, hide=list(hide or []),
-                                    restart_backoff=restart_backoff, shutdown_grace=shutdown_grace, bwrap=bwrap)
+                                    restart_backoff=restart_backoff, shutdown_grace=shutdown_grace, bwrap=bwrap,
+                                    setpriv=setpriv)
         self.kubelet = Kubelet(api, self.config, self.ips, self.logs, publish)
         self.scheduler = Scheduler(api, self.name)
         self.endpoints = EndpointsController(api)

@@ -27,10 +27,12 @@ def _children(pid: int) -> list[int]:
 
 
 class ContainerProcess:
-    def __init__(self, spec: SandboxSpec, log_writer: LogWriter, bwrap: str = "bwrap") -> None:
+    def __init__(self, spec: SandboxSpec, log_writer: LogWriter, bwrap: str = "bwrap",
+                 setpriv: str = "setpriv") -> None:
         self.spec = spec
         self.log = log_writer
         self.bwrap = bwrap
+        self.setpriv = setpriv
         self.proc: asyncio.subprocess.Process | None = None
         self.sandbox_pid: int | None = None  # PID 1 of the container, as the host sees it
         self._pumps: list[asyncio.Task[None]] = []
@@ -50,12 +52,13 @@ class ContainerProcess:
     async def start(self) -> None:
         read_fd, write_fd = os.pipe()
         self.spec.info_fd = write_fd
-        argv = bwrap_argv(self.spec, self.bwrap)
+        argv = bwrap_argv(self.spec, self.bwrap, setpriv=self.setpriv)
+        userns = () if self.spec.userns_fd is None else (self.spec.userns_fd,)
         try:
+            # an empty environment: bwrap's reaper, the sandbox's PID 1, keeps the one it started with
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=(write_fd,), env={
-                    "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=(write_fd, *userns), env={})
         finally:
             os.close(write_fd)
         self._pumps = [asyncio.create_task(self._pump(self.proc.stdout, "stdout")),
@@ -65,6 +68,18 @@ class ContainerProcess:
             self.sandbox_pid = int(json.loads(info)["child-pid"])
         except (ValueError, KeyError, TypeError):
             self.sandbox_pid = None  # bwrap failed before starting the container; wait() reports it
+        else:
+            await self._until_forked()
+
+    async def _until_forked(self, timeout: float = 30.0) -> None:
+        """Wait until the sandbox is set up and the container's command forked (or bwrap gave up): a
+        runtime reports a container started once its process exists, and only then can a stop be the
+        SIGTERM its command may handle rather than a SIGKILL of a sandbox still being built."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.main_pid() is None and self.proc is not None and self.proc.returncode is None \
+                and loop.time() < deadline:
+            await asyncio.sleep(0.005)
 
     async def _pump(self, stream: asyncio.StreamReader | None, name: str) -> None:
         if stream is None:

@@ -1,15 +1,23 @@
 """A pod's volumes on the host, and each container's mounts of them.
 
 Secret, ConfigMap, downwardAPI and projected volumes are written as files under the pod's
-directory (the kubelet's `pods/<uid>/volumes/...`), emptyDir is a directory there, and
-PersistentVolumeClaims are resolved through their bound PersistentVolume to the bytes the local
-storage publishes (a directory, or a file a container sees as a block device)."""
+directory (the kubelet's `pods/<uid>/volumes/...`), emptyDir is a directory there (0777, as the
+kubelet makes it), and PersistentVolumeClaims are resolved through their bound PersistentVolume to
+the bytes the local storage publishes (a directory, or a file a container sees as a block device).
+
+Ownership as the kubelet manages it: with a pod `fsGroup`, every volume but hostPath and Block is
+given to that group, its directories setgid and group-writable, its files group-readable (and
+group-writable unless the volume is read-only), on every mount, or only when the volume's root does
+not match with `fsGroupChangePolicy: OnRootMismatch`. A Block volume's file belongs to the user and
+group of the container using it, as containerd's `device_ownership_from_security_context` gives a
+device (what CDI asks of a node for its non-root worker pods)."""
 
 from __future__ import annotations
 
 import base64
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -24,6 +32,53 @@ Getter = Callable[[str, str], Obj | None]
 
 class VolumeError(Exception):
     """A volume cannot be set up yet (reason FailedMount); the kubelet tries again."""
+
+
+READ_WRITE_MASK = 0o660
+READ_ONLY_MASK = 0o440
+DIRECTORY_MASK = stat.S_ISGID | 0o110
+
+
+def _needs_ownership(root: Path, fs_group: int, read_only: bool) -> bool:
+    """OnRootMismatch: whether the volume's root is not yet the group's, setgid, with the group's access."""
+    try:
+        info = root.stat()
+    except OSError:
+        return True
+    mask = (READ_ONLY_MASK if read_only else READ_WRITE_MASK) | DIRECTORY_MASK
+    return info.st_gid != fs_group or stat.S_IMODE(info.st_mode) & mask != mask
+
+
+def set_volume_ownership(root: Path, fs_group: int, read_only: bool = False, on_root_mismatch: bool = False) -> None:
+    """The kubelet's SetVolumeOwnership: everything under `root` to group `fs_group`, directories setgid."""
+    if on_root_mismatch and not _needs_ownership(root, fs_group, read_only):
+        return
+    mask = READ_ONLY_MASK if read_only else READ_WRITE_MASK
+
+    def change(path: str) -> None:
+        info = os.lstat(path)
+        if info.st_gid != fs_group:
+            os.lchown(path, -1, fs_group)
+        if stat.S_ISLNK(info.st_mode):
+            return
+        wanted = mask | DIRECTORY_MASK if stat.S_ISDIR(info.st_mode) else mask
+        mode = stat.S_IMODE(info.st_mode)
+        if mode | wanted != mode:
+            os.chmod(path, mode | wanted)
+
+    change(str(root))
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            change(os.path.join(dirpath, name))
+
+
+def own_device(path: Path, uid: int, gid: int) -> None:
+    """A Block volume's file to the container's user and group, readable and writable by them."""
+    info = path.stat()
+    if (info.st_uid, info.st_gid) != (uid, gid):
+        os.chown(path, uid, gid)
+    if stat.S_IMODE(info.st_mode) & 0o660 != 0o660:
+        os.chmod(path, stat.S_IMODE(info.st_mode) | 0o660)
 
 
 @dataclass(frozen=True)
@@ -102,10 +157,18 @@ class PodVolumes:
         """Set up every volume of the pod; raises VolumeError (with the kubelet's message) if one
         cannot be set up yet."""
         namespace = self.pod["metadata"]["namespace"]
+        context = (self.pod.get("spec") or {}).get("securityContext") or {}
+        fs_group = context.get("fsGroup")
         out: dict[str, HostVolume] = {}
         for volume in (self.pod.get("spec") or {}).get("volumes") or []:
             name = volume.get("name", "")
-            out[name] = self._prepare(namespace, name, volume)
+            out[name] = host = self._prepare(namespace, name, volume)
+            if fs_group is not None and not host.block and "hostPath" not in volume:
+                try:
+                    set_volume_ownership(host.path, int(fs_group), host.read_only,
+                                         context.get("fsGroupChangePolicy") == "OnRootMismatch")
+                except OSError as exc:
+                    raise VolumeError(f"volume {name}: setting its ownership to fsGroup {fs_group}: {exc}") from exc
         self.volumes = out
         return out
 

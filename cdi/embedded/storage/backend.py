@@ -221,8 +221,9 @@ class LocalVolumes:
             _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1",
                  str(image))
         else:
-            self.volumes.data_dir(handle).mkdir(mode=0o777)
-            os.chmod(self.volumes.data_dir(handle), 0o777)
+            # a fresh file system's root: the pod's fsGroup, applied by the kubelet, lets non-root users in
+            self.volumes.data_dir(handle).mkdir(mode=0o755)
+            os.chmod(self.volumes.data_dir(handle), 0o755)
         record = VolumeRecord(handle, kind, size, time.time())
         if kind == EXT4:
             self._mount(handle)
@@ -357,7 +358,6 @@ class LocalVolumes:
         if _mounted(target):
             return
         _run("mount", "-o", "loop", str(self.volumes.image(handle)), str(target))
-        os.chmod(target, 0o777)
 
     def _unmount(self, handle: str) -> None:
         target = self.volumes.data_dir(handle)

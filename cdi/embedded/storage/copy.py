@@ -97,6 +97,8 @@ def copy_tree(src: Path, dst: Path) -> None:
         os.lchown(target, info.st_uid, info.st_gid)
         if not stat.S_ISLNK(info.st_mode):
             shutil.copystat(source, target, follow_symlinks=False)
+    info = src.stat()
+    os.chown(dst, info.st_uid, info.st_gid)  # the root too: its group is the fsGroup the kubelet gave it
     shutil.copystat(src, dst)
 
 

@@ -32,6 +32,15 @@ async def webhook_server(tmp_path: Path) -> AsyncIterator[tuple[str, bytes, list
             "uid": review["request"]["uid"], "allowed": True, "patchType": "JSONPatch",
             "patch": base64.b64encode(json.dumps(patch).encode()).decode()}})
 
+    async def complete_claim(request: web.Request) -> web.Response:
+        review = await request.json()
+        reviews.append(review)
+        patch = [{"op": "add", "path": "/spec/accessModes", "value": ["ReadWriteMany"]},
+                 {"op": "replace", "path": "/spec/volumeMode", "value": "Block"}]
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+            "uid": review["request"]["uid"], "allowed": True, "patchType": "JSONPatch",
+            "patch": base64.b64encode(json.dumps(patch).encode()).decode()}})
+
     async def validate(request: web.Request) -> web.Response:
         review = await request.json()
         reviews.append(review)
@@ -44,7 +53,8 @@ async def webhook_server(tmp_path: Path) -> AsyncIterator[tuple[str, bytes, list
                                   "response": response})
 
     app = web.Application()
-    app.add_routes([web.post("/mutate", mutate), web.post("/validate", validate)])
+    app.add_routes([web.post("/mutate", mutate), web.post("/validate", validate),
+                    web.post("/complete-claim", complete_claim)])
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.server_context(
@@ -95,6 +105,29 @@ async def test_unreachable_webhook_fails_closed_or_open_by_policy(api: Api, tmp_
     hook["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     await api.ok("PUT", f"{base}/validatingwebhookconfiguration", hook)
     await api.ok("POST", DV, datavolume("let-through"))
+
+
+async def test_a_claim_is_validated_after_mutating_webhooks_completed_it(
+        api: Api, webhook_server: tuple[str, bytes, list[dict[str, Any]]]) -> None:
+    """As kube-apiserver: defaults first (volumeMode Filesystem), then mutating webhooks, then validation,
+    so that a webhook may supply what validation requires (CDI's PVC webhook fills accessModes)."""
+    url, ca, reviews = webhook_server
+    hook = configuration("MutatingWebhookConfiguration", url + "/complete-claim", ca)
+    hook["webhooks"][0]["rules"] = [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                     "resources": ["persistentvolumeclaims"]}]
+    hook["webhooks"][0]["objectSelector"] = {"matchLabels": {"complete": "true"}}
+    await api.ok("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", hook)
+    claims = "/api/v1/namespaces/default/persistentvolumeclaims"
+
+    def claim(name: str, **labels: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "labels": labels},
+                "spec": {"resources": {"requests": {"storage": "1Gi"}}}}
+
+    created = await api.ok("POST", claims, claim("completed", complete="true"))
+    assert (created["spec"]["accessModes"], created["spec"]["volumeMode"]) == (["ReadWriteMany"], "Block")
+    assert reviews[-1]["request"]["object"]["spec"]["volumeMode"] == "Filesystem"
+    status, body = await api.call("POST", claims, claim("incomplete"))
+    assert status == 422 and "at least 1 access mode is required" in body["message"]
 
 
 @asynccontextmanager

@@ -115,7 +115,7 @@ def test_untrusted_certificate(
     assert_failed(result, "TLSError", "certificate", "not trusted", retryable=False)
 
 
-def test_connection_refused_is_retryable(make_volume: Callable[..., Volume]) -> None:
+def test_connection_refused_fails_once_the_retry_budget_is_spent(make_volume: Callable[..., Volume]) -> None:
     volume = make_volume("fs")
     result = run_importer(
         volume,
@@ -125,10 +125,10 @@ def test_connection_refused_is_retryable(make_volume: Callable[..., Volume]) -> 
             "IMPORTER_RETRY_BUDGET": "1",
         },
     )
-    assert_failed(result, "ConnectionFailed", "refused", "gave up after", retryable=True)
+    assert_failed(result, "ConnectionFailed", "refused", "gave up after", retryable=False)
 
 
-def test_server_errors_are_retried_then_retryable(
+def test_server_errors_are_retried_until_the_budget_is_spent(
     images: dict[str, Image], range_server: FileServer, make_volume: Callable[..., Volume]
 ) -> None:
     name = file_name("raw")
@@ -144,7 +144,7 @@ def test_server_errors_are_retried_then_retryable(
         )
     finally:
         range_server.faults[name].clear()
-    assert_failed(result, "ServerError", "503", "gave up after", retryable=True)
+    assert_failed(result, "ServerError", "503", "gave up after", retryable=False)
 
 
 @pytest.mark.parametrize(

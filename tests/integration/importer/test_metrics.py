@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 
+from cdi.controller.progress import Retry, parse_retry
 from cdi.importer.progress import COMPLETE, CONVERT, RESIZE, SYNC, TRANSFER_DATA_FILE, Progress
-from tests.support.servers import FileServer, wait_for
+from tests.support.servers import FileServer, MuteServer, wait_for
 
 from .conftest import Big
 from .harness import Volume, base_env, importer_command, metric, pod_ip, read_message, scrape
@@ -114,3 +115,43 @@ def test_progress_is_per_phase_and_reaches_100_only_when_complete() -> None:
     assert metric(text, "cdi_importer_phase", ownerUID="uid", phase=CONVERT) == 0
     assert metric(text, "cdi_importer_phase_bytes_done", ownerUID="uid", phase=TRANSFER_DATA_FILE) == 1000
     assert "_created" not in text
+
+
+def test_the_retry_under_way_is_on_the_metrics_endpoint(make_volume: Callable[..., Volume]) -> None:
+    """While a request keeps failing, /metrics says which failure is retried and how often, in a form the
+    controller reads back exactly (the message names the URL, here with quotes and a backslash)."""
+    server = MuteServer(cut=True)
+    ip = pod_ip()
+    volume = make_volume("fs")
+    env = base_env()
+    env.update(volume.env())
+    path = '/say-"hi"\\there.img'
+    env.update(
+        {
+            "IMPORTER_SOURCE": "http",
+            "IMPORTER_ENDPOINT": f"{server.url}{path}",
+            "IMPORTER_RETRY_BUDGET": "60",
+            "POD_IP": ip,
+            "OWNER_UID": OWNER,
+        }
+    )
+    proc = subprocess.Popen(importer_command(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+
+        def retrying() -> Retry | None:
+            text = scrape(ip)
+            retry = parse_retry(text, OWNER) if text else None
+            return retry if retry is not None and retry.attempt >= 2 else None
+
+        retry = wait_for(retrying, 60, message="the retry on /metrics")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        server.close()
+    assert retry.reason == "ConnectionFailed"
+    assert retry.message == (
+        f"connection to {server.url}{path} failed: Remote end closed connection without response"
+    )
+    assert retry.describe().startswith("retrying: connection to ") and retry.describe().endswith(
+        f"(attempt {retry.attempt})"
+    )

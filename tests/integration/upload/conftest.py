@@ -97,7 +97,8 @@ def server_config(upload_pki: UploadPki, volumes: Volumes, *, size: int = VOLUME
         client_name=names.CLIENT_NAME, destination=volumes.block or volumes.data / "disk.img", image_size=size,
         filesystem_overhead="0" if volumes.block else OVERHEAD, preallocation=preallocation,
         content_type=content_type, owner_uid="uid-1", scratch_dir=volumes.scratch,
-        termination_log=volumes.termination_log, idle_timeout=idle_timeout)
+        termination_log=volumes.termination_log, idle_timeout=idle_timeout,
+        state_dir=volumes.scratch if volumes.block else volumes.data)
 
 
 @dataclass

@@ -303,3 +303,83 @@ async def test_a_silent_connection_is_given_up_and_can_be_resumed(upload_pki: Up
         forever.set()
         await running.session.close()
         await running.server.stop()
+
+
+@pytest.mark.parametrize("cut", [7_000_001, 4 << 20], ids=["in-data", "in-a-zero-run"])
+async def test_a_restarted_upload_server_resumes_from_the_offset_kept_on_the_volume(
+        upload_pki: UploadPki, tmp_path: Path, cut: int) -> None:
+    """Everything a new upload server process knows comes from its configuration and the volume: a new
+    server on the same volume answers the offset the first one kept, with digests of those bytes (also
+    when the last of them are zeros the fresh file never got written)."""
+    import hashlib
+
+    from cdi.api.upload import parse_kept
+    volumes = make_volumes(tmp_path)
+    data = disk_bytes(4, (12 << 20) + 999)
+    first = await start_server(upload_pki, volumes)
+    try:
+        await cut_upload(first, data, cut)
+        offset = await offset_when_idle(first)
+    finally:
+        await first.session.close()
+        await first.server.stop()
+    assert (volumes.data / ".cdi-upload-state").exists()
+    assert data[offset - 1:offset] == b"\0" or cut != 4 << 20
+    second = await start_server(upload_pki, volumes)
+    try:
+        async with second.session.head(second.url + "/v1beta1/upload") as resp:
+            assert resp.headers["Upload-State"] == "idle" and int(resp.headers["Upload-Offset"]) == offset > 0
+            regions = parse_kept(resp.headers["Upload-Kept-Sha256"])
+        assert regions and max(s + n for s, n, _ in regions) == offset
+        assert all(hashlib.sha256(data[s:s + n]).hexdigest() == d for s, n, d in regions)
+        async with second.session.post(second.url + "/v1beta1/upload", data=data[offset:],
+                                       headers={"Upload-Offset": str(offset)}) as resp:
+            assert resp.status == 200, await resp.text()
+        disk = volumes.image.read_bytes()
+        assert disk[:len(data)] == data
+        assert not (volumes.data / ".cdi-upload-state").exists()  # done: nothing to resume any more
+    finally:
+        await second.session.close()
+        await second.server.stop()
+
+
+@pytest.mark.parametrize("change", ["volume-rewritten", "offset-forged", "digest-forged", "garbage"])
+async def test_a_kept_offset_the_volume_does_not_back_is_not_offered(upload_pki: UploadPki, tmp_path: Path,
+                                                                      change: str) -> None:
+    """A stale or forged record never makes a server skip bytes that are not on the volume: it checks the
+    regions again, and starts over (offset 0, the record removed) when they do not match."""
+    import json
+    volumes = make_volumes(tmp_path)
+    data = disk_bytes(5, 10 << 20)
+    first = await start_server(upload_pki, volumes)
+    try:
+        await cut_upload(first, data, 6_000_000)
+        offset = await offset_when_idle(first)
+    finally:
+        await first.session.close()
+        await first.server.stop()
+    record = volumes.data / ".cdi-upload-state"
+    body = json.loads(record.read_text())
+    if change == "volume-rewritten":
+        image = bytearray(volumes.image.read_bytes())
+        image[offset - 10] ^= 0xFF
+        volumes.image.write_bytes(image)
+    elif change == "offset-forged":
+        body["offset"] = offset + (1 << 20)
+    elif change == "digest-forged":
+        body["regions"][-1][2] = "0" * 64
+    if change == "garbage":
+        record.write_text("{not json")
+    else:
+        record.write_text(json.dumps(body))
+    second = await start_server(upload_pki, volumes)
+    try:
+        async with second.session.head(second.url + "/v1beta1/upload") as resp:
+            assert resp.headers["Upload-Offset"] == "0" and "Upload-Kept-Sha256" not in resp.headers
+        async with second.session.post(second.url + "/v1beta1/upload", data=data[offset:],
+                                       headers={"Upload-Offset": str(offset)}) as resp:
+            assert resp.status == 409  # the server holds nothing to continue
+        assert not record.exists()
+    finally:
+        await second.session.close()
+        await second.server.stop()

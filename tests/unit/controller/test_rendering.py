@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from cdi.api.sizing import required_space
-from cdi.controller.rendering import ClusterStorage, NoStorageClass, RenderError, render_claim_spec
+from cdi.controller.rendering import (
+    ClusterStorage,
+    NoStorageClass,
+    RenderError,
+    render_claim_spec,
+    render_pvc_spec,
+    unrendered_claim_spec,
+)
 
 
 def sc(name: str, *, default: bool = False, virt: bool = False,
@@ -76,7 +83,10 @@ def test_given_access_modes_pick_the_volume_mode() -> None:
 
 def test_profile_minimum_size_is_applied() -> None:
     spec = render_claim_spec(dv({"storageClassName": "block"}), CLUSTER)
-    assert spec["resources"]["requests"]["storage"] == str(4 * 1024 ** 3)
+    assert spec["resources"]["requests"]["storage"] == "4Gi"  # the minimum as the annotation writes it
+    spec = render_claim_spec(dv({"storageClassName": "block", "resources": {"requests": {"storage": "5Gi"}}}),
+                             CLUSTER)
+    assert spec["resources"]["requests"]["storage"] == str(5 * 1024 ** 3)
 
 
 def test_profile_without_claim_properties_is_an_invalid_claim() -> None:
@@ -94,3 +104,41 @@ def test_no_storage_class_at_all_waits() -> None:
 def test_archive_on_block_is_refused() -> None:
     with pytest.raises(RenderError, match="ContentType Archive cannot have block volumeMode"):
         render_claim_spec(dv({"volumeMode": "Block"}, contentType="archive"), CLUSTER)
+
+
+def pvc(spec: dict[str, Any], **annotations: str) -> dict[str, Any]:
+    return {"metadata": {"name": "p", "annotations": annotations},
+            "spec": {"resources": {"requests": {"storage": "1Gi"}}, **spec}}
+
+
+def test_a_bare_claim_is_rendered_as_a_datavolumes() -> None:
+    rendered = render_pvc_spec(pvc({"volumeMode": "Filesystem"}), CLUSTER)
+    assert rendered == render_claim_spec(dv({"volumeMode": "Filesystem"}), CLUSTER)
+
+
+def test_from_storage_profile_takes_the_first_claim_property_set() -> None:
+    rendered = render_pvc_spec(pvc({"volumeMode": "FromStorageProfile"}), CLUSTER)
+    assert (rendered["storageClassName"], rendered["accessModes"], rendered["volumeMode"]) == \
+        ("fast", ["ReadWriteMany"], "Block")
+
+
+def test_archive_annotation_on_a_claim_picks_the_kubernetes_default_and_filesystem() -> None:
+    rendered = render_pvc_spec(pvc({"volumeMode": "FromStorageProfile"}, **{"cdi.kubevirt.io/storage.contentType":
+                                                                              "archive"}), CLUSTER)
+    assert (rendered["storageClassName"], rendered["volumeMode"]) == ("local", "Filesystem")
+
+
+def test_a_claim_restored_from_a_snapshot_keeps_its_size() -> None:
+    source = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}
+    rendered = render_pvc_spec(pvc({"volumeMode": "Filesystem", "dataSource": source}), CLUSTER)
+    assert rendered["resources"]["requests"]["storage"] == "1Gi" and rendered["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_an_empty_class_name_is_not_the_default_class() -> None:
+    with pytest.raises(NoStorageClass):
+        render_pvc_spec(pvc({"storageClassName": "", "volumeMode": "Filesystem"}), CLUSTER)
+
+
+def test_a_datavolume_left_to_the_webhook_asks_for_the_profiles_volume_mode() -> None:
+    assert unrendered_claim_spec(dv()) == {"resources": {"requests": {"storage": "1Gi"}},
+                                           "volumeMode": "FromStorageProfile"}
