@@ -149,7 +149,7 @@ def run_cdi(source: Path, work: Path) -> tuple[float, float, Path]:
     assert srv.stdout is not None and srv.stdout.readline().strip() == "ready"
     pipeline = (f"tar -S -cf - -C {source.parent} {source.name} | {sys.executable} -c '{SNAPPY_C}' | "
                 f"curl -sS --fail -X POST -H 'Content-Type: application/octet-stream' -H 'Expect:' "
-                f"-H 'Transfer-Encoding: chunked' --data-binary @- http://127.0.0.1:{port}/upload -o /dev/null")
+                f"-T - http://127.0.0.1:{port}/upload -o /dev/null")
     try:
         subprocess.run(pipeline, shell=True, check=True, env=ENV, timeout=1800)
     finally:
