@@ -1,14 +1,12 @@
 """The receiving end of a host-assisted clone (`cdi.common.clonestream`): extents written in place
-into the target's Filesystem `disk.img` (created sparse, then grown to the volume's usable size) or
-Block device (the gaps between extents punched, never written as zeros), flushed before the answer.
-A retried clone starts over: the image file is truncated, and every byte of a device is rewritten or
-punched."""
+through the importer's `SparseWriter` (around the page cache, zero blocks skipped) into the target's
+Filesystem `disk.img` (created sparse, then grown to the volume's usable size) or Block device (the
+gaps between extents punched, never written as zeros), flushed before the answer. A retried clone
+starts over: the image file is truncated, and every byte of a device is rewritten or punched."""
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import os
 from dataclasses import dataclass
 
@@ -16,11 +14,10 @@ from aiohttp import web
 
 from cdi.api.sizing import usable_space
 from cdi.common import clonestream
+from cdi.importer.sparse_writer import SparseWriter, WriteBehind
 from cdi.uploadserver.config import UploadServerConfig
 
 CHUNK = 4 << 20
-_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 class CloneRefused(Exception):
@@ -31,19 +28,6 @@ class CloneRefused(Exception):
 class CloneResult:
     virtual_size: int
     data_bytes: int
-
-
-def _punch(fd: int, offset: int, length: int) -> None:
-    """Zero a range without writing (a hole); where the device cannot, write zeros."""
-    if length <= 0:
-        return
-    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, ctypes.c_long(offset),
-                       ctypes.c_long(length)) == 0:
-        return
-    zeros = bytes(min(CHUNK, length))
-    done = 0
-    while done < length:
-        done += os.pwrite(fd, zeros[:min(len(zeros), length - done)], offset + done)
 
 
 async def receive(request: web.Request, config: UploadServerConfig) -> CloneResult:
@@ -61,11 +45,15 @@ async def receive(request: web.Request, config: UploadServerConfig) -> CloneResu
         capacity = available
         final = max(virtual, usable_space(config.filesystem_overhead, available))
         fd = os.open(config.destination, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o660)
+    writer: SparseWriter | None = None
+    behind: WriteBehind | None = None
     try:
         if virtual > capacity:
             raise CloneRefused(f"the source ({virtual} bytes) is larger than the target ({capacity} bytes)")
         if not config.is_block:
             os.ftruncate(fd, final)
+        writer = SparseWriter(fd, known_zero=not config.is_block, is_block=config.is_block, what="the clone target")
+        behind = WriteBehind(writer)
         position, data = 0, 0
         while True:
             offset, length = clonestream.EXTENT.unpack(await content.readexactly(clonestream.EXTENT.size))
@@ -73,17 +61,22 @@ async def receive(request: web.Request, config: UploadServerConfig) -> CloneResu
                 break
             if offset < position or offset + length > virtual:
                 raise CloneRefused(f"extent {offset}+{length} out of order or past the end ({virtual})")
-            if config.is_block:
-                await asyncio.to_thread(_punch, fd, position, offset - position)
+            if config.is_block:  # positional: independent of the writes still queued
+                writer.zero_range(position, offset - position)
             done = 0
             while done < length:
                 chunk = await content.readexactly(min(CHUNK, length - done))
-                await asyncio.to_thread(os.pwrite, fd, chunk, offset + done)
+                behind.write(offset + done, chunk)
                 done += len(chunk)
             position, data = offset + length, data + length
+        behind.close()
         if config.is_block:
-            await asyncio.to_thread(_punch, fd, position, capacity - position)
-        await asyncio.to_thread(os.fsync, fd)
+            writer.zero_range(position, capacity - position)
+        await asyncio.to_thread(writer.sync)
         return CloneResult(virtual, data)
     finally:
+        if writer is not None:
+            if behind is not None:
+                behind.close(quiet=True)
+            writer.close()
         os.close(fd)
