@@ -222,7 +222,7 @@ class UploadServer:
         except clonesink.CloneRefused as exc:
             log.warning("refused a clone stream: %s", exc)
             return web.Response(status=400, text=f"Saving stream failed: {exc}")
-        except OSError as exc:
+        except (OSError, asyncio.IncompleteReadError) as exc:  # a cut stream: the source pod sends it again
             log.error("clone stream failed: %s", exc)
             return web.Response(status=500, text=f"Saving stream failed: {exc}")
         finally:
