@@ -15,6 +15,8 @@ sparse). Wall time from the first process started to the last finished; CPU seco
 With `--cluster`, also the time of a snapshot and a csi-clone DataVolume of a volume of the same size
 and allocation through `cdi up` (the time until `Succeeded`).
 
+Needs the `bench` extra (python-snappy): pip install -e .[bench]
+
 Usage: python bench/bench_clone.py [--gib 4] [--runs 1] [--workdir DIR] [--cluster]"""
 
 from __future__ import annotations
