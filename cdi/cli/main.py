@@ -19,6 +19,7 @@ COMMANDS = {  # command -> module with its register(); in `cdi --help` order
     "image-upload": "cdi.cli.imageupload",
     "uploadproxy": "cdi.cli.uploadproxy",
     "manifests": "cdi.cli.manifests",
+    "clone-plan": "cdi.cli.cloneplan",
 }
 
 
