@@ -12,6 +12,7 @@ ALLOW_CLAIM_ADOPTION: Final = _P + "allowClaimAdoption"
 PRE_POPULATED: Final = _P + "storage.prePopulated"
 POPULATED_FOR: Final = _P + "storage.populatedFor"
 CHECK_STATIC_VOLUME: Final = _P + "storage.checkStaticVolume"
+PERSISTENT_VOLUME_LIST: Final = _P + "storage.persistentVolumeList"  # the volumes a checkStaticVolume claim may take
 PERMISSIVE_CLONE: Final = _P + "permissiveClone"
 DEFAULT_VIRT_STORAGE_CLASS: Final = "storageclass.kubevirt.io/is-default-virt-class"
 DEFAULT_STORAGE_CLASS: Final = "storageclass.kubernetes.io/is-default-class"
@@ -23,6 +24,9 @@ MULTUS_NETWORKS: Final = "k8s.v1.cni.cncf.io/networks"
 MULTUS_DEFAULT_NETWORK: Final = "v1.multus-cni.io/default-network"
 ISTIO_INJECT: Final = "sidecar.istio.io/inject"
 LINKERD_INJECT: Final = "linkerd.io/inject"
+POD_PRIORITY_CLASS: Final = _P + "storage.pod.priorityclassname"
+POD_SERVICE_ACCOUNT: Final = _P + "storage.pod.serviceAccountName"
+POPULATOR_KIND: Final = _P + "storage.populator.kind"
 
 # legacy PVC import API (also written by the DataVolume controller onto the PVC)
 IMPORT_ENDPOINT: Final = _P + "storage.import.endpoint"

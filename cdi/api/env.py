@@ -19,6 +19,7 @@ EXTRA_HEADER_PREFIX: Final = "IMPORTER_EXTRA_HEADER_"
 SECRET_EXTRA_HEADERS_DIR_PREFIX: Final = "IMPORTER_SECRET_EXTRA_HEADERS_"
 REGISTRY_ARCHITECTURE: Final = "IMPORTER_REGISTRY_IMAGE_ARCHITECTURE"
 PULL_METHOD: Final = "IMPORTER_PULL_METHOD"
+GOOGLE_CREDENTIALS: Final = "GOOGLE_APPLICATION_CREDENTIALS"  # gcs: the mounted key file, as CDI sets it
 FILESYSTEM_OVERHEAD: Final = "FILESYSTEM_OVERHEAD"
 PREALLOCATION: Final = "PREALLOCATION"
 OWNER_UID: Final = "OWNER_UID"
@@ -50,6 +51,8 @@ BLOCK_PATH_DEFAULT: Final = "/dev/cdi-block-volume"
 SCRATCH_DIR_DEFAULT: Final = "/scratch"
 CERT_DIR_DEFAULT: Final = "/certs"
 PROXY_CERT_DIR_DEFAULT: Final = "/proxycerts"
+GOOGLE_CREDENTIALS_DIR: Final = "/google"  # gcs: where the secretRef secret is mounted
+GOOGLE_CREDENTIALS_KEY: Final = "credentials.json"  # gcs: the secret's key holding the credentials file
 TERMINATION_LOG_DEFAULT: Final = "/dev/termination-log"
 METRICS_PORT: Final = 8443
 
@@ -61,3 +64,9 @@ SOURCE_BLANK: Final = "blank"
 SOURCE_NONE: Final = "none"
 CONTENT_KUBEVIRT: Final = "kubevirt"
 CONTENT_ARCHIVE: Final = "archive"
+
+# registry `pullMethod: node` (CDI's names): the importer waits for the ready file, which names the
+# disk the user's image serves, and creates the done file when it has finished, so that server stops
+READY_FILE: Final = "IMPORTER_READY_FILE"
+DONE_FILE: Final = "IMPORTER_DONE_FILE"
+PULL_METHOD_NODE: Final = "node"

@@ -222,3 +222,50 @@ def validate_datavolume(dv: Body, old: Body | None = None) -> list[Cause]:
 def rejection_message(causes: list[Cause]) -> str:
     """How CDI's webhooks join causes into the denial message (each prefixed with a space)."""
     return "".join(f" {c.message}" for c in causes)
+
+
+UNSUPPORTED_SOURCE_REASON = "UnsupportedSource"
+_UNSUPPORTED = {
+    "imageio": ("spec.source.imageio", "importing from oVirt/RHV ImageIO is not supported: this CDI has no "
+                "ImageIO client; export the disk and import it with spec.source.http or spec.source.s3"),
+    "vddk": ("spec.source.vddk", "importing from VMware through VDDK is not supported: it needs VMware's "
+             "proprietary VDDK library, which this CDI does not ship; export the disk and import it with "
+             "spec.source.http or spec.source.s3"),
+}
+
+
+def unsupported_source(spec: Body) -> Cause | None:
+    """A source CDI admits but this implementation cannot import from, with the field and why.
+
+    CDI's webhook admits these (so ours does too, and a manifest written for CDI is not refused);
+    the DataVolume then ends `Failed` with this cause instead of waiting forever for a worker that
+    will never come."""
+    source: Body = spec.get("source") or {}
+    present = [key for key, value in source.items() if value is not None]
+    if len(present) != 1:
+        return None
+    kind = present[0]
+    if kind in _UNSUPPORTED:
+        field, why = _UNSUPPORTED[kind]
+        return Cause(field, f"{field}: {why}", UNSUPPORTED_SOURCE_REASON)
+    if kind == "registry":
+        registry: Body = source["registry"] or {}
+        if registry.get("imageStream") is not None:
+            field = "spec.source.registry.imageStream"
+            return Cause(field, f"{field}: OpenShift ImageStreams are not supported: resolving one needs "
+                                "OpenShift's image policy, which this CDI does not use; name the image with "
+                                "spec.source.registry.url", UNSUPPORTED_SOURCE_REASON)
+        if urlparse(str(registry.get("url") or "")).scheme == "oci-archive":
+            field = "spec.source.registry.url"
+            return Cause(field, f"{field}: oci-archive URLs are not supported: they name a file inside the "
+                                "importer pod, which nothing can put there; push the image to a registry and "
+                                "use a docker:// URL", UNSUPPORTED_SOURCE_REASON)
+    return None
+
+
+def external_population(spec: Body) -> Body | None:
+    """The claim's dataSourceRef (else dataSource) when the DataVolume is filled by a volume populator
+    or a PVC/snapshot data source of the provisioner's (CDI's external population)."""
+    claim = _claim(spec)
+    ref = claim.get("dataSourceRef") or claim.get("dataSource")
+    return ref if isinstance(ref, Mapping) else None

@@ -16,6 +16,9 @@ from urllib.parse import urlparse
 from cdi.api import annotations as ann
 from cdi.api import env, naming
 from cdi.api.views import dig
+from cdi.controller.claims import owner_reference
+from cdi.controller.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
+from cdi.controller.workerpod import PodSettings, worker_pod
 
 Body = Mapping[str, Any]
 Obj = dict[str, Any]
@@ -25,7 +28,15 @@ DATA_VOLUME = "cdi-data-vol"
 SCRATCH_VOLUME = "cdi-scratch-vol"
 CERT_VOLUME = "cdi-cert-vol"
 PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
-WORKER_UID = 107  # CDI's worker pods run as qemu's uid, non-root
+SECRET_VOLUME = "cdi-secret-vol"  # gcs: the credentials secret, mounted as a file (CDI's name)
+# registry pullMethod node (CDI's makeNodeImporterPodSpec names): the init container copies the server
+# from the importer image into the shared emptyDir; the user's image runs it as the `server` container
+NODE_PULL_INIT_CONTAINER = "init"
+NODE_PULL_SERVER_CONTAINER = "server"
+NODE_PULL_SHARED_VOLUME = "shared-volume"
+NODE_PULL_SHARED_DIR = "/shared"
+NODE_PULL_PORT = 8100
+NODE_PULL_IMAGE_DIR = "/disk"
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,16 @@ class ImportSource:
     insecure_skip_verify: bool = False
     registry_arch: str = ""
     pull_method: str = "pod"
+
+    @property
+    def node_pull(self) -> bool:
+        """A registry import whose image the node pulls and runs (CDI's isRegistryNodeImport)."""
+        return self.source == env.SOURCE_REGISTRY and self.pull_method == env.PULL_METHOD_NODE
+
+    def node_image(self) -> str:
+        """The image the node pulls: the endpoint without `docker://` (CDI's getRegistryImportImage)."""
+        parsed = urlparse(self.endpoint)
+        return parsed.netloc + parsed.path if parsed.scheme else self.endpoint
 
     @classmethod
     def from_pvc(cls, pvc: Body) -> ImportSource:
@@ -73,15 +94,13 @@ def _lines(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """CDIConfig status and controller flags that shape every worker pod."""
+    """CDIConfig status and controller flags that shape importer pods: what every worker pod gets
+    (`pod`, applied by `workerpod.worker_pod`) and the importer's own."""
 
     importer_image: str = "cdi-importer"
-    pull_policy: str = "IfNotPresent"
-    resources: Body | None = None
     import_proxy: Body | None = None
     insecure_registries: tuple[str, ...] = ()
-    image_pull_secrets: tuple[Body, ...] = ()
-    node_placement: Body = field(default_factory=dict)
+    pod: PodSettings = field(default_factory=PodSettings)
     retry_budget: float | None = None  # IMPORTER_RETRY_BUDGET: seconds of failing before the import gives up
 
 
@@ -100,13 +119,45 @@ def _owner_uid(pvc: Body) -> str:
     return str(owners[0]["uid"]) if len(owners) == 1 else str(dig(pvc, "metadata", "uid"))
 
 
+def _node_pull(importer: Obj, volumes: list[Obj], source: ImportSource, settings: WorkerSettings) -> tuple[Obj, Obj]:
+    """CDI's pod shape for registry pullMethod node: the importer reads the disk over HTTP from the
+    user's image, which runs the server an init container copied into the shared emptyDir (see
+    `cdi.importer.containerimage`); (server container, init container). The server binds the pod IP
+    (on the embedded node pods share the host's network, so `localhost:8100` would be shared too),
+    hence the endpoint. The user's image is pulled with the controller's pull policy, as in CDI."""
+    shared = {"name": NODE_PULL_SHARED_VOLUME, "mountPath": NODE_PULL_SHARED_DIR}
+    variables = {env.SOURCE: env.SOURCE_HTTP,
+                 env.ENDPOINT: f"http://$({env.POD_IP}):{NODE_PULL_PORT}/{env.DISK_IMAGE_NAME}"}
+    pod_ip = next(e for e in importer["env"] if e["name"] == env.POD_IP)
+    rest = [dict(e, value=variables[e["name"]]) if e["name"] in variables else e
+            for e in importer["env"] if e["name"] != env.POD_IP]
+    importer["env"] = [pod_ip, *rest,  # POD_IP first: the endpoint refers to it
+                       {"name": env.PULL_METHOD, "value": env.PULL_METHOD_NODE},
+                       {"name": env.READY_FILE, "value": f"{NODE_PULL_SHARED_DIR}/ready"},
+                       {"name": env.DONE_FILE, "value": f"{NODE_PULL_SHARED_DIR}/done"}]
+    importer.setdefault("volumeMounts", []).append(dict(shared))
+    volumes.append({"name": NODE_PULL_SHARED_VOLUME, "emptyDir": {}})
+    server: Obj = {
+        "name": NODE_PULL_SERVER_CONTAINER, "image": source.node_image(),
+        "command": [f"{NODE_PULL_SHARED_DIR}/server", "-p", str(NODE_PULL_PORT), "-image-dir", NODE_PULL_IMAGE_DIR,
+                    "-ready-file", f"{NODE_PULL_SHARED_DIR}/ready", "-done-file", f"{NODE_PULL_SHARED_DIR}/done"],
+        "env": [dict(pod_ip)], "volumeMounts": [dict(shared)],
+    }
+    init: Obj = {
+        "name": NODE_PULL_INIT_CONTAINER, "image": settings.importer_image,
+        "args": ["--install-containerimage-server", f"{NODE_PULL_SHARED_DIR}/server"],
+        "volumeMounts": [dict(shared)],
+    }
+    return server, init
+
+
 def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, attempt: int = 0,
-                 scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False,
-                 priority_class: str = "", service_account: str = "") -> Obj:
+                 scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False) -> Obj:
+    """The importer's container and volumes; placement, resources, security context, priority class,
+    service account and pass-through annotations are every worker pod's (`workerpod.worker_pod`)."""
     name = str(dig(pvc, "metadata", "name"))
     namespace = str(dig(pvc, "metadata", "namespace"))
     block = dig(pvc, "spec", "volumeMode") == "Block"
-    pvc_annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
     environment: list[Obj] = [
         {"name": env.SOURCE, "value": source.source},
         {"name": env.ENDPOINT, "value": source.endpoint},
@@ -126,7 +177,10 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         environment.append({"name": env.RETRY_BUDGET, "value": f"{settings.retry_budget:g}"})
     if source.registry_arch:
         environment.append({"name": env.REGISTRY_ARCHITECTURE, "value": source.registry_arch})
-    if source.secret:
+    if source.secret and source.source == env.SOURCE_GCS:
+        environment.append({"name": env.GOOGLE_CREDENTIALS,
+                            "value": f"{env.GOOGLE_CREDENTIALS_DIR}/{env.GOOGLE_CREDENTIALS_KEY}"})
+    elif source.secret:
         for var, key in ((env.ACCESS_KEY_ID, "accessKeyId"), (env.SECRET_KEY, "secretKey")):
             environment.append({"name": var, "valueFrom": {"secretKeyRef": {
                 "name": source.secret, "key": key, "optional": True}}})
@@ -147,12 +201,15 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
     if scratch_claim:
         volumes.append({"name": SCRATCH_VOLUME, "persistentVolumeClaim": {"claimName": scratch_claim}})
         mounts.append({"name": SCRATCH_VOLUME, "mountPath": env.SCRATCH_DIR_DEFAULT})
+    if source.secret and source.source == env.SOURCE_GCS:
+        volumes.append({"name": SECRET_VOLUME, "secret": {"secretName": source.secret}})
+        mounts.append({"name": SECRET_VOLUME, "mountPath": env.GOOGLE_CREDENTIALS_DIR, "readOnly": True})
     if source.cert_configmap:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": source.cert_configmap}})
         mounts.append({"name": CERT_VOLUME, "mountPath": env.CERT_DIR_DEFAULT})
         environment.append({"name": env.CERT_DIR, "value": env.CERT_DIR_DEFAULT})
-    if proxy.get("trustedCAProxy"):
-        volumes.append({"name": PROXY_CERT_VOLUME, "configMap": {"name": str(proxy["trustedCAProxy"])}})
+    if trusted_ca_proxy(proxy):  # the copy in the claim's namespace (importproxy.ensure_proxy_ca)
+        volumes.append({"name": PROXY_CERT_VOLUME, "configMap": {"name": proxy_ca_configmap_name(name)}})
         mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": env.PROXY_CERT_DIR_DEFAULT})
         environment.append({"name": env.PROXY_CERT_DIR, "value": env.PROXY_CERT_DIR_DEFAULT})
     for index, secret in enumerate(source.secret_extra_headers):
@@ -161,50 +218,26 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         mounts.append({"name": volume, "mountPath": f"/extraheaders/secret_{index}", "readOnly": True})
 
     container: Obj = {
-        "name": IMPORTER_CONTAINER, "image": settings.importer_image, "imagePullPolicy": settings.pull_policy,
-        "env": environment, "ports": [{"name": "metrics", "containerPort": env.METRICS_PORT, "protocol": "TCP"}],
+        "name": IMPORTER_CONTAINER, "image": settings.importer_image, "env": environment,
+        "ports": [{"name": "metrics", "containerPort": env.METRICS_PORT, "protocol": "TCP"}],
         "terminationMessagePath": env.TERMINATION_LOG_DEFAULT, "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "runAsUser": WORKER_UID},
     }
     if mounts:
         container["volumeMounts"] = mounts
     if devices:
         container["volumeDevices"] = devices
-    if settings.resources:
-        container["resources"] = dict(settings.resources)
-    annotations = {ann.ISTIO_INJECT: "false", ann.LINKERD_INJECT: "disabled"}
-    for key in (ann.MULTUS_NETWORKS, ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT):
-        if key in pvc_annotations:
-            annotations[key] = pvc_annotations[key]
-    spec: Obj = {
-        "restartPolicy": "Never", "containers": [container], "volumes": volumes,
-        "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
-        "terminationGracePeriodSeconds": 30,
-    }
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    if service_account:
-        spec["serviceAccountName"] = service_account
-    if settings.image_pull_secrets:
-        spec["imagePullSecrets"] = [dict(s) for s in settings.image_pull_secrets]
-    for key in ("nodeSelector", "tolerations", "affinity"):
-        if settings.node_placement.get(key):
-            spec[key] = settings.node_placement[key]
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": pod_name(name, attempt), "namespace": namespace,
-            "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "importer",
-                       ann.LABEL_PROMETHEUS: "true"},
-            "annotations": annotations,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": name,
-                                 "uid": dig(pvc, "metadata", "uid"), "controller": True,
-                                 "blockOwnerDeletion": True}],
-        },
-        "spec": spec,
-    }
+    containers, init_containers = [container], []
+    if source.node_pull:
+        server, init = _node_pull(container, volumes, source, settings)
+        containers.append(server)
+        init_containers.append(init)
+    pod = worker_pod(
+        name=pod_name(name, attempt), namespace=namespace, component="importer", annotated=pvc,
+        owner=owner_reference(pvc), containers=containers, volumes=volumes, restart_policy="Never",
+        settings=settings.pod, init_containers=init_containers, labels={ann.LABEL_PROMETHEUS: "true"})
+    if source.node_pull and source.registry_arch:  # CDI's setRegistryNodeImportNodeSelector
+        pod["spec"].setdefault("nodeSelector", {})["kubernetes.io/arch"] = source.registry_arch
+    return pod
 
 
 def mounts_scratch(pod: Body) -> bool:

@@ -35,9 +35,19 @@ from cdi.controller.claims import (
     ensure_scratch,
     preallocation_wanted,
     scratch_name,
+    waits_for_first_consumer,
 )
-from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, mounts_scratch, pod_name
+from cdi.controller.importpod import (
+    IMPORTER_CONTAINER,
+    ImportSource,
+    WorkerSettings,
+    importer_pod,
+    mounts_scratch,
+    pod_name,
+)
+from cdi.controller.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
 from cdi.controller.runtime import Context, Reconciler
+from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -50,9 +60,36 @@ def is_import_claim(pvc: Body) -> bool:
     return ann.IMPORT_ENDPOINT in annotations or annotations.get(ann.IMPORT_SOURCE) in ("blank", "none")
 
 
+IMAGE_PULL_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName")
+IMAGE_PULL_FAILURE_TEXT = "failed to pull image"  # CDI's ImagePullFailureText
+
+
+def _importer_first(pod: Body) -> list[Obj]:
+    statuses = list(dig(pod, "status", "containerStatuses") or [])
+    return sorted(statuses, key=lambda s: s.get("name") != IMPORTER_CONTAINER)
+
+
+def image_pull_failure(pod: Body) -> str | None:
+    """CDI's message when a container of the pod cannot get its image (`failed to pull image: IMAGE`)."""
+    for status in dig(pod, "status", "containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if not status.get("started") and waiting.get("reason") in IMAGE_PULL_WAITING:
+            return f"{IMAGE_PULL_FAILURE_TEXT}: {status.get('image', '')}"
+    return None
+
+
+def importer_ended(pod: Body) -> bool:
+    """The importer container failed while the pod goes on (a node-pull pod whose server never started)."""
+    for status in dig(pod, "status", "containerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated")
+        if status.get("name") == IMPORTER_CONTAINER and terminated and terminated.get("exitCode", 0) != 0:
+            return True
+    return False
+
+
 def termination(pod: Body) -> tuple[str, Obj]:
     """(terminated reason, parsed termination message) of the pod's importer container."""
-    for status in dig(pod, "status", "containerStatuses") or []:
+    for status in _importer_first(pod):
         terminated = (status.get("state") or {}).get("terminated")
         if terminated:
             text = terminated.get("message") or ""
@@ -88,14 +125,11 @@ class ImportReconciler(Reconciler):
     def worker_settings(self) -> WorkerSettings:
         status = config_status(self.ctx)
         settings = self.ctx.settings
-        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None) or {}
         config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
         return WorkerSettings(
-            importer_image=settings.importer_image, pull_policy=settings.pull_policy,
-            resources=status.get("defaultPodResourceRequirements"), import_proxy=status.get("importProxy"),
+            importer_image=settings.importer_image, import_proxy=status.get("importProxy"),
             insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()),
-            image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
-            node_placement=dig(cdi, "spec", "workload") or {}, retry_budget=settings.import_retry_budget,
+            pod=pod_settings(self.ctx), retry_budget=settings.import_retry_budget,
         )
 
     def _dv_of(self, pvc: Body) -> Body | None:
@@ -140,8 +174,7 @@ class ImportReconciler(Reconciler):
         if dig(pvc, "status", "phase") != "Bound":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
-            immediate = annotations.get(ann.BIND_IMMEDIATE) in ("true", "")
-            if not (wffc and immediate):
+            if not (wffc and not waits_for_first_consumer(self.ctx, pvc)):
                 return None  # the provisioner binds it, or a consumer will
         in_use = self._used_by_other_pod(pvc)
         if in_use:
@@ -154,12 +187,17 @@ class ImportReconciler(Reconciler):
             source = ImportSource(**{**source.__dict__, "source": "blank"})
         # scratch only once an importer asked for it (or a user's annotation did): never from a look at the source
         scratch = annotations.get(ann.REQUIRES_SCRATCH) == "true"
+        try:
+            await ensure_proxy_ca(self.ctx, pvc)
+        except ProxyCaMissing as exc:  # the pod could not start without it: say so instead of a hung pod
+            self.ctx.recorder.record(self._dv_of(pvc) or pvc, WARNING, MISSING_REASON, str(exc))
+            await annotate(self.ctx, pvc, {ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: MISSING_REASON,
+                                           ann.CONDITION_RUNNING_MESSAGE: str(exc)})
+            return 10.0
         scratch_claim = await ensure_scratch(self.ctx, pvc) if scratch else None
         pod = importer_pod(
             pvc, source, self.worker_settings(), attempt=attempt, scratch_claim=scratch_claim,
-            filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc),
-            priority_class=annotations.get("cdi.kubevirt.io/storage.pod.priorityclassname", ""),
-            service_account=annotations.get("cdi.kubevirt.io/storage.pod.serviceaccountname", ""))
+            filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc))
         try:
             await self.ctx.client.create(groups.PODS, pod, namespace)
         except AlreadyExists:
@@ -196,7 +234,7 @@ class ImportReconciler(Reconciler):
         changes[ann.POD_READY] = "true" if ready else "false"
         if phase == "Succeeded":
             return await self._succeeded(pvc, pod, changes)
-        if phase == "Failed":
+        if phase == "Failed" or importer_ended(pod):
             return await self._failed(pvc, pod, attempt, changes)
         self._running_condition(pod, changes)
         await annotate(self.ctx, pvc, changes)
@@ -210,16 +248,16 @@ class ImportReconciler(Reconciler):
                             ann.CONDITION_RUNNING_MESSAGE: ""})
             return
         changes[ann.CONDITION_RUNNING] = "false"
+        pull_failure = image_pull_failure(pod)
+        if pull_failure:
+            changes.update({ann.CONDITION_RUNNING_REASON: conditions.IMAGE_PULL_FAILED_REASON,
+                            ann.CONDITION_RUNNING_MESSAGE: pull_failure})
+            return
         waiting = next(((s.get("state") or {}).get("waiting") for s in statuses
                         if (s.get("state") or {}).get("waiting")), None)
         if waiting:
-            reason = str(waiting.get("reason") or "")
-            if reason in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
-                changes.update({ann.CONDITION_RUNNING_REASON: conditions.IMAGE_PULL_FAILED_REASON,
-                                ann.CONDITION_RUNNING_MESSAGE: f"Failed to pull image: {waiting.get('message', '')}"})
-            else:
-                changes.update({ann.CONDITION_RUNNING_REASON: reason,
-                                ann.CONDITION_RUNNING_MESSAGE: str(waiting.get("message") or "")})
+            changes.update({ann.CONDITION_RUNNING_REASON: str(waiting.get("reason") or ""),
+                            ann.CONDITION_RUNNING_MESSAGE: str(waiting.get("message") or "")})
             return
         unschedulable = next((c for c in dig(pod, "status", "conditions") or []
                               if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
@@ -252,6 +290,9 @@ class ImportReconciler(Reconciler):
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         reason = str(result.get("reason") or terminated_reason or "Error")
         message = str(result.get("message") or f"importer exited with {terminated_reason or 'an error'}")
+        pull_failure = image_pull_failure(pod)
+        if pull_failure:  # the importer gave up waiting for the image's server: say why
+            reason, message = conditions.IMAGE_PULL_FAILED_REASON, pull_failure
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         if result.get("scratchSpaceRequired") and not mounts_scratch(pod):
             # the importer read the head and needs scratch: the next pod gets it, and this is no restart
@@ -316,6 +357,8 @@ class ImportReconciler(Reconciler):
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         await self._delete_scratch(namespace, name)
+        if pod is not None:  # the import just ended (later cleanups mostly find the pod gone)
+            await delete_proxy_ca(self.ctx, pvc)
         retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true"
         dv = self._dv_of(pvc)
         if dv is not None and (dig(dv, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION) == "true":

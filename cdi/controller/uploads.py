@@ -40,17 +40,17 @@ from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller.claims import (
     annotate,
     claim_overhead,
-    config_status,
     delete_if_present,
     ensure_scratch,
     owner_reference,
     preallocation_wanted,
     scratch_name,
+    waits_for_first_consumer,
 )
-from cdi.controller.importpod import WORKER_UID
 from cdi.controller.imports import termination
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
+from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -61,6 +61,7 @@ UPLOAD_CONTAINER = "cdi-upload-server"
 # our CLI knows the file it is about to send; `raw`, `qcow2+gz`, ... lets the controller skip scratch
 UPLOAD_FORMAT = FORMAT_ANNOTATION
 SERVICE_LABEL = "service"
+UPLOAD_CLIENT_NAME = "cdi.kubevirt.io/uploadClientName"  # a host-assisted clone target: its source pod's name
 
 
 def upload_name(pvc_name: str) -> str:
@@ -75,7 +76,10 @@ def upload_needs_scratch(pvc: Body) -> bool:
     """Unknown formats get scratch (as in CDI, where every upload has it): an upload cannot be asked
     for again with scratch added. A declared raw or qcow2 image, compressed or not, streams straight
     to the target."""
-    declared = (dig(pvc, "metadata", "annotations") or {}).get(UPLOAD_FORMAT)
+    annotations = dig(pvc, "metadata", "annotations") or {}
+    if UPLOAD_CLIENT_NAME in annotations:
+        return False  # a clone target receives extents, written in place (CDI: no scratch for clones)
+    declared = annotations.get(UPLOAD_FORMAT)
     if not declared:
         return True
     fmt, _, compression = declared.partition("+")
@@ -115,7 +119,7 @@ class UploadReconciler(Reconciler):
         if dig(pvc, "status", "phase") != "Bound":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
-            if not (wffc and annotations.get(ann.BIND_IMMEDIATE) in ("true", "")):
+            if not (wffc and not waits_for_first_consumer(self.ctx, pvc)):
                 return None
         if pod is None:
             await self._create(pvc)
@@ -165,7 +169,7 @@ class UploadReconciler(Reconciler):
             {"name": "TLS_KEY_FILE", "value": "/etc/tls/tls.key"},
             {"name": "TLS_CERT_FILE", "value": "/etc/tls/tls.crt"},
             {"name": "CLIENT_CERT_FILE", "value": "/etc/tls/ca.crt"},
-            {"name": "CLIENT_NAME", "value": CLIENT_NAME},
+            {"name": "CLIENT_NAME", "value": annotations.get(UPLOAD_CLIENT_NAME) or CLIENT_NAME},  # clone source's
             {"name": env.UPLOAD_IMAGE_SIZE, "value": str(dig(pvc, "spec", "resources", "requests", "storage") or "")},
             {"name": env.FILESYSTEM_OVERHEAD, "value": claim_overhead(self.ctx, pvc)},
             {"name": env.PREALLOCATION, "value": "true" if preallocation_wanted(self.ctx, pvc) else "false"},
@@ -191,33 +195,20 @@ class UploadReconciler(Reconciler):
             mounts.append({"name": "cdi-upload-state", "mountPath": STATE_DIR_DEFAULT})
             environment.append({"name": ENV_STATE_DIR, "value": STATE_DIR_DEFAULT})
         container: Obj = {
-            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image,
-            "imagePullPolicy": self.ctx.settings.pull_policy, "env": environment, "volumeMounts": mounts,
+            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image, "env": environment,
+            "volumeMounts": mounts,
             "ports": [{"name": "uploadserver", "containerPort": UPLOAD_PORT, "protocol": "TCP"}],
             "readinessProbe": {"httpGet": {"path": "/healthz", "port": UPLOAD_PORT, "scheme": "HTTPS"},
                                "periodSeconds": 1, "failureThreshold": 3},
             "terminationMessagePolicy": "FallbackToLogsOnError",
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "runAsNonRoot": True, "runAsUser": WORKER_UID},
         }
-        resources = config_status(self.ctx).get("defaultPodResourceRequirements")
-        if resources:
-            container["resources"] = dict(resources)
         if devices:
             container["volumeDevices"] = devices
-        spec: Obj = {"restartPolicy": "OnFailure", "containers": [container], "volumes": volumes,
-                     "securityContext": {"fsGroup": WORKER_UID, "runAsNonRoot": True}}
-        for key, field in (("cdi.kubevirt.io/storage.pod.priorityclassname", "priorityClassName"),
-                           ("cdi.kubevirt.io/storage.pod.serviceaccountname", "serviceAccountName")):
-            if annotations.get(key):
-                spec[field] = annotations[key]
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": resource, "namespace": dig(pvc, "metadata", "namespace"),
-                             "labels": {**labels, SERVICE_LABEL: service,
-                                        ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))},
-                             "annotations": {ann.ISTIO_INJECT: "false", ann.LINKERD_INJECT: "disabled"},
-                             "ownerReferences": owner},
-                "spec": spec}
+        return worker_pod(
+            name=resource, namespace=str(dig(pvc, "metadata", "namespace")), component=labels[ann.LABEL_COMPONENT],
+            annotated=pvc, owner=owner[0], containers=[container], volumes=volumes, restart_policy="OnFailure",
+            settings=pod_settings(self.ctx),
+            labels={**labels, SERVICE_LABEL: service, ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))})
 
     async def _observe(self, pvc: Body, pod: Body) -> float | None:
         phase = str(dig(pod, "status", "phase") or "Pending")

@@ -83,10 +83,11 @@ class ImporterConfig:
         if source not in (
             envnames.SOURCE_HTTP,
             envnames.SOURCE_S3,
+            envnames.SOURCE_GCS,
             envnames.SOURCE_REGISTRY,
             envnames.SOURCE_BLANK,
         ):
-            raise _bad(f"unknown {envnames.SOURCE} {source!r}: expected http, s3, registry or blank")
+            raise _bad(f"unknown {envnames.SOURCE} {source!r}: expected http, s3, gcs, registry or blank")
         endpoint = env.get(envnames.ENDPOINT, "").strip()
         if source != envnames.SOURCE_BLANK and not endpoint:
             raise _bad(f"{envnames.ENDPOINT} is missing")

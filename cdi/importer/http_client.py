@@ -392,6 +392,17 @@ class HttpClient:
         raise ImporterError(Reason.REQUEST_REJECTED, f"too many redirects from {redact(url)}")
 
 
+def ca_bundle(files: list[Path], system_bundle: Path) -> Path:
+    """A temporary directory holding `ca.pem`: the system's CAs followed by `files`, for clients that
+    take one bundle file (boto3, requests). The caller removes the directory."""
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="cdi-ca-"))
+    system = [system_bundle.read_bytes()] if system_bundle.exists() else []
+    (directory / "ca.pem").write_bytes(b"\n".join(system + [p.read_bytes() for p in files]))
+    return directory
+
+
 def proxy_cert_dir() -> Path | None:
     path = Path(os.environ.get("IMPORTER_PROXY_CERT_DIR", envnames.PROXY_CERT_DIR_DEFAULT))
     return path if path.is_dir() else None

@@ -16,8 +16,9 @@ import traceback
 from types import FrameType
 
 from cdi.api import env as envnames
+from cdi.common import verbosity
 
-from . import termination
+from . import containerimage, termination
 from .config import ImporterConfig
 from .errors import ImporterError, Reason
 from .http_client import (
@@ -71,6 +72,10 @@ def open_origin(config: ImporterConfig, stop: threading.Event) -> Origin:
         from .source_s3 import open_s3
 
         return open_s3(config, stop)
+    if config.source == envnames.SOURCE_GCS:
+        from .source_gcs import open_gcs
+
+        return open_gcs(config, stop)
     if config.source == envnames.SOURCE_REGISTRY:
         from .source_registry import open_registry
 
@@ -97,16 +102,26 @@ def run(config: ImporterConfig, progress: Progress, stop: threading.Event) -> Im
         return import_blank(target, options, progress)
     config.retry.listeners.append(lambda exc, attempt: progress.retried(exc.reason, exc.message, attempt))
     config.retry.recovered.append(progress.recovered)
+    node_pull = containerimage.node_pull(os.environ)
+    if node_pull:
+        config.endpoint = containerimage.wait_ready(os.environ, stop)
     origin = open_origin(config, stop)
     try:
-        return run_import(origin, target, options, progress, stop)
+        result = run_import(origin, target, options, progress, stop)
+        if node_pull:
+            result.labels.update(containerimage.info_labels(config.endpoint))
+        return result
     finally:
         origin.close()
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == containerimage.INSTALL_FLAG:
+        return containerimage.install(args[1])
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=verbosity.program_level(sys.argv[1:] if argv is None else argv), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     paths = Paths.from_env(os.environ)
     stop = threading.Event()
@@ -120,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     progress: Progress | None = None
     try:
         config = ImporterConfig.from_env()
+        log.debug("importing %s (content type %s, size %s, overhead %s, preallocation %s)", config.source,
+                  config.content_type, config.image_size, config.filesystem_overhead, config.preallocation)
         progress = Progress(config.owner_uid)
         if config.pod_ip:
             try:
@@ -171,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.failed()
     line = termination.write(paths.termination_log, message)
     print(line, flush=True)
+    containerimage.finished(os.environ)
     return code
 
 

@@ -15,7 +15,6 @@ import contextlib
 import os
 import re
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from .errors import ImporterError, Reason
 from .http_client import (
     HttpClient,
     HttpSettings,
+    ca_bundle,
     ca_files,
     parse_header_lines,
     proxy_cert_dir,
@@ -141,11 +141,8 @@ def open_s3(config: ImporterConfig, stop: threading.Event) -> Origin:
     if config.insecure_tls:
         verify = False
     elif custom_cas:
-        bundle_dir = Path(tempfile.mkdtemp(prefix="cdi-s3-ca-"))
-        bundle = bundle_dir / "ca.pem"
-        system = [SYSTEM_CA_BUNDLE.read_bytes()] if SYSTEM_CA_BUNDLE.exists() else []
-        bundle.write_bytes(b"\n".join(system + [p.read_bytes() for p in custom_cas]))
-        verify = str(bundle)
+        bundle_dir = ca_bundle(custom_cas, SYSTEM_CA_BUNDLE)
+        verify = str(bundle_dir / "ca.pem")
     anonymous = not (config.access_key and config.secret_key)
     region = (
         location.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"

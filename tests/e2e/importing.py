@@ -68,3 +68,10 @@ def read_back(kubectl: Kubectl, claim: str, size: int, *, block: bool = False, n
 
 def condition(dv: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in dv["status"]["conditions"] if c["type"] == type_)
+
+
+def set_import_proxy(k: Kubectl, proxy: dict[str, str] | None) -> None:
+    """CDI's `spec.config.importProxy` (None: none), waited for until CDIConfig's status carries it."""
+    k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"importProxy": proxy}}}))
+    wait_for(lambda: k.json("get", "cdiconfig", "config")["status"].get("importProxy") == proxy, 30,
+             message=f"CDIConfig status.importProxy {proxy}")

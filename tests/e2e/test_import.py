@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cdi.common import pki
-from tests.e2e.importing import condition, datavolume, phase, read_back, wait_phase
+from tests.e2e.importing import condition, datavolume, phase, read_back, set_import_proxy, wait_phase
 from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
 from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
@@ -159,13 +159,6 @@ def test_scratch_only_where_the_format_needs_it(
                "-o", "jsonpath={.items[*].involvedObject.name}").stdout.split()
     assert "needs-scratch-scratch" in events and "no-scratch-scratch" not in events
     wait_for(lambda: not k.exists("pvc", "needs-scratch-scratch"), 30, message="scratch claim removed")
-
-
-def set_import_proxy(k: Kubectl, proxy: dict[str, str] | None) -> None:
-    """CDI's `spec.config.importProxy` (None: none), waited for until CDIConfig's status carries it."""
-    k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"importProxy": proxy}}}))
-    wait_for(lambda: k.json("get", "cdiconfig", "config")["status"].get("importProxy") == proxy, 30,
-             message=f"CDIConfig status.importProxy {proxy}")
 
 
 def test_scratch_is_the_importers_call_and_the_controller_never_fetches_the_source(

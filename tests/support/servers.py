@@ -357,6 +357,56 @@ class TokenServer:
         self._loop.stop()
 
 
+
+GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"  # google-auth's grants name it, whatever token_uri
+
+
+class OAuthTokenServer:
+    """Google's OAuth 2.0 token endpoint for service-account keys (the `token_uri` of a key file): it
+    checks the signed JWT grant against the key it knows and answers with an access token."""
+
+    def __init__(self) -> None:
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.grants: list[dict[str, Any]] = []  # verified claims, in order
+        self.refused = 0
+        self._loop = _LoopThread()
+        app = web.Application()
+        app.router.add_post("/token", self._token)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run(self._runner.setup())
+        self.port = free_port()
+        self._loop.run(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+
+    def key_file(self, *, other_key: bool = False) -> str:
+        """A service-account key file (JSON) whose grants this server accepts (`other_key`: refuses)."""
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048) if other_key else self.key
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+        return json.dumps({
+            "type": "service_account", "project_id": "cdi-test", "private_key_id": "k1", "private_key": pem,
+            "client_email": "importer@cdi-test.iam.gserviceaccount.com", "client_id": "1",
+            "token_uri": f"http://127.0.0.1:{self.port}/token",
+        })
+
+    async def _token(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        try:
+            claims = jwt.decode(str(form.get("assertion", "")), self.key.public_key(), algorithms=["RS256"],
+                                audience=GOOGLE_TOKEN_AUDIENCE)
+        except jwt.PyJWTError as exc:
+            self.refused += 1
+            return web.json_response({"error": "invalid_grant", "error_description": str(exc)}, status=400)
+        self.grants.append(claims)
+        return web.json_response({"access_token": uuid.uuid4().hex, "token_type": "Bearer", "expires_in": 3600})
+
+    def close(self) -> None:
+        self._loop.run(self._runner.cleanup())
+        self._loop.stop()
+
 class Registry:
     """docker-registry on 127.0.0.1 with storage in a temp dir; htpasswd, TLS and token auth optional."""
 

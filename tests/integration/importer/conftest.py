@@ -181,6 +181,46 @@ def s3(
     tls.stop()
 
 
+
+@dataclass
+class Gcs:
+    """gcp-storage-emulator on loopback, bucket `images`; objects are uploaded on first use."""
+
+    api: str  # the emulator's endpoint, what STORAGE_EMULATOR_HOST names
+    bucket: str
+    client: Any
+    images: dict[str, Image]
+    uploaded: set[str]
+
+    def put(self, name: str, path: Path) -> None:
+        self.client.bucket(self.bucket).blob(name).upload_from_filename(str(path))
+        self.uploaded.add(name)
+
+    def url(self, name: str, form: str = "http") -> str:
+        """CDI's URL forms: `http`: http(s)://endpoint/bucket/object; `gs`: gs://bucket/object."""
+        if name in self.images and name not in self.uploaded:
+            self.put(name, self.images[name].path)
+        return f"gs://{self.bucket}/{name}" if form == "gs" else f"{self.api}/{self.bucket}/{name}"
+
+
+@pytest.fixture(scope="session")
+def gcs(images: dict[str, Image], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gcs]:
+    from gcp_storage_emulator.server import create_server
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from tests.support.servers import free_port
+
+    server = create_server("127.0.0.1", free_port(), in_memory=False, default_bucket="images",
+                           data_dir=str(tmp_path_factory.mktemp("gcs")))
+    server.start()
+    api = f"http://127.0.0.1:{server._api._port}"
+    client = storage.Client(project="test", credentials=AnonymousCredentials(),
+                            client_options=ClientOptions(api_endpoint=api))
+    yield Gcs(api, "images", client, images, set())
+    server.stop()
+
 class Registries:
     """docker-registry instances (htpasswd over HTTP, TLS from the test CA, bearer tokens) and the
     images pushed to them, pushed on first use."""
