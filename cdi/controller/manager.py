@@ -16,6 +16,7 @@ from cdi.api import groups
 from cdi.api.views import dig
 from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
+from cdi.controller.dataimportcron import DataImportCronReconciler, cron_keys_of
 from cdi.controller.datavolume import DataVolumeReconciler
 from cdi.controller.imports import ImportReconciler, is_import_claim
 from cdi.controller.metrics import ControllerMetrics
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
-           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS)
+           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
+           groups.DATAIMPORTCRONS, groups.DATASOURCES, groups.VOLUMESNAPSHOTS)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 
@@ -42,8 +44,9 @@ class Manager:
         self.profiles = StorageProfileReconciler(self.ctx)
         self.config = ConfigReconciler(self.ctx)
         self.uploads = UploadReconciler(self.ctx)
+        self.crons = DataImportCronReconciler(self.ctx)
         self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.uploads, self.profiles,
-                                              self.config]
+                                              self.config, self.crons]
         for gvr in WATCHED:
             self.ctx.informer(gvr)
         self.metrics.count_pending_datavolumes(lambda: self.ctx.cached_list(groups.DATAVOLUMES))
@@ -111,6 +114,19 @@ class Manager:
         def on_config(obj: Obj, *rest: Obj) -> None:
             self.config.enqueue(CONFIG_KEY)
 
+        def on_cron(obj: Obj, *rest: Obj) -> None:
+            self.crons.enqueue(object_key(rest[0] if rest else obj))
+
+        def on_cron_object(obj: Obj, *rest: Obj) -> None:  # what a cron made, or a DataSource it may manage
+            for key in {*cron_keys_of(obj), *(cron_keys_of(rest[0]) if rest else [])}:
+                self.crons.enqueue(key)
+
+        inf[groups.DATAIMPORTCRONS].add_handler(on_cron, on_cron, on_cron)
+        for gvr in (groups.DATASOURCES, groups.VOLUMESNAPSHOTS):
+            inf[gvr].add_handler(on_cron_object, on_cron_object, on_cron_object)
+        inf[groups.DATAVOLUMES].add_handler(on_cron_object, on_cron_object, on_cron_object)
+        inf[groups.PVCS].add_handler(on_cron_object, on_cron_object, on_cron_object)
+        inf[groups.PODS].add_handler(on_cron_object, on_cron_object, on_cron_object)
         inf[groups.DATAVOLUMES].add_handler(on_dv, on_dv, on_dv)
         inf[groups.PVCS].add_handler(on_pvc, on_pvc, on_pvc)
         inf[groups.PODS].add_handler(on_pod, on_pod, on_pod)
