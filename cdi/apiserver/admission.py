@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from cdi.api import groups
+from cdi.api.cronvalidation import already_managed, validate_dataimportcron
 from cdi.api.validation import Cause, rejection_message, validate_datavolume
 from cdi.api.views import dig
 from cdi.kube import KubeClient, NotFound
@@ -36,7 +37,8 @@ class Admission:
         self.client = client
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/datavolume-validate", self.validate_datavolume)]
+        return [web.post("/datavolume-validate", self.validate_datavolume),
+                web.post("/dataimportcron-validate", self.validate_dataimportcron)]
 
     async def validate_datavolume(self, http: web.Request) -> web.Response:
         review = await http.json()
@@ -48,6 +50,19 @@ class Admission:
         causes = validate_datavolume(dv, old)
         if not causes and request.get("operation") == "CREATE":
             causes = await self._claim_conflict(dv, request.get("namespace", ""))
+        return review_response(review, causes)
+
+    async def validate_dataimportcron(self, http: web.Request) -> web.Response:
+        review = await http.json()
+        request = review.get("request") or {}
+        if request.get("operation") not in ("CREATE", "UPDATE"):
+            return review_response(review)
+        cron: Mapping[str, Any] = request.get("object") or {}
+        old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+        causes = validate_dataimportcron(cron, old)
+        if not causes and old is None:
+            others = await self.client.list_all(groups.DATAIMPORTCRONS, request.get("namespace") or None)
+            causes = already_managed(cron, list(others.items))
         return review_response(review, causes)
 
     async def _claim_conflict(self, dv: Mapping[str, Any], namespace: str) -> list[Cause]:

@@ -213,7 +213,9 @@ def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
     return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": "cdi-api-datavolume-validate", "labels": {"cdi.kubevirt.io": ""}},
             "webhooks": [hook("datavolume-validate.cdi.kubevirt.io", "/datavolume-validate", "datavolumes",
-                              ["CREATE", "UPDATE"])]}
+                              ["CREATE", "UPDATE"]),
+                         hook("dataimportcron-validate.cdi.kubevirt.io", "/dataimportcron-validate",
+                              "dataimportcrons", ["CREATE", "UPDATE"])]}
 
 
 def pvc_mutating_configuration(namespace: str, ca_bundle: str) -> Obj:

@@ -204,6 +204,10 @@ def test_cron_spec_is_immutable_and_a_data_source_has_one_cron(k: Kubectl, golde
                      check=False)
     assert result.returncode != 0
     assert "DataSource shared-ds is already managed by DataImportCron owner" in result.stderr
+    bad = cron("bad-schedule", {"registry": {"url": golden.url}}, "other-ds")
+    bad["spec"]["schedule"] = "every day"
+    result = k.apply(bad, check=False)
+    assert result.returncode != 0 and "Illegal cron schedule" in result.stderr
 
 
 Serve = Callable[[str, bytes], None]
