@@ -260,3 +260,36 @@ def test_s3_cron_follows_a_changed_object(k: Kubectl, tmp_path: Path, s3: Any) -
     claim2 = k.get("dataimportcron", "bucket")["status"]["lastImportedPVC"]["name"]
     wait_source(k, "bucket-ds", claim2)
     assert read_back(k, claim2, DISK_SIZE) == second_sha
+
+
+def test_snapshot_source_format(k: Kubectl, golden: GoldenRegistry, tmp_path: Path) -> None:
+    classes = k.json("get", "storageclass", "-o", "json")["items"]
+    default = next(c["metadata"]["name"] for c in classes
+                   if c["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true")
+    k("patch", "storageprofile", default, "--type", "merge", "-p",
+      json.dumps({"spec": {"dataImportCronSourceFormat": "snapshot"}}))
+    try:
+        wait_for(lambda: k.get("storageprofile", default, "")["status"].get("dataImportCronSourceFormat") == "snapshot",
+                 30, message="the profile says snapshot")
+        image, sha = disk(tmp_path, 31)
+        digest = golden.push(image)
+        k.apply(cron("snap", {"registry": {"url": golden.url, "secretRef": "creds"}}, "snap-ds"))
+        name = dv_name("snap-ds", digest)
+        wait_source(k, "snap-ds", name, kind="snapshot")
+        status = wait_up_to_date(k, "snap", name)
+        assert status["status"]["sourceFormat"] == "snapshot"
+        snapshot = k.get("volumesnapshot", name)
+        assert snapshot["status"]["readyToUse"] is True
+        assert snapshot["metadata"]["labels"]["cdi.kubevirt.io/dataImportCron"] == "snap"
+        assert snapshot["spec"]["source"]["persistentVolumeClaimName"] == name
+        wait_for(lambda: not k.exists("dv", name) and not k.exists("pvc", name), 60,
+                 message="the imported DataVolume and claim go once the snapshot is ready")
+        k.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "from-golden"},
+                 "spec": {"accessModes": ["ReadWriteOnce"],
+                          "resources": {"requests": {"storage": snapshot["status"]["restoreSize"]}},
+                          "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                                         "name": name}}})
+        assert read_back(k, "from-golden", DISK_SIZE) == sha
+    finally:
+        k("patch", "storageprofile", default, "--type", "merge", "-p",
+          json.dumps({"spec": {"dataImportCronSourceFormat": None}}))
