@@ -1,8 +1,34 @@
-"""The one C extension (everything else is in pyproject.toml): `cdi.common._tlsread`, how upload bodies
-are read from TLS (`cdi.common.sockfill`). Optional: without a C compiler, or on a Python other than the
-ones `requires-python` declares (the version guard in `_tlsread.c` stops the build), the package still
-installs, and bodies are read by a Python loop (same behaviour, more CPU)."""
+"""What pyproject.toml cannot say: the C parts.
+
+* `cdi.common._tlsread`, how upload bodies are read from TLS (`cdi.common.sockfill`). Optional: without
+  a C compiler, or on a Python other than the ones `requires-python` declares (the version guard in
+  `_tlsread.c` stops the build), the package still installs, and bodies are read by a Python loop
+  (same behaviour, more CPU).
+* `cdi/importer/cdi-containerimage-server`, a static executable (registry `pullMethod: node`: it runs
+  inside the user's containerDisk image, which has nothing else). Optional too: without it, node-pull
+  imports fail with a clear message."""
+
+import os
+import subprocess
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
-setup(ext_modules=[Extension("cdi.common._tlsread", ["cdi/common/_tlsread.c"], optional=True)])
+SERVER_SOURCE = "cdi/importer/containerimage_server.c"
+SERVER = "cdi/importer/cdi-containerimage-server"
+
+
+class BuildWithServer(build_ext):
+    def run(self) -> None:
+        super().run()
+        target = SERVER if self.inplace else os.path.join(self.build_lib, SERVER)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        compiler = os.environ.get("CC", "cc")
+        try:
+            subprocess.run([compiler, "-static", "-O2", "-o", target, SERVER_SOURCE], check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"warning: {SERVER} was not built ({exc}); registry pullMethod node will not work")
+
+
+setup(ext_modules=[Extension("cdi.common._tlsread", ["cdi/common/_tlsread.c"], optional=True)],
+      cmdclass={"build_ext": BuildWithServer})

@@ -67,3 +67,9 @@ SOURCE_BLANK: Final = "blank"
 SOURCE_NONE: Final = "none"
 CONTENT_KUBEVIRT: Final = "kubevirt"
 CONTENT_ARCHIVE: Final = "archive"
+
+# registry `pullMethod: node` (CDI's names): the importer waits for the ready file, which names the
+# disk the user's image serves, and creates the done file when it has finished, so that server stops
+READY_FILE: Final = "IMPORTER_READY_FILE"
+DONE_FILE: Final = "IMPORTER_DONE_FILE"
+PULL_METHOD_NODE: Final = "node"

@@ -29,6 +29,14 @@ SCRATCH_VOLUME = "cdi-scratch-vol"
 CERT_VOLUME = "cdi-cert-vol"
 PROXY_CERT_VOLUME = "cdi-proxy-cert-vol"
 SECRET_VOLUME = "cdi-secret-vol"  # gcs: the credentials secret, mounted as a file (CDI's name)
+# registry pullMethod node (CDI's makeNodeImporterPodSpec names): the init container copies the server
+# from the importer image into the shared emptyDir; the user's image runs it as the `server` container
+NODE_PULL_INIT_CONTAINER = "init"
+NODE_PULL_SERVER_CONTAINER = "server"
+NODE_PULL_SHARED_VOLUME = "shared-volume"
+NODE_PULL_SHARED_DIR = "/shared"
+NODE_PULL_PORT = 8100
+NODE_PULL_IMAGE_DIR = "/disk"
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,16 @@ class ImportSource:
     insecure_skip_verify: bool = False
     registry_arch: str = ""
     pull_method: str = "pod"
+
+    @property
+    def node_pull(self) -> bool:
+        """A registry import whose image the node pulls and runs (CDI's isRegistryNodeImport)."""
+        return self.source == env.SOURCE_REGISTRY and self.pull_method == env.PULL_METHOD_NODE
+
+    def node_image(self) -> str:
+        """The image the node pulls: the endpoint without `docker://` (CDI's getRegistryImportImage)."""
+        parsed = urlparse(self.endpoint)
+        return parsed.netloc + parsed.path if parsed.scheme else self.endpoint
 
     @classmethod
     def from_pvc(cls, pvc: Body) -> ImportSource:
@@ -99,6 +117,38 @@ def _insecure_registry(endpoint: str, registries: Sequence[str]) -> bool:
 def _owner_uid(pvc: Body) -> str:
     owners = dig(pvc, "metadata", "ownerReferences") or []
     return str(owners[0]["uid"]) if len(owners) == 1 else str(dig(pvc, "metadata", "uid"))
+
+
+def _node_pull(importer: Obj, volumes: list[Obj], source: ImportSource, settings: WorkerSettings) -> tuple[Obj, Obj]:
+    """CDI's pod shape for registry pullMethod node: the importer reads the disk over HTTP from the
+    user's image, which runs the server an init container copied into the shared emptyDir (see
+    `cdi.importer.containerimage`); (server container, init container). The server binds the pod IP
+    (on the embedded node pods share the host's network, so `localhost:8100` would be shared too),
+    hence the endpoint. The user's image is pulled with the controller's pull policy, as in CDI."""
+    shared = {"name": NODE_PULL_SHARED_VOLUME, "mountPath": NODE_PULL_SHARED_DIR}
+    variables = {env.SOURCE: env.SOURCE_HTTP,
+                 env.ENDPOINT: f"http://$({env.POD_IP}):{NODE_PULL_PORT}/{env.DISK_IMAGE_NAME}"}
+    pod_ip = next(e for e in importer["env"] if e["name"] == env.POD_IP)
+    rest = [dict(e, value=variables[e["name"]]) if e["name"] in variables else e
+            for e in importer["env"] if e["name"] != env.POD_IP]
+    importer["env"] = [pod_ip, *rest,  # POD_IP first: the endpoint refers to it
+                       {"name": env.PULL_METHOD, "value": env.PULL_METHOD_NODE},
+                       {"name": env.READY_FILE, "value": f"{NODE_PULL_SHARED_DIR}/ready"},
+                       {"name": env.DONE_FILE, "value": f"{NODE_PULL_SHARED_DIR}/done"}]
+    importer.setdefault("volumeMounts", []).append(dict(shared))
+    volumes.append({"name": NODE_PULL_SHARED_VOLUME, "emptyDir": {}})
+    server: Obj = {
+        "name": NODE_PULL_SERVER_CONTAINER, "image": source.node_image(),
+        "command": [f"{NODE_PULL_SHARED_DIR}/server", "-p", str(NODE_PULL_PORT), "-image-dir", NODE_PULL_IMAGE_DIR,
+                    "-ready-file", f"{NODE_PULL_SHARED_DIR}/ready", "-done-file", f"{NODE_PULL_SHARED_DIR}/done"],
+        "env": [dict(pod_ip)], "volumeMounts": [dict(shared)],
+    }
+    init: Obj = {
+        "name": NODE_PULL_INIT_CONTAINER, "image": settings.importer_image,
+        "args": ["--install-containerimage-server", f"{NODE_PULL_SHARED_DIR}/server"],
+        "volumeMounts": [dict(shared)],
+    }
+    return server, init
 
 
 def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, attempt: int = 0,
@@ -176,10 +226,18 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
         container["volumeMounts"] = mounts
     if devices:
         container["volumeDevices"] = devices
-    return worker_pod(
+    containers, init_containers = [container], []
+    if source.node_pull:
+        server, init = _node_pull(container, volumes, source, settings)
+        containers.append(server)
+        init_containers.append(init)
+    pod = worker_pod(
         name=pod_name(name, attempt), namespace=namespace, component="importer", annotated=pvc,
-        owner=owner_reference(pvc), containers=[container], volumes=volumes, restart_policy="Never",
-        settings=settings.pod, labels={ann.LABEL_PROMETHEUS: "true"})
+        owner=owner_reference(pvc), containers=containers, volumes=volumes, restart_policy="Never",
+        settings=settings.pod, init_containers=init_containers, labels={ann.LABEL_PROMETHEUS: "true"})
+    if source.node_pull and source.registry_arch:  # CDI's setRegistryNodeImportNodeSelector
+        pod["spec"].setdefault("nodeSelector", {})["kubernetes.io/arch"] = source.registry_arch
+    return pod
 
 
 def mounts_scratch(pod: Body) -> bool:

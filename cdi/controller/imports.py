@@ -36,7 +36,14 @@ from cdi.controller.claims import (
     preallocation_wanted,
     scratch_name,
 )
-from cdi.controller.importpod import ImportSource, WorkerSettings, importer_pod, mounts_scratch, pod_name
+from cdi.controller.importpod import (
+    IMPORTER_CONTAINER,
+    ImportSource,
+    WorkerSettings,
+    importer_pod,
+    mounts_scratch,
+    pod_name,
+)
 from cdi.controller.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.workerpod import pod_settings
@@ -52,9 +59,36 @@ def is_import_claim(pvc: Body) -> bool:
     return ann.IMPORT_ENDPOINT in annotations or annotations.get(ann.IMPORT_SOURCE) in ("blank", "none")
 
 
+IMAGE_PULL_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName")
+IMAGE_PULL_FAILURE_TEXT = "failed to pull image"  # CDI's ImagePullFailureText
+
+
+def _importer_first(pod: Body) -> list[Obj]:
+    statuses = list(dig(pod, "status", "containerStatuses") or [])
+    return sorted(statuses, key=lambda s: s.get("name") != IMPORTER_CONTAINER)
+
+
+def image_pull_failure(pod: Body) -> str | None:
+    """CDI's message when a container of the pod cannot get its image (`failed to pull image: IMAGE`)."""
+    for status in dig(pod, "status", "containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if not status.get("started") and waiting.get("reason") in IMAGE_PULL_WAITING:
+            return f"{IMAGE_PULL_FAILURE_TEXT}: {status.get('image', '')}"
+    return None
+
+
+def importer_ended(pod: Body) -> bool:
+    """The importer container failed while the pod goes on (a node-pull pod whose server never started)."""
+    for status in dig(pod, "status", "containerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated")
+        if status.get("name") == IMPORTER_CONTAINER and terminated and terminated.get("exitCode", 0) != 0:
+            return True
+    return False
+
+
 def termination(pod: Body) -> tuple[str, Obj]:
     """(terminated reason, parsed termination message) of the pod's importer container."""
-    for status in dig(pod, "status", "containerStatuses") or []:
+    for status in _importer_first(pod):
         terminated = (status.get("state") or {}).get("terminated")
         if terminated:
             text = terminated.get("message") or ""
@@ -200,7 +234,7 @@ class ImportReconciler(Reconciler):
         changes[ann.POD_READY] = "true" if ready else "false"
         if phase == "Succeeded":
             return await self._succeeded(pvc, pod, changes)
-        if phase == "Failed":
+        if phase == "Failed" or importer_ended(pod):
             return await self._failed(pvc, pod, attempt, changes)
         self._running_condition(pod, changes)
         await annotate(self.ctx, pvc, changes)
@@ -214,16 +248,16 @@ class ImportReconciler(Reconciler):
                             ann.CONDITION_RUNNING_MESSAGE: ""})
             return
         changes[ann.CONDITION_RUNNING] = "false"
+        pull_failure = image_pull_failure(pod)
+        if pull_failure:
+            changes.update({ann.CONDITION_RUNNING_REASON: conditions.IMAGE_PULL_FAILED_REASON,
+                            ann.CONDITION_RUNNING_MESSAGE: pull_failure})
+            return
         waiting = next(((s.get("state") or {}).get("waiting") for s in statuses
                         if (s.get("state") or {}).get("waiting")), None)
         if waiting:
-            reason = str(waiting.get("reason") or "")
-            if reason in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
-                changes.update({ann.CONDITION_RUNNING_REASON: conditions.IMAGE_PULL_FAILED_REASON,
-                                ann.CONDITION_RUNNING_MESSAGE: f"Failed to pull image: {waiting.get('message', '')}"})
-            else:
-                changes.update({ann.CONDITION_RUNNING_REASON: reason,
-                                ann.CONDITION_RUNNING_MESSAGE: str(waiting.get("message") or "")})
+            changes.update({ann.CONDITION_RUNNING_REASON: str(waiting.get("reason") or ""),
+                            ann.CONDITION_RUNNING_MESSAGE: str(waiting.get("message") or "")})
             return
         unschedulable = next((c for c in dig(pod, "status", "conditions") or []
                               if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
@@ -256,6 +290,9 @@ class ImportReconciler(Reconciler):
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         reason = str(result.get("reason") or terminated_reason or "Error")
         message = str(result.get("message") or f"importer exited with {terminated_reason or 'an error'}")
+        pull_failure = image_pull_failure(pod)
+        if pull_failure:  # the importer gave up waiting for the image's server: say why
+            reason, message = conditions.IMAGE_PULL_FAILED_REASON, pull_failure
         namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
         if result.get("scratchSpaceRequired") and not mounts_scratch(pod):
             # the importer read the head and needs scratch: the next pod gets it, and this is no restart

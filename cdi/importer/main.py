@@ -17,7 +17,7 @@ from types import FrameType
 
 from cdi.api import env as envnames
 
-from . import termination
+from . import containerimage, termination
 from .config import ImporterConfig
 from .errors import ImporterError, Reason
 from .http_client import (
@@ -101,14 +101,23 @@ def run(config: ImporterConfig, progress: Progress, stop: threading.Event) -> Im
         return import_blank(target, options, progress)
     config.retry.listeners.append(lambda exc, attempt: progress.retried(exc.reason, exc.message, attempt))
     config.retry.recovered.append(progress.recovered)
+    node_pull = containerimage.node_pull(os.environ)
+    if node_pull:
+        config.endpoint = containerimage.wait_ready(os.environ, stop)
     origin = open_origin(config, stop)
     try:
-        return run_import(origin, target, options, progress, stop)
+        result = run_import(origin, target, options, progress, stop)
+        if node_pull:
+            result.labels.update(containerimage.info_labels(config.endpoint))
+        return result
     finally:
         origin.close()
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == containerimage.INSTALL_FLAG:
+        return containerimage.install(args[1])
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -184,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.failed()
     line = termination.write(paths.termination_log, message)
     print(line, flush=True)
+    containerimage.finished(os.environ)
     return code
 
 

@@ -25,16 +25,6 @@ SHA256 = hashlib.sha256(IMAGE).hexdigest()
 SIZE = "100Mi"
 
 
-@pytest.fixture(scope="module")
-def cluster(shared_cdi_up: CdiUp) -> CdiUp:
-    return shared_cdi_up
-
-
-@pytest.fixture(scope="module")
-def k(shared_kubectl: Kubectl) -> Kubectl:
-    return shared_kubectl
-
-
 def _ready(k: Kubectl, name: str, size: str = SIZE) -> str:
     k.apply(upload_dv(name, size))
     wait_ready(k, name)

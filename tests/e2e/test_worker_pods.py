@@ -17,22 +17,12 @@ from tests.e2e.importing import condition, datavolume, read_back, set_import_pro
 from tests.e2e.uploading import upload_dv
 from tests.e2e.workloads import new_namespace
 from tests.integration.importer.harness import PASSWORD, USER
-from tests.support.cluster import CdiUp, Kubectl, wait_for
+from tests.support.cluster import Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.interceptproxy import InterceptingProxy
 from tests.support.servers import FileServer
 
 CDI_NAMESPACE = "cdi"
-
-
-@pytest.fixture(scope="module")
-def cluster(shared_cdi_up: CdiUp) -> CdiUp:
-    return shared_cdi_up
-
-
-@pytest.fixture(scope="module")
-def k(shared_kubectl: Kubectl) -> Kubectl:
-    return shared_kubectl
 
 
 def patch_cdi(k: Kubectl, spec: dict[str, Any]) -> None:

@@ -1,7 +1,10 @@
-"""What an image name means on the local node: no registry is contacted; the name of one of this
-package's component images (any registry prefix, tag or digest) stands for that component's
-program, run with the Python that runs `cdi up`. A container with an explicit `command` runs that
-command whatever its image; anything else cannot be "pulled"."""
+"""What an image name means on the local node. The name of one of this package's component images
+(any registry prefix, tag or digest) stands for that component's program, run with the Python that
+runs `cdi up`, on the host's system directories; so does a container with an explicit `command`
+whose image names no registry (`debian`, `reader`: a test's shell or Python). Any other image is a
+real OCI image: pulled from its registry, unpacked and run with its own root file system
+(`oci.py`), the container's `command` and `args` overriding its entrypoint and cmd as a runtime
+does."""
 
 from __future__ import annotations
 
@@ -20,7 +23,11 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
 
 
 class ImagePullError(Exception):
-    """The image maps to no program and the container gives no command (reason ErrImagePull)."""
+    """The image cannot be had (reason ErrImagePull, or ErrImageNeverPull when `never`)."""
+
+    def __init__(self, message: str, never: bool = False) -> None:
+        super().__init__(message)
+        self.never = never
 
 
 def base_name(image: str) -> str:
@@ -28,6 +35,26 @@ def base_name(image: str) -> str:
     name = image.split("@", 1)[0]
     last = name.rsplit("/", 1)[-1]
     return last.split(":", 1)[0]
+
+
+def names_registry(image: str) -> bool:
+    """Whether the name starts with a registry host (`127.0.0.1:5000/x`, `quay.io/x`, `localhost/x`)."""
+    first, _, rest = image.partition("/")
+    return bool(rest) and ("." in first or ":" in first or first == "localhost")
+
+
+def is_oci_image(image: str, command: list[str] | None) -> bool:
+    """Whether the container runs a pulled image rather than a program of this package or the host's."""
+    if base_name(image) in PROGRAMS:
+        return False
+    return not command or names_registry(image)
+
+
+def oci_argv(command: list[str] | None, args: list[str] | None, entrypoint: list[str], cmd: list[str]) -> list[str]:
+    """A runtime's rule: `command` replaces the image's entrypoint (and drops its cmd), `args` its cmd."""
+    if command:
+        return [*command, *(args or [])]
+    return [*entrypoint, *(cmd if args is None else args)]
 
 
 @dataclass(frozen=True)

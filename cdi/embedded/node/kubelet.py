@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,14 +22,24 @@ from cdi.api.groups import CONFIGMAPS, PODS, PVCS, PVS, SECRETS
 from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.control import LocalApi
 from cdi.embedded.node.environment import ConfigError, build_env, expand_args
-from cdi.embedded.node.images import ImagePullError, entrypoint
+from cdi.embedded.node.images import ImagePullError, entrypoint, is_oci_image, oci_argv
 from cdi.embedded.node.logs import TERMINATED, ContainerLogs, NodeLogs, keep_terminated, tail_text
+from cdi.embedded.node.oci import ImageStore, PulledImage, PullError, image_group, image_passwd
 from cdi.embedded.node.podips import PodIPs
 from cdi.embedded.node.podstatus import carry_transition_times, now, pod_conditions, pod_phase
 from cdi.embedded.node.probes import Prober, ProbeResult
 from cdi.embedded.node.process import ContainerProcess
-from cdi.embedded.node.sandbox import Mount, SandboxSpec, container_capabilities, system_path, user_argv
-from cdi.embedded.node.security import Identity, RuntimeRefused, identity
+from cdi.embedded.node.sandbox import (
+    HELPER_DIR,
+    Mount,
+    SandboxSpec,
+    container_capabilities,
+    helper_setpriv,
+    inside_image,
+    system_path,
+    user_argv,
+)
+from cdi.embedded.node.security import Identity, ImageUsers, RuntimeRefused, identity
 from cdi.embedded.node.userns import open_user_namespace
 from cdi.embedded.node.volumes import PodVolumes, Published, VolumeError, own_device
 
@@ -53,6 +64,23 @@ class KubeletConfig:
     python: str = sys.executable
     package_root: Path = Path(__file__).resolve().parents[3]
     userns_fd: int | None = None    # the node's user namespace, opened when the kubelet starts
+    insecure_registries: list[str] = field(default_factory=list)  # pulled without TLS verification
+    _helpers: list[Mount] | None = None
+
+    def helpers(self) -> list[Mount]:
+        """setpriv, its libraries and the dynamic loader (as `ldd` lists them), for containers of pulled
+        images, which may have none of them: bound read-only in HELPER_DIR."""
+        if self._helpers is None:
+            program = shutil.which(self.setpriv) or self.setpriv
+            found = [Mount(Path(program), f"{HELPER_DIR}/setpriv", read_only=True)]
+            listing = subprocess.run(["ldd", program], capture_output=True, text=True, check=False).stdout
+            for line in listing.splitlines():
+                words = line.split()
+                path = words[2] if len(words) >= 3 and words[1] == "=>" else (words[0] if words else "")
+                if path.startswith("/") and Path(path).exists():
+                    found.append(Mount(Path(path).resolve(), f"{HELPER_DIR}/{Path(path).name}", read_only=True))
+            self._helpers = found
+        return self._helpers
 
     def runtime_mounts(self) -> list[Mount]:
         """What the "image" runs from besides the system directories: this Python's installation, its
@@ -103,6 +131,7 @@ class ContainerRunner:
         self._wake = asyncio.Event()
         self._crashes = 0
         self._pull_failures = 0
+        self.pulled: PulledImage | None = None
         self._probe_tasks: list[asyncio.Task[None]] = []
         self._kill_reason = ""
         self._resumed = False
@@ -134,7 +163,8 @@ class ContainerRunner:
                     "state": self.state, "lastState": self.last_state}
         if self.container_id:
             out["containerID"] = self.container_id
-            out["imageID"] = f"local://{self.spec.get('image', '')}"
+            out["imageID"] = f"local://{self.spec.get('image', '')}" if self.pulled is None else \
+                f"{self.spec.get('image', '').split('@', 1)[0]}@{self.pulled.digest}"
         return out
 
     def waiting_reason(self) -> str | None:
@@ -190,9 +220,14 @@ class ContainerRunner:
                 self._resumed = False
                 self.restart_count += 1
             try:
+                self.pulled = await self._pull()
                 argv, env, mounts, user = self._configure()
             except ImagePullError as exc:
                 self._pull_failures += 1
+                if exc.never:
+                    await self._wait_state("ErrImageNeverPull", str(exc), "ErrImageNeverPull",
+                                           self.worker.kubelet.config.restart_backoff)
+                    continue
                 reason = "ErrImagePull" if self._pull_failures % 2 else "ImagePullBackOff"
                 message = str(exc) if reason == "ErrImagePull" else \
                     f'Back-off pulling image "{self.spec.get("image", "")}"'
@@ -241,16 +276,60 @@ class ContainerRunner:
             if reason.startswith("CreateContainer"):
                 break  # a pod update may have fixed it: try again now
 
+    async def _pull(self) -> PulledImage | None:
+        """The pulled image this container runs (None: a program of this package or the host's)."""
+        image = str(self.spec.get("image", ""))
+        if not is_oci_image(image, self.spec.get("command")):
+            return None
+        worker = self.worker
+        policy = str(self.spec.get("imagePullPolicy") or "IfNotPresent")
+        secrets = [s for ref in (worker.pod.get("spec") or {}).get("imagePullSecrets") or []
+                   if (s := worker.kubelet.secret(worker.namespace, str(ref.get("name", "")))) is not None]
+        if policy != "Never":
+            await worker.event("Pulling", f'Pulling image "{image}"')
+        started = time.monotonic()
+        try:
+            pulled = await asyncio.get_running_loop().run_in_executor(
+                None, worker.kubelet.images.get, image, policy, secrets)
+        except PullError as exc:
+            raise ImagePullError(str(exc) if exc.never else f'Failed to pull image "{image}": {exc}',
+                                 never=exc.never) from exc
+        if policy != "Never":
+            await worker.event("Pulled", f'Successfully pulled image "{image}" in '
+                                         f"{time.monotonic() - started:.3f}s")
+        return pulled
+
     def _configure(self) -> tuple[list[str], dict[str, str], list[Mount], Identity]:
         worker = self.worker
         pod = worker.pod_view()
-        user = identity(pod, self.spec)
-        env = build_env(pod, self.spec, worker.kubelet.secret, worker.kubelet.configmap,
-                        worker.kubelet.config.base_env(pod, user))
-        point = entrypoint(self.spec.get("image", ""), self.spec.get("command"), self.spec.get("args"),
-                           worker.kubelet.config.python)
-        argv = expand_args(point.argv, env)
+        pulled = self.pulled
+        if pulled is None:
+            user = identity(pod, self.spec)
+            base = worker.kubelet.config.base_env(pod, user)
+            point = entrypoint(self.spec.get("image", ""), self.spec.get("command"), self.spec.get("args"),
+                               worker.kubelet.config.python)
+            argv_template = point.argv
+        else:
+            users = ImageUsers(pulled.user, tuple(tuple(e) for e in image_passwd(pulled.rootfs)),
+                               tuple(tuple(e) for e in image_group(pulled.rootfs)))
+            user = identity(pod, self.spec, users)
+            base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    "HOSTNAME": pod["metadata"]["name"], "HOME": user.home}
+            for entry in pulled.env:
+                key, _, value = entry.partition("=")
+                base[key] = value
+            argv_template = oci_argv(self.spec.get("command"), self.spec.get("args"), pulled.entrypoint, pulled.cmd)
+            if not argv_template:
+                raise RuntimeRefused("no command specified")
+        env = build_env(pod, self.spec, worker.kubelet.secret, worker.kubelet.configmap, base)
+        argv = expand_args(argv_template, env)
         mounts = worker.volumes.mounts(self.spec) if worker.volumes else []
+        if pulled is not None:
+            for point in [m.target for m in mounts] + [str(self.spec.get("workingDir") or pulled.working_dir)]:
+                try:
+                    inside_image(pulled.rootfs, point)
+                except ValueError as exc:
+                    raise RuntimeRefused(f"the image's {exc}") from exc
         for mount in mounts:
             if mount.device:  # the device is the container user's, as device_ownership_from_security_context
                 try:
@@ -268,12 +347,17 @@ class ContainerRunner:
         message_file.write_bytes(b"")
         os.chmod(message_file, 0o666)
         message_path = self.spec.get("terminationMessagePath") or "/dev/termination-log"
-        all_mounts = [*kubelet.config.runtime_mounts(), *mounts, Mount(message_file, message_path)]
-        spec = SandboxSpec(argv=argv, env=env, mounts=all_mounts, working_dir=self.spec.get("workingDir", ""),
+        pulled = self.pulled
+        runtime = kubelet.config.runtime_mounts() if pulled is None else []
+        all_mounts = [*runtime, *mounts, Mount(message_file, message_path)]
+        working_dir = self.spec.get("workingDir") or (pulled.working_dir if pulled is not None else "")
+        spec = SandboxSpec(argv=argv, env=env, mounts=all_mounts, working_dir=working_dir,
                            hostname=worker.name, hide=kubelet.config.hide, identity=user,
-                           userns_fd=kubelet.config.userns_fd)
+                           userns_fd=kubelet.config.userns_fd, rootfs=pulled.rootfs if pulled is not None else None,
+                           helpers=kubelet.config.helpers() if pulled is not None else [])
         self.identity = user
-        await worker.event("Pulled", f'Container image "{self.spec.get("image", "")}" already present on machine')
+        if pulled is None:
+            await worker.event("Pulled", f'Container image "{self.spec.get("image", "")}" already present on machine')
         await worker.event("Created", f"Created container {self.name}")
         writer = kubelet.logs.open(self.dir / f"{self.restart_count}.log")
         self.process = ContainerProcess(spec, writer, kubelet.config.bwrap, kubelet.config.setpriv)
@@ -400,7 +484,8 @@ class ContainerRunner:
             enter += ["-U", "--preserve-credentials"]
         enter += ["-m", "-p", "-u", "-i", "-r", "-w", "--"]
         if os.geteuid() == 0:
-            enter += user_argv(user, container_capabilities(user, config.userns_fd), config.setpriv)
+            switch: str | list[str] = config.setpriv if self.pulled is None else helper_setpriv(config.helpers())
+            enter += user_argv(user, container_capabilities(user, config.userns_fd), switch)
         proc = await asyncio.create_subprocess_exec(
             *enter, *argv,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -682,6 +767,7 @@ class Kubelet:
         self.ips = ips
         self.logs = logs
         self.publish = publish  # PersistentVolume -> Published (raises when its bytes are not here)
+        self.images = ImageStore(config.root / "images", config.insecure_registries)
         self.workers: dict[str, PodWorker] = {}
         self._watch: asyncio.Task[None] | None = None
 

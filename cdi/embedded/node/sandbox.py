@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cdi.embedded.node.security import Identity
@@ -72,6 +72,8 @@ class SandboxSpec:
     info_fd: int | None = None
     identity: Identity = field(default_factory=Identity)
     userns_fd: int | None = None  # the node's user namespace (None: see the module's docstring)
+    rootfs: Path | None = None  # a pulled image's root file system (None: the host's system directories)
+    helpers: list[Mount] = field(default_factory=list)  # setpriv and its libraries, for a pulled image
 
 
 def _parents(path: str) -> list[str]:
@@ -97,13 +99,20 @@ def system_path(path: str) -> bool:
 class _Root:
     """The arguments that build the root file system, and what they leave where."""
 
-    def __init__(self, host_root: Path) -> None:
+    def __init__(self, host_root: Path, image: bool = False) -> None:
         self.host = host_root
+        self.image = image  # host_root is a pulled image's root: every entry of it is shown, read-only
         self.args: list[str] = []
         self.bound: list[str] = []  # sandbox paths that are mounts of something else (host, volume, procfs)
         self.made: set[str] = {"/"}  # directories known to exist
         self.expand: set[str] = set()  # host directories made entry by entry instead of bound whole
         self.private: dict[str, bool] = {}  # sandbox path -> is a directory
+
+    def shown(self, top: str) -> bool:
+        """Whether a top-level path comes from the root's source (else it lies on the sandbox's tmpfs)."""
+        if self.image:
+            return os.path.lexists(self.host_path(top))
+        return system_path(top)
 
     def host_path(self, inner: str) -> Path:
         return self.host / inner.lstrip("/")
@@ -113,7 +122,7 @@ class _Root:
         directory, that directory and its ancestors are expanded."""
         for path in paths:
             chain = _parents(path)
-            if not chain or not system_path(chain[0]):
+            if not chain or not self.shown(chain[0]):
                 continue  # on the sandbox's own tmpfs: creatable
             for depth, step in enumerate(chain):
                 host = self.host_path(step)
@@ -211,11 +220,29 @@ def _image(root: _Root) -> list[str]:
     return root.args
 
 
-def user_argv(identity: Identity, capabilities: Iterable[str], setpriv: str = "setpriv") -> list[str]:
+def _pulled_image(root: _Root) -> list[str]:
+    """A pulled image's root: each of its top-level entries as the host_entry of a system directory."""
+    for name in sorted(os.listdir(root.host)):
+        if name not in ("proc", "dev", "sys"):
+            root.host_entry("/" + name)
+    return root.args
+
+
+HELPER_DIR = "/dev/.cdi-runtime"  # where a pulled image's container finds setpriv (the image may have none)
+
+
+def helper_setpriv(helpers: list[Mount]) -> list[str]:
+    """setpriv run by the host's dynamic loader with the host's libraries, bound in HELPER_DIR."""
+    loader = next(m.target for m in helpers if Path(m.target).name.startswith("ld-"))
+    return [loader, "--library-path", HELPER_DIR, f"{HELPER_DIR}/setpriv"]
+
+
+def user_argv(identity: Identity, capabilities: Iterable[str], setpriv: str | list[str] = "setpriv") -> list[str]:
     """The `setpriv` prefix that turns the sandbox's root into the container's identity."""
     groups = ["--groups", ",".join(str(g) for g in identity.groups)] if identity.groups else ["--clear-groups"]
     bounding = ",".join(["-all", *(f"+{c.lower()}" for c in sorted(capabilities))])
-    return [setpriv, f"--reuid={identity.uid}", f"--regid={identity.gid}", *groups, f"--bounding-set={bounding}",
+    prefix = [setpriv] if isinstance(setpriv, str) else list(setpriv)
+    return [*prefix, f"--reuid={identity.uid}", f"--regid={identity.gid}", *groups, f"--bounding-set={bounding}",
             "--inh-caps=-all", "--nnp", "--"]
 
 
@@ -234,8 +261,23 @@ def container_capabilities(identity: Identity, userns_fd: int | None) -> frozens
     return identity.capabilities
 
 
+def inside_image(rootfs: Path, path: str) -> str:
+    """A mount point or working directory in a pulled image, its symlinks resolved inside the image (as
+    a runtime's securejoin does): bwrap makes mount points before it enters the new root, so a path
+    through an image's symlink (`/x -> /root`) would otherwise be followed on the host."""
+    from cdi.embedded.node.oci import UnsafeLayer, resolve
+
+    try:
+        return "/" + str(resolve(rootfs, path).relative_to(rootfs)).removeprefix(".")
+    except UnsafeLayer as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
 def bwrap_argv(spec: SandboxSpec, bwrap: str = "bwrap", host_root: Path = Path("/"),
                setpriv: str = "setpriv") -> list[str]:
+    if spec.rootfs is not None:
+        spec = replace(spec, working_dir=inside_image(spec.rootfs, spec.working_dir) if spec.working_dir else "",
+                       mounts=[replace(m, target=inside_image(spec.rootfs, m.target)) for m in spec.mounts])
     identity = spec.identity
     caps = container_capabilities(identity, spec.userns_fd)
     mounts = sorted(spec.mounts, key=lambda m: len(_parents(m.target)))  # parents before what they contain
@@ -245,21 +287,29 @@ def bwrap_argv(spec: SandboxSpec, bwrap: str = "bwrap", host_root: Path = Path("
         if spec.userns_fd is not None:
             argv += ["--userns", str(spec.userns_fd)]
         argv += _capability_args(caps | SWITCH_CAPABILITIES)
-        command = [*user_argv(identity, caps, setpriv), *command]
+        switch: str | list[str] = helper_setpriv(spec.helpers) if spec.rootfs is not None else setpriv
+        command = [*user_argv(identity, caps, switch), *command]
     else:
         argv += ["--unshare-user", "--disable-userns", "--uid", str(identity.uid), "--gid", str(identity.gid)]
         argv += _capability_args(caps if identity.root else ())
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session",
              "--tmpfs", "/"]
-    root = _Root(host_root)
+    root = _Root(spec.rootfs or host_root, image=spec.rootfs is not None)
     root.require([m.target for m in mounts] + ([spec.working_dir] if spec.working_dir else []))
-    root.find_private("/" + CONFIG_DIR)
-    _image(root)
+    if spec.rootfs is not None:
+        _pulled_image(root)
+    else:
+        root.find_private("/" + CONFIG_DIR)
+        _image(root)
     if (host_root / "sys").is_dir():
         root.bind("--ro-bind", host_root / "sys", "/sys")
     root.args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]
     root.bound.append("/proc")
     root.made.update({"/proc", "/dev", "/dev/shm"})
+    if spec.rootfs is not None and spec.helpers:
+        root.directory(HELPER_DIR)
+        for helper in spec.helpers:
+            root.bind("--ro-bind", helper.source, helper.target)
     if identity.read_only_root:
         root.directory("/tmp", 0o1777)
         root.directory("/run")

@@ -103,9 +103,55 @@ def _image_user(uid: int) -> pwd.struct_passwd | None:
         return None
 
 
-def identity(pod: Obj, container: Obj) -> Identity:
+@dataclass(frozen=True)
+class ImageUsers:
+    """Who is who in a pulled image: the user its config names, its /etc/passwd and /etc/group."""
+
+    user: str = ""
+    passwd: tuple[tuple[str, ...], ...] = ()
+    group: tuple[tuple[str, ...], ...] = ()
+
+    def _entry(self, key: str) -> tuple[str, ...] | None:
+        index = 2 if key.isdigit() else 0
+        return next((e for e in self.passwd if len(e) >= 7 and e[index] == key), None)
+
+    def default(self) -> tuple[int | None, int | None]:
+        """(uid, gid) of the config's `User` ("name", "uid", "uid:gid", "name:group"); None: unset."""
+        if not self.user:
+            return None, None
+        name, _, group = self.user.partition(":")
+        entry = self._entry(name)
+        if name.isdigit():
+            uid: int | None = int(name)
+        elif entry is not None and entry[2].isdigit():
+            uid = int(entry[2])
+        else:
+            raise RuntimeRefused(f"unable to find user {name}: no matching entries in passwd file")
+        gid: int | None = None
+        if group:
+            if group.isdigit():
+                gid = int(group)
+            else:
+                match = next((g for g in self.group if len(g) >= 3 and g[0] == group and g[2].isdigit()), None)
+                if match is None:
+                    raise RuntimeRefused(f"unable to find group {group}: no matching entries in group file")
+                gid = int(match[2])
+        return uid, gid
+
+    def account(self, uid: int) -> tuple[int | None, str, tuple[int, ...]]:
+        """(primary gid, home, supplementary groups) of `uid` in the image; (None, "/", ()) if unknown."""
+        entry = self._entry(str(uid))
+        if entry is None or not entry[3].isdigit():
+            return None, "/", ()
+        groups = tuple(int(g[2]) for g in self.group
+                       if len(g) >= 4 and g[2].isdigit() and entry[0] in g[3].split(","))
+        return int(entry[3]), entry[5] or "/", groups
+
+
+def identity(pod: Obj, container: Obj, image: ImageUsers | None = None) -> Identity:
     """The identity the container's process gets; ConfigError when `runAsNonRoot` forbids it
-    (CreateContainerConfigError, with the kubelet's message)."""
+    (CreateContainerConfigError, with the kubelet's message). Without `image` the image is the
+    host's system directories, with the host's users; with it, a pulled image with its own."""
     pod_context = (pod.get("spec") or {}).get("securityContext") or {}
     context = container.get("securityContext") or {}
 
@@ -114,6 +160,11 @@ def identity(pod: Obj, container: Obj) -> Identity:
         return pod_context.get(key) if value is None else value
 
     run_as_user, run_as_group, non_root = setting("runAsUser"), setting("runAsGroup"), setting("runAsNonRoot")
+    image_uid, image_gid = image.default() if image is not None else (None, None)
+    if run_as_user is None and image_uid is not None:
+        run_as_user = image_uid
+        if run_as_group is None:
+            run_as_group = image_gid
     uid = int(run_as_user) if run_as_user is not None else 0  # the image's user: root
     if non_root:
         if run_as_user is not None and uid == 0:
@@ -122,16 +173,21 @@ def identity(pod: Obj, container: Obj) -> Identity:
         if uid == 0:
             raise ConfigError(f"container has runAsNonRoot and image will run as root (pod: \"{_pod_name(pod)}\", "
                               f"container: {container.get('name', '')})")
-    user = _image_user(uid)
-    gid = int(run_as_group) if run_as_group is not None else (user.pw_gid if user is not None else 0)
     groups: list[int] = []
-    if user is not None:
-        groups += [g for g in os.getgrouplist(user.pw_name, gid) if g != gid]
+    if image is not None:
+        primary, home, member_of = image.account(uid)
+        gid = int(run_as_group) if run_as_group is not None else (primary if primary is not None else 0)
+        groups += [g for g in member_of if g != gid]
+    else:
+        user = _image_user(uid)
+        gid = int(run_as_group) if run_as_group is not None else (user.pw_gid if user is not None else 0)
+        home = user.pw_dir if user is not None else "/"
+        if user is not None:
+            groups += [g for g in os.getgrouplist(user.pw_name, gid) if g != gid]
     fs_group = pod_context.get("fsGroup")
     if fs_group is not None:
         groups.append(int(fs_group))
     groups += [int(g) for g in pod_context.get("supplementalGroups") or []]
     unique = tuple(dict.fromkeys(groups))
     return Identity(uid=uid, gid=gid, groups=unique, capabilities=capabilities(context),
-                    read_only_root=bool(context.get("readOnlyRootFilesystem")),
-                    home=user.pw_dir if user is not None else "/")
+                    read_only_root=bool(context.get("readOnlyRootFilesystem")), home=home)
