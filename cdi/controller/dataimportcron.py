@@ -49,6 +49,7 @@ _P = "cdi.kubevirt.io/"
 SOURCE_DESIRED_DIGEST = _P + "storage.import.sourceDesiredDigest"
 LAST_USE_TIME = _P + "storage.import.lastUseTime"
 REFRESH_NOW = _P + "refreshNow"
+NEXT_CRON, LAST_CRON = ann.NEXT_CRON_TIME, ann.LAST_CRON_TIME
 ADVISED_RESTORE_SIZE = _P + "storage.import.advisedRestoreSize"
 SOURCE_VOLUME_MODE = _P + "storage.import.sourceVolumeMode"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -93,6 +94,22 @@ def dv_name(data_source: str, digest: str) -> str | None:
         if digest.startswith(prefix) and len(digest) >= len(prefix) + DIGEST_NAME_LENGTH:
             return naming.resource_name(data_source, digest[len(prefix):len(prefix) + DIGEST_NAME_LENGTH])
     return None
+
+
+def run_due(schedule: str, annotations: Mapping[str, str],
+            now: datetime.datetime) -> tuple[bool, datetime.datetime | None]:
+    """Whether a poll is due now, and the next scheduled time (None when none is recorded yet).
+
+    Due: on `refreshNow`; on the first reconcile (no digest, never run); when the recorded next run time
+    has come. After a run the next time is computed from that moment, so runs missed while the controller
+    was down become one run, not one per missed slot. An empty schedule polls only on creation and
+    on `refreshNow`."""
+    next_time = _parse(annotations.get(ann.NEXT_CRON_TIME, ""))
+    if REFRESH_NOW in annotations:
+        return True, next_time
+    if SOURCE_DESIRED_DIGEST not in annotations and ann.LAST_CRON_TIME not in annotations:
+        return True, next_time
+    return bool(schedule and next_time is not None and next_time <= now), next_time
 
 
 def poller_name(cron: Body) -> str:
@@ -178,11 +195,7 @@ class DataImportCronReconciler(Reconciler):
         pod = self.ctx.cached(groups.PODS, poller_name(cron), str(dig(cron, "metadata", "namespace")))
         if pod is not None:
             return await self._poll_result(cron, pod, schedule, now)
-        next_time = _parse(annotations.get(ann.NEXT_CRON_TIME, ""))
-        due = REFRESH_NOW in annotations or (SOURCE_DESIRED_DIGEST not in annotations and \
-            ann.LAST_CRON_TIME not in annotations)
-        if schedule and next_time is not None and next_time <= now:
-            due = True  # missed while the controller was down, or simply due: once, not once per slot
+        due, next_time = run_due(schedule, annotations, now)
         if schedule and next_time is None and not due:
             await self._annotate(cron, {ann.NEXT_CRON_TIME: _stamp(next_run(schedule, now))})
             return -1.0

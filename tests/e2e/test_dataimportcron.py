@@ -16,12 +16,13 @@ import pytest
 
 from cdi.controller.dataimportcron import dv_name
 from tests.e2e.importing import read_back
+from tests.e2e.test_controller_metrics import metrics, value
 from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
 from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.servers import FileServer
 
-NEVER = "0 0 29 2 1"  # 29 February on a Monday: not during this test
+NEVER = "0 0 1 1 *"  # midnight on 1 January: not during this test
 DISK_SIZE = 1 << 20
 
 
@@ -62,6 +63,11 @@ def cron(name: str, source: dict[str, Any], data_source: str, *, keep: int | Non
     if labels:
         meta["labels"] = labels
     return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataImportCron", "metadata": meta, "spec": spec}
+
+
+def outdated(up: CdiUp, name: str) -> float | None:
+    return value(metrics(up), f'kubevirt_cdi_dataimportcron_outdated{{cron_name="{name}",namespace="default",'
+                              'pending="false"}')
 
 
 def refresh(k: Kubectl, name: str) -> None:
@@ -128,7 +134,7 @@ def golden(registries: Any, k: Kubectl, tmp_path_factory: pytest.TempPathFactory
 
 
 def test_registry_cron_imports_repoints_collects_and_survives_a_broken_image(
-        k: Kubectl, golden: GoldenRegistry, tmp_path: Path) -> None:
+        k: Kubectl, cluster: CdiUp, golden: GoldenRegistry, tmp_path: Path) -> None:
     first, first_sha = disk(tmp_path, 1)
     digest = golden.push(first)
     k.apply(cron("golden", {"registry": {"url": golden.url, "secretRef": "creds"}}, "golden-ds", keep=2,
@@ -148,6 +154,7 @@ def test_registry_cron_imports_repoints_collects_and_survives_a_broken_image(
     ds = k.get("datasource", "golden-ds")
     assert ds["metadata"]["labels"]["cdi.kubevirt.io/dataImportCron"] == "golden"
     assert not k.exists("pod", f"poller-golden-{k.get('dataimportcron', 'golden')['metadata']['uid'][:8]}")
+    assert outdated(cluster, "golden") == 0
 
     # a new image under the same tag: imported again, the DataSource repointed
     second, second_sha = disk(tmp_path, 2)
@@ -179,6 +186,7 @@ def test_registry_cron_imports_repoints_collects_and_survives_a_broken_image(
     assert c["status"]["lastImportedPVC"]["name"] == claim3
     wait_source(k, "golden-ds", claim3)
     assert k.exists("pvc", claim3)
+    assert outdated(cluster, "golden") == 1
 
     # the next good push recovers
     fifth, fifth_sha = disk(tmp_path, 5)
@@ -188,6 +196,7 @@ def test_registry_cron_imports_repoints_collects_and_survives_a_broken_image(
     wait_source(k, "golden-ds", claim5)
     assert read_back(k, claim5, DISK_SIZE) == fifth_sha
     wait_for(lambda: not k.exists("dv", broken), 60, message="the failed import replaced")
+    assert outdated(cluster, "golden") == 0
     events = k("get", "events", "--field-selector", "involvedObject.name=golden", "-o", "json").stdout
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"ImportCreated", "ImportSucceeded", "DataSourceUpdated", "GarbageCollected"} <= reasons
@@ -230,6 +239,17 @@ def test_http_cron_follows_a_changed_object(k: Kubectl, tmp_path: Path, served_d
     wait_for(lambda: "cdi.kubevirt.io/refreshNow" not in k.get("dataimportcron", "web")["metadata"]["annotations"],
              60, message="the refresh ran")
     assert k.get("dataimportcron", "web")["status"]["currentImports"][0]["DataVolumeName"] == claim1
+
+    # a run missed while the controller was down (its next time long past) runs once, then waits for the schedule
+    before = k.get("dataimportcron", "web")["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.lastCronTime"]
+    k("annotate", "dataimportcron", "web", "cdi.kubevirt.io/storage.import.nextCronTime=2020-01-01T00:00:00Z",
+      "--overwrite")
+
+    def ran_once() -> bool:
+        annotations = k.get("dataimportcron", "web")["metadata"]["annotations"]
+        return annotations["cdi.kubevirt.io/storage.import.lastCronTime"] != before and \
+            annotations["cdi.kubevirt.io/storage.import.nextCronTime"] > "2026-12-31T00:00:00Z"
+    wait_for(ran_once, 60, message="the missed run ran and the next one is on the schedule")
 
     second, second_sha = disk(tmp_path, 12)
     shutil.copy(second, target)
