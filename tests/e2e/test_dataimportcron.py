@@ -263,6 +263,26 @@ def test_http_cron_follows_a_changed_object(k: Kubectl, tmp_path: Path, served_d
     assert read_back(k, claim2, DISK_SIZE) == second_sha
 
 
+def test_http_cron_follows_a_published_checksum_file(k: Kubectl, tmp_path: Path, served_dir: Path,
+                                                     range_server: FileServer) -> None:
+    """A `<image>.sha256` next to the image names the version by its content: the DataVolume is named after
+    the image's own sha256, and a new checksum file is a new version."""
+    target = served_dir / "cron-sums.img"
+    first, first_sha = disk(tmp_path, 41)
+    shutil.copy(first, target)
+    (served_dir / "cron-sums.img.sha256").write_text(f"{first_sha}  cron-sums.img\n")
+    k.apply(cron("sums", {"http": {"url": f"{range_server.url}/{target.name}"}}, "sums-ds"))
+    wait_up_to_date(k, "sums", f"sums-ds-{first_sha[:12]}")
+    wait_source(k, "sums-ds", f"sums-ds-{first_sha[:12]}")
+
+    second, second_sha = disk(tmp_path, 42)
+    shutil.copy(second, target)
+    (served_dir / "cron-sums.img.sha256").write_text(f"{second_sha}  cron-sums.img\n")
+    refresh(k, "sums")
+    wait_up_to_date(k, "sums", f"sums-ds-{second_sha[:12]}")
+    assert read_back(k, f"sums-ds-{second_sha[:12]}", DISK_SIZE) == second_sha
+
+
 def test_s3_cron_follows_a_changed_object(k: Kubectl, tmp_path: Path, s3: Any) -> None:
     first, first_sha = disk(tmp_path, 21)
     s3.put("cron-golden.img", first)
