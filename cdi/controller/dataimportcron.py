@@ -261,7 +261,7 @@ class DataImportCronReconciler(Reconciler):
             pass
         return -1.0
 
-    async def _annotate(self, cron: Obj, changes: Mapping[str, str | None]) -> None:
+    async def _annotate(self, cron: Body, changes: Mapping[str, str | None]) -> None:
         await self.ctx.client.patch(groups.DATAIMPORTCRONS, str(dig(cron, "metadata", "name")),
                                     {"metadata": {"annotations": dict(changes)}},
                                     str(dig(cron, "metadata", "namespace")))
@@ -296,6 +296,17 @@ class DataImportCronReconciler(Reconciler):
         pvc = self.ctx.cached(groups.PVCS, current, namespace) if current else None
         snapshot = self.ctx.cached(groups.VOLUMESNAPSHOTS, current, namespace) if current else None
         storage_class = self._storage_class(cron)
+        if storage_class is not None:
+            wanted = str(dig(storage_class, "metadata", "name"))
+            if pvc is not None and dig(pvc, "status", "phase") == "Pending" and \
+                    dig(pvc, "spec", "storageClassName") not in (None, wanted):
+                await self._delete(groups.PVCS, current, namespace)  # CDI's deleteOutdatedPendingPvc
+                return 1.0
+            recorded = (dig(cron, "metadata", "annotations") or {}).get(ann.CRON_STORAGE_CLASS)
+            if recorded is not None and recorded != wanted:
+                return await self._storage_class_changed(cron, wanted)
+            if recorded is None:
+                await self._annotate(cron, {ann.CRON_STORAGE_CLASS: wanted})
         source_format, profile = self._source_format(storage_class)
         succeeded = False
         requeue: float | None = None
@@ -324,6 +335,9 @@ class DataImportCronReconciler(Reconciler):
             if source_format == "snapshot":
                 requeue = await self._snapshot(cron, pvc, snapshot, profile)
         elif snapshot is not None:
+            if source_format == "pvc":  # the format went back to pvc: as CDI, the snapshot goes and is imported again
+                await self._delete(groups.VOLUMESNAPSHOTS, current, namespace)
+                return 1.0
             succeeded = True
             await self._touch(cron, groups.VOLUMESNAPSHOTS, snapshot)
         else:
@@ -373,6 +387,26 @@ class DataImportCronReconciler(Reconciler):
             await write_status(self.ctx.client, groups.DATAIMPORTCRONS, cron, status)
             self._condition_events(cron, old, status)
         return requeue
+
+    async def _storage_class_changed(self, cron: Body, wanted: str) -> float:
+        """CDI's handleStorageClassChange: the desired image on the old class goes (snapshot, DataVolume,
+        claim); once it is gone the new class is recorded and the image is imported again onto it."""
+        namespace = str(dig(cron, "metadata", "namespace"))
+        digest = (dig(cron, "metadata", "annotations") or {}).get(SOURCE_DESIRED_DIGEST, "")
+        name = dv_name(str(dig(cron, "spec", "managedDataSource")), digest) if digest else None
+        if name is not None:
+            gvrs = (groups.VOLUMESNAPSHOTS, groups.DATAVOLUMES, groups.PVCS)
+            for gvr in gvrs:
+                await self._delete(gvr, name, namespace)
+            for gvr in gvrs:
+                try:
+                    await self.ctx.client.get(gvr, name, namespace)
+                    return 1.0  # waiting for the old sources to be cleaned up
+                except NotFound:
+                    pass
+        self.ctx.recorder.record(cron, NORMAL, "StorageClassChanged", f"Importing again onto storage class {wanted}")
+        await self._annotate(cron, {ann.CRON_STORAGE_CLASS: wanted})
+        return 1.0
 
     def _metric(self, cron: Body, status: Body) -> None:
         up = conditions.find(list(status.get("conditions") or []), "UpToDate")

@@ -94,9 +94,13 @@ class Manager:
             self.config.enqueue(CONFIG_KEY)
             for key in list(self.datavolumes.pending_on_storage):
                 self.datavolumes.enqueue(key)
+            for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS):  # a new default class moves their images
+                self.crons.enqueue(object_key(cron))
 
         def on_profile(obj: Obj, *rest: Obj) -> None:
             self.profiles.enqueue(str(dig(obj, "metadata", "name")))
+            for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS):  # dataImportCronSourceFormat
+                self.crons.enqueue(object_key(cron))
             for key in list(self.datavolumes.pending_on_storage):
                 self.datavolumes.enqueue(key)
 

@@ -70,6 +70,12 @@ def outdated(up: CdiUp, name: str) -> float | None:
                               'pending="false"}')
 
 
+def maybe(k: Kubectl, kind: str, name: str) -> dict[str, Any]:
+    """The object, or {} while it does not exist (it may go between two kubectl calls)."""
+    result = k("get", kind, name, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else {}
+
+
 def refresh(k: Kubectl, name: str) -> None:
     k("annotate", "dataimportcron", name, "cdi.kubevirt.io/refreshNow=", "--overwrite")
 
@@ -333,3 +339,36 @@ def test_snapshot_source_format(k: Kubectl, golden: GoldenRegistry, tmp_path: Pa
     finally:
         k("patch", "storageprofile", default, "--type", "merge", "-p",
           json.dumps({"spec": {"dataImportCronSourceFormat": None}}))
+    # back to pvc: as CDI, the snapshot goes and the image is imported again as a claim
+    wait_source(k, "snap-ds", name)
+    wait_for(lambda: not k.exists("volumesnapshot", name) and
+             (maybe(k, "dv", name).get("status") or {}).get("phase") == "Succeeded", 120,
+             message="the image imported again as a claim")
+    assert read_back(k, name, DISK_SIZE) == sha
+
+
+def test_a_new_default_storage_class_imports_again_onto_it(k: Kubectl, golden: GoldenRegistry, tmp_path: Path) -> None:
+    default = "storageclass.kubernetes.io/is-default-class"
+    image, sha = disk(tmp_path, 51)
+    name = dv_name("moving-ds", golden.push(image))
+    k.apply(cron("moving", {"registry": {"url": golden.url, "secretRef": "creds"}}, "moving-ds"))
+    wait_up_to_date(k, "moving", name)
+    old_class = k.get("pvc", name)["spec"]["storageClassName"]
+    new_class = next(c["metadata"]["name"] for c in k.json("get", "storageclass", "-o", "json")["items"]
+                     if c["metadata"]["name"] != old_class)
+    assert k.get("dataimportcron", "moving")["metadata"]["annotations"][
+        "cdi.kubevirt.io/storage.import.storageClass"] == old_class
+    k("annotate", "storageclass", old_class, f"{default}=false", "--overwrite")
+    k("annotate", "storageclass", new_class, f"{default}=true", "--overwrite")
+    try:
+        def moved() -> bool:
+            c = k.get("dataimportcron", "moving")
+            return (maybe(k, "pvc", name).get("spec") or {}).get("storageClassName") == new_class and \
+                condition(c, "UpToDate").get("status") == "True" and \
+                c["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.storageClass"] == new_class
+        wait_for(moved, 120, interval=0.3, message=f"the image imported again onto {new_class}")
+        wait_source(k, "moving-ds", name)
+        assert read_back(k, name, DISK_SIZE) == sha
+    finally:
+        k("annotate", "storageclass", new_class, f"{default}-")
+        k("annotate", "storageclass", old_class, f"{default}=true", "--overwrite")
