@@ -12,6 +12,7 @@ ALLOW_CLAIM_ADOPTION: Final = _P + "allowClaimAdoption"
 PRE_POPULATED: Final = _P + "storage.prePopulated"
 POPULATED_FOR: Final = _P + "storage.populatedFor"
 CHECK_STATIC_VOLUME: Final = _P + "storage.checkStaticVolume"
+PERSISTENT_VOLUME_LIST: Final = _P + "storage.persistentVolumeList"  # the volumes a checkStaticVolume claim may take
 PERMISSIVE_CLONE: Final = _P + "permissiveClone"
 DEFAULT_VIRT_STORAGE_CLASS: Final = "storageclass.kubevirt.io/is-default-virt-class"
 DEFAULT_STORAGE_CLASS: Final = "storageclass.kubernetes.io/is-default-class"

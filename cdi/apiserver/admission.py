@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from cdi.api import groups
+from cdi.api import featuregates, groups
 from cdi.api.cronvalidation import already_managed, validate_dataimportcron
 from cdi.api.validation import Cause, rejection_message, validate_datavolume
 from cdi.api.views import dig
@@ -18,6 +18,10 @@ from cdi.kube import KubeClient, NotFound
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
+UNINSTALL_BLOCK = "BlockUninstallIfWorkloadsExist"
+DATAIMPORTCRON_LABEL = "cdi.kubevirt.io/dataImportCron"
+UNINSTALL_REFUSED = ("rejecting the uninstall request, since there are still {} DataVolumes present. Either delete "
+                     "all DataVolumes or change the uninstall strategy before uninstalling CDI")
 
 
 def review_response(review: Mapping[str, Any], causes: list[Cause] | None = None,
@@ -38,7 +42,34 @@ class Admission:
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/datavolume-validate", self.validate_datavolume),
+                web.post("/cdi-validate", self.validate_cdi),
                 web.post("/dataimportcron-validate", self.validate_dataimportcron)]
+
+    async def validate_cdi(self, http: web.Request) -> web.Response:
+        """CDI's uninstall guard: deleting a deployed CDI resource whose `uninstallStrategy` is
+        `BlockUninstallIfWorkloadsExist` is refused while DataVolumes (other than a DataImportCron's)
+        exist anywhere, with CDI's message."""
+        review = await http.json()
+        request = review.get("request") or {}
+        if request.get("operation") != "DELETE":
+            return review_response(review)
+        cdi: Mapping[str, Any] = request.get("oldObject") or {}
+        if not cdi and request.get("name"):
+            try:
+                cdi = await self.client.get(groups.CDIS, str(request["name"]))
+            except NotFound:
+                return review_response(review)
+        if dig(cdi, "status", "phase") in (None, "", "Error"):
+            return review_response(review)
+        if dig(cdi, "spec", "uninstallStrategy") != UNINSTALL_BLOCK:
+            return review_response(review)
+        listed = await self.client.list(groups.DATAVOLUMES, label_selector=f"!{DATAIMPORTCRON_LABEL}", limit=2)
+        count = len(listed.items)
+        if not count:
+            return review_response(review)
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+            "uid": request.get("uid", ""), "allowed": False,
+            "status": {"status": "Failure", "code": 400, "message": UNINSTALL_REFUSED.format(count)}}})
 
     async def validate_datavolume(self, http: web.Request) -> web.Response:
         review = await http.json()
@@ -50,6 +81,8 @@ class Admission:
         causes = validate_datavolume(dv, old)
         if not causes and request.get("operation") == "CREATE":
             causes = await self._claim_conflict(dv, request.get("namespace", ""))
+        if not causes and request.get("operation") == "CREATE":
+            causes = await self._clone_authorization(dv, request.get("namespace", ""), request.get("userInfo") or {})
         return review_response(review, causes)
 
     async def validate_dataimportcron(self, http: web.Request) -> web.Response:
@@ -65,6 +98,60 @@ class Admission:
             causes = already_managed(cron, list(others.items))
         return review_response(review, causes)
 
+    async def _clone_source(self, dv: Mapping[str, Any], namespace: str) -> tuple[str, str, str] | None:
+        """(kind, namespace, name) of what a clone DataVolume reads, its DataSource followed."""
+        for kind in ("pvc", "snapshot"):
+            source = dig(dv, "spec", "source", kind)
+            if source is not None:
+                return kind, str(source.get("namespace") or namespace), str(source.get("name") or "")
+        ref = dig(dv, "spec", "sourceRef")
+        if ref is None or ref.get("kind") != "DataSource":
+            return None
+        ds_namespace = str(ref.get("namespace") or namespace)
+        try:
+            data_source = await self.client.get(groups.DATASOURCES, str(ref.get("name")), ds_namespace)
+        except NotFound:
+            return None
+        source_spec = dig(data_source, "spec", "source") or {}
+        if source_spec.get("dataSource") is not None:
+            source_spec = dig(data_source, "status", "source") or {}
+        for kind in ("pvc", "snapshot"):
+            source = source_spec.get(kind)
+            if source is not None:
+                return kind, str(source.get("namespace") or ds_namespace), str(source.get("name") or "")
+        return None
+
+    async def _clone_authorization(self, dv: Mapping[str, Any], namespace: str,
+                                   user: Mapping[str, Any]) -> list[Cause]:
+        """CDI's check of a cross-namespace clone: SubjectAccessReviews that the requesting user may
+        `create` `datavolumes/source` in the source namespace, or (a PVC source) `pods` there; (a
+        snapshot source) both `pods` and `pvcs` instead of the first."""
+        found = await self._clone_source(dv, namespace)
+        if found is None or found[1] == namespace:
+            return []
+        kind, source_ns, name = found
+        explicit = {"namespace": source_ns, "verb": "create", "group": groups.CDI_GROUP, "resource": "datavolumes",
+                    "subresource": "source", "name": name}
+        pods = {"namespace": source_ns, "verb": "create", "resource": "pods", "name": name}
+        pvcs = {"namespace": source_ns, "verb": "create", "resource": "pvcs", "name": name}
+        spec = {"user": user.get("username", ""), "groups": list(user.get("groups") or []),
+                "uid": user.get("uid", ""), "extra": dict(user.get("extra") or {})}
+
+        async def allowed(attributes: Obj) -> bool:
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                      "spec": {**spec, "resourceAttributes": attributes}}
+            answer = await self.client.create(groups.SUBJECTACCESSREVIEWS, review)
+            return bool(dig(answer, "status", "allowed"))
+
+        if await allowed(explicit):
+            return []
+        if kind == "pvc" and await allowed(pods):
+            return []
+        if kind == "snapshot" and await allowed(pods) and await allowed(pvcs):
+            return []
+        return [Cause("spec.source.PVC.namespace", f"User {spec['user']} has insufficient permissions in clone "
+                                                   f"source namespace {source_ns}", "FieldValueInvalid")]
+
     async def _claim_conflict(self, dv: Mapping[str, Any], namespace: str) -> list[Cause]:
         """A PVC of the DataVolume's name that is not a DataVolume's would be taken over silently."""
         name = str(dig(dv, "metadata", "name") or "")
@@ -72,11 +159,13 @@ class Admission:
             pvc = await self.client.get(groups.PVCS, name, namespace)
         except NotFound:
             return []
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        if annotations.get("cdi.kubevirt.io/storage.populatedFor") == name:
-            return []
-        if dig(dv, "metadata", "annotations", "cdi.kubevirt.io/allowClaimAdoption") == "true":
-            return []
+        try:
+            config = await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
+        except NotFound:
+            config = None
+        if not featuregates.claim_requires_work(
+                pvc, dv, featuregates.enabled(config, featuregates.DATA_VOLUME_CLAIM_ADOPTION)):
+            return []  # populated for it, or adoptable (annotation, else the DataVolumeClaimAdoption gate)
         owner = next((r for r in dig(pvc, "metadata", "ownerReferences") or [] if r.get("controller")), None)
         if owner is not None and owner.get("kind") == "DataVolume":
             return []

@@ -129,6 +129,7 @@ class CdiApiServer:
                 self.namespace)
         bundle = base64.b64encode(self.ca.cert_pem).decode()
         await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
+        await self._apply(groups.VALIDATING_WEBHOOKS, cdi_validating_configuration(self.namespace, bundle))
         await self._apply(groups.APISERVICES, upload_apiservice(self.namespace, bundle))
         if self.pvc_webhook is None:
             self.pvc_webhook = PvcWebhookRegistration(self.client, pvc_mutating_configuration(self.namespace, bundle))
@@ -204,11 +205,7 @@ class PvcWebhookRegistration:
 
 def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
     def hook(name: str, path: str, resource: str, operations: list[str]) -> Obj:
-        return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
-                "clientConfig": {"service": {"namespace": namespace, "name": SERVICE_NAME, "path": path,
-                                             "port": 443}, "caBundle": ca_bundle},
-                "rules": [{"operations": operations, "apiGroups": [groups.CDI_GROUP],
-                           "apiVersions": [groups.CDI_VERSION], "resources": [resource], "scope": "*"}]}
+        return _hook(namespace, ca_bundle, name, path, resource, operations, "Fail")
 
     return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": "cdi-api-datavolume-validate", "labels": {"cdi.kubevirt.io": ""}},
@@ -216,6 +213,23 @@ def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
                               ["CREATE", "UPDATE"]),
                          hook("dataimportcron-validate.cdi.kubevirt.io", "/dataimportcron-validate",
                               "dataimportcrons", ["CREATE", "UPDATE"])]}
+
+
+def cdi_validating_configuration(namespace: str, ca_bundle: str) -> Obj:
+    """CDI's uninstall guard on the CDI resource (`Ignore` as CDI's: a CDI whose apiserver is gone can go)."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "cdi-api-validate", "labels": {"cdi.kubevirt.io": ""}},
+            "webhooks": [_hook(namespace, ca_bundle, "cdi-validate.cdi.kubevirt.io", "/cdi-validate", "cdis",
+                               ["DELETE"], "Ignore")]}
+
+
+def _hook(namespace: str, ca_bundle: str, name: str, path: str, resource: str, operations: list[str],
+          failure_policy: str) -> Obj:
+    return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": failure_policy,
+            "clientConfig": {"service": {"namespace": namespace, "name": SERVICE_NAME, "path": path, "port": 443},
+                             "caBundle": ca_bundle},
+            "rules": [{"operations": operations, "apiGroups": [groups.CDI_GROUP],
+                       "apiVersions": [groups.CDI_VERSION], "resources": [resource], "scope": "*"}]}
 
 
 def pvc_mutating_configuration(namespace: str, ca_bundle: str) -> Obj:

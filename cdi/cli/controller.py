@@ -39,6 +39,8 @@ def register(commands: Any) -> None:
     add_cluster_arguments(parser, "namespace CDI runs in (leader-election lease)")
     parser.add_argument("--metrics-listen", default="0.0.0.0:8080", help="HOST:PORT of /metrics and /healthz")
     parser.add_argument("--no-leader-election", action="store_true")
+    parser.add_argument("--no-cdi-status", action="store_true",
+                        help="leave the CDI resource's status to cdi-operator (as its Deployment runs this)")
     add_settings_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -47,7 +49,8 @@ async def serve(args: argparse.Namespace) -> None:
     stop = stop_on_signals()
     async with await KubeClient.connect(args.kubeconfig) as client:
         manager = Manager(client, settings_from(args, namespace=args.namespace,
-                                                leader_election=not args.no_leader_election))
+                                                leader_election=not args.no_leader_election,
+                                                report_cdi_status=not args.no_cdi_status))
         runner = web.AppRunner(manager.metrics_app(), access_log=None)
         await runner.setup()
         host, port = parse_listen(args.metrics_listen, "--metrics-listen")

@@ -18,6 +18,8 @@ COMMANDS = {  # command -> module with its register(); in `cdi --help` order
     "apiserver": "cdi.cli.apiserver",
     "image-upload": "cdi.cli.imageupload",
     "uploadproxy": "cdi.cli.uploadproxy",
+    "manifests": "cdi.cli.manifests",
+    "clone-plan": "cdi.cli.cloneplan",
 }
 
 

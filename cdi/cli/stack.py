@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from cdi.api import groups
+from cdi.api import featuregates, groups
 from cdi.apiserver.server import CdiApiServer
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
@@ -43,13 +43,15 @@ class CdiStack:
         self.uploadproxy_ca = kubeconfig.parent / serving.CA_FILE_NEXT_TO_KUBECONFIG
 
     async def _bootstrap(self, client: KubeClient) -> None:
-        """What installing CDI creates: its namespace and the CDI resource."""
+        """What installing CDI creates: its namespace and the CDI resource (with the feature gates of CDI's
+        released `cdi-cr.yaml`)."""
         for gvr, body in (
             (groups.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                  "metadata": {"name": self.settings.namespace}}),
             (groups.CDIS, {"apiVersion": groups.CDI_API_VERSION, "kind": "CDI",
                            "metadata": {"name": groups.CDI_CR_NAME},
-                           "spec": {"imagePullPolicy": "IfNotPresent", "config": {}}}),
+                           "spec": {"imagePullPolicy": "IfNotPresent",
+                                    "config": {"featureGates": list(featuregates.RELEASED_GATES)}}}),
         ):
             try:
                 await client.create(gvr, body)

@@ -5,6 +5,7 @@ upload proxy URL."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from cdi.api import groups
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
 from cdi.api.views import dig
+from cdi.common.verbosity import log_level
 from cdi.controller.runtime import Reconciler, write_status
 from cdi.kube import AlreadyExists
 
@@ -20,6 +22,15 @@ _PERCENT = re.compile(r"^(0(?:\.\d{1,3})?|1)$")
 DEFAULT_POD_RESOURCES: Mapping[str, Any] = {
     "limits": {"cpu": "750m", "memory": "600M"}, "requests": {"cpu": "100m", "memory": "60M"}}
 CONFIG_KEY = groups.CDI_CONFIG_NAME
+# the loggers of CDI's components (under `cdi up` they share this process; the embedded cluster's are not CDI's)
+COMPONENT_LOGGERS = ("cdi.controller", "cdi.kube", "cdi.apiserver", "cdi.uploadproxy")
+
+
+def apply_log_verbosity(spec: Mapping[str, Any]) -> None:
+    """CDI restarts its components with `-v=N` when `logVerbosity` changes; here the level changes live."""
+    level = log_level(spec.get("logVerbosity"))
+    for name in COMPONENT_LOGGERS:
+        logging.getLogger(name).setLevel(level)
 
 
 def effective_status(spec: Mapping[str, Any], storage_classes: Sequence[Mapping[str, Any]],
@@ -69,6 +80,7 @@ class ConfigReconciler(Reconciler):
         elif desired_spec is not None and (config.get("spec") or {}) != desired_spec:
             config = await self.ctx.client.patch(groups.CDICONFIGS, CONFIG_KEY, [
                 {"op": "replace", "path": "/spec", "value": desired_spec}], patch_type="json")
+        apply_log_verbosity(config.get("spec") or {})
         status = effective_status(config.get("spec") or {}, self.ctx.cached_list(groups.STORAGECLASSES),
                                   self.ctx.settings.upload_proxy_url)
         if status != config.get("status"):
@@ -76,7 +88,7 @@ class ConfigReconciler(Reconciler):
         if cdi is None:
             return None
         cdi_status = cdi.get("status") or {}
-        if cdi_status.get("phase") != "Deployed":
+        if self.ctx.settings.report_cdi_status and cdi_status.get("phase") != "Deployed":
             cdi_status = {
                 "phase": "Deployed", "conditions": [
                     {"type": "Available", "status": "True", "reason": "Available", "message": ""},

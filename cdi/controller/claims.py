@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import groups, naming
+from cdi.api import featuregates, groups, naming
 from cdi.api.quantity import parse_bytes
 from cdi.api.sizing import required_space, round_up, usable_space
 from cdi.api.views import dig
@@ -38,6 +38,16 @@ def claim_overhead(ctx: Context, pvc: Body) -> str:
 def preallocation_wanted(ctx: Context, pvc: Body) -> bool:
     requested = (dig(pvc, "metadata", "annotations") or {}).get(ann.PREALLOCATION_REQUESTED)
     return requested == "true" if requested is not None else bool(config_status(ctx).get("preallocation"))
+
+
+def waits_for_first_consumer(ctx: Context, pvc: Body) -> bool:
+    """CDI's IsWaitForFirstConsumerEnabled: a worker pod waits for a first consumer to bind the claim only
+    with the `HonorWaitForFirstConsumer` gate, and never for a claim annotated for immediate binding (the
+    annotation counts whatever its value, as in CDI)."""
+    if ann.BIND_IMMEDIATE in (dig(pvc, "metadata", "annotations") or {}):
+        return False
+    return featuregates.enabled(ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME),
+                                featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER)
 
 
 def owner_reference(pvc: Body) -> Obj:

@@ -11,12 +11,13 @@ from typing import Any
 import aiohttp
 
 from cdi.api import annotations as ann
-from cdi.api import groups
+from cdi.api import featuregates, groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
-from cdi.controller import conditions
+from cdi.controller import conditions, staticvolumes
+from cdi.controller.claims import waits_for_first_consumer
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import (
     ClusterStorage,
@@ -110,16 +111,74 @@ class DataVolumeReconciler(Reconciler):
             return None  # clones are reconciled elsewhere
         pvc = self.ctx.cached(groups.PVCS, name, namespace)
         if pvc is None:
-            if view.phase in ("Succeeded", "Failed") and view.status.get("claimName"):
-                return await self._update_status(dv, None, message="PVC was deleted", reason="ClaimLost")
+            if ann.PRE_POPULATED in view.annotations:
+                # as CDI: the claim is on its way (a restore); the DataVolume waits for it, never fills it
+                return await self._update_status(dv, None, phase="Pending")
+            # a claim deleted after success is created and filled again, as CDI does
             return await self._create_claim(dv)
+        if ann.CHECK_STATIC_VOLUME in view.annotations and \
+                ann.PERSISTENT_VOLUME_LIST in (dig(pvc, "metadata", "annotations") or {}):
+            return await self._static_claim(dv, pvc)
+        requires_work = featuregates.claim_requires_work(pvc, dv, self._gate(featuregates.DATA_VOLUME_CLAIM_ADOPTION))
         controller = next((r for r in dig(pvc, "metadata", "ownerReferences") or [] if r.get("controller")), None)
         if controller is None or controller.get("uid") != view.uid:
-            message = f'Resource "{name}" already exists and is not managed by DataVolume'
-            self.ctx.recorder.record(dv, WARNING, "ErrResourceExists", message)
-            return await self._update_status(dv, None, message=message, reason="ErrResourceExists")
+            if requires_work or controller is not None:
+                message = f'Resource "{name}" already exists and is not managed by DataVolume'
+                return await self._update_status(dv, None, message=message, reason="ErrResourceExists",
+                                                 event=(WARNING, "ErrResourceExists", message))
+            pvc = await self._adopt(dv, pvc)
+        if dig(pvc, "status", "phase") == "Bound" and featuregates.populated_for(pvc, dv) and \
+                ann.PRE_POPULATED not in view.annotations:
+            # CDI's handlePrePopulation: the DataVolume remembers that its claim came filled
+            await self.ctx.client.patch(groups.DATAVOLUMES, name, {"metadata": {"annotations": {
+                ann.PRE_POPULATED: str(dig(pvc, "metadata", "name"))}}}, namespace)
+        await self._delayed_annotations(view, pvc)
         self._set_pending(key, False)
-        return await self._update_status(dv, pvc)
+        return await self._update_status(dv, pvc, requires_work=requires_work)
+
+    async def _static_claim(self, dv: Body, pvc: Body) -> float | None:
+        """CDI's handleStaticVolume once the claim exists: Pending until bound; bound to one of the volumes
+        it was made for, it is populated for the DataVolume from then on; bound to another, it is deleted
+        and made again."""
+        view = DataVolumeView(dv)
+        if dig(pvc, "status", "phase") != "Bound":
+            return await self._update_status(dv, pvc, phase="Pending")
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        volume = dig(pvc, "spec", "volumeName")
+        try:
+            expected = json.loads(annotations[ann.PERSISTENT_VOLUME_LIST])
+        except ValueError:
+            expected = []
+        if volume in expected:
+            await self.ctx.client.patch(groups.PVCS, view.name, {"metadata": {"annotations": {
+                ann.POPULATED_FOR: view.name, ann.PERSISTENT_VOLUME_LIST: None}}}, view.namespace)
+            return None
+        self.log.warning("DataVolume %s bound to unexpected PV %s; deleting its claim", view.key, volume)
+        await self.ctx.client.delete(groups.PVCS, view.name, view.namespace)
+        return None
+
+    def _gate(self, gate: str) -> bool:
+        return featuregates.enabled(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME), gate)
+
+    async def _adopt(self, dv: Body, pvc: Body) -> Obj:
+        """Take a claim the DataVolume may use as it is: make the DataVolume its controller (CDI's
+        addOwnerRef), keeping the claim's other owners."""
+        view = DataVolumeView(dv)
+        owners = [dict(r) for r in dig(pvc, "metadata", "ownerReferences") or []]
+        owners.append({"apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
+                       "uid": view.uid, "controller": True, "blockOwnerDeletion": True})
+        patch = {"metadata": {"ownerReferences": owners, "resourceVersion": dig(pvc, "metadata", "resourceVersion")}}
+        adopted: Obj = await self.ctx.client.patch(groups.PVCS, view.name, patch, view.namespace)
+        return adopted
+
+    async def _delayed_annotations(self, view: DataVolumeView, pvc: Body) -> None:
+        """CDI's delayed annotations: a DataVolume's `storage.populatedFor` reaches its claim only once the
+        DataVolume succeeded (a backup taken then restores as populated, never half-filled)."""
+        wanted = view.annotations.get(ann.POPULATED_FOR)
+        if view.phase == "Succeeded" and wanted is not None and \
+                ann.POPULATED_FOR not in (dig(pvc, "metadata", "annotations") or {}):
+            await self.ctx.client.patch(groups.PVCS, view.name, {"metadata": {"annotations": {
+                ann.POPULATED_FOR: wanted}}}, view.namespace)
 
     def _set_pending(self, key: str, pending: bool) -> None:
         if pending:
@@ -142,11 +201,16 @@ class DataVolumeReconciler(Reconciler):
             self._set_pending(view.key, True)
             return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")
         except RenderError as exc:
-            self.ctx.recorder.record(dv, WARNING, exc.reason, str(exc))
-            return await self._update_status(dv, None, message=str(exc), reason=exc.reason, phase="Pending")
+            return await self._update_status(dv, None, message=str(exc), reason=exc.reason, phase="Pending",
+                                             event=(WARNING, exc.reason, str(exc)))
         self._set_pending(view.key, False)
         annotations = {k: v for k, v in view.annotations.items() if k in _PASSED_ANNOTATIONS}
-        if view.source_kind == "upload":
+        static = staticvolumes.available_for(self.ctx.cached_list(groups.PVS), view.namespace, view.name, spec) \
+            if ann.CHECK_STATIC_VOLUME in view.annotations else []
+        if static:
+            # as CDI: a claim for the pre-bound volume(s) that holds the data already, with nothing to fill
+            annotations[ann.PERSISTENT_VOLUME_LIST] = json.dumps(static)
+        elif view.source_kind == "upload":
             annotations[ann.UPLOAD_TARGET] = ""
             annotations[ann.CONTENT_TYPE] = view.content_type
         elif view.source_kind is None:  # filled by the claim's data source or a volume populator, as CDI
@@ -161,6 +225,8 @@ class DataVolumeReconciler(Reconciler):
         if view.spec.get("serviceAccountName"):
             annotations[SERVICE_ACCOUNT] = str(view.spec["serviceAccountName"])
         annotations[ann.CREATED_FOR_DATAVOLUME] = view.uid
+        if not self._gate(featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER) and not static:
+            annotations[ann.BIND_IMMEDIATE] = ""  # as CDI: worker pods need not wait for a first consumer
         labels = {k: v for k, v in view.labels.items() if _passes_label(k)}
         labels[ann.LABEL_APP] = ann.LABEL_APP_VALUE
         labels[ann.LABEL_FILLING_UP_ALERT] = "disabled"
@@ -187,11 +253,17 @@ class DataVolumeReconciler(Reconciler):
             webhook_rendering_enabled(config.get("spec") or {})
 
     async def _update_status(self, dv: Body, pvc: Body | None, *, message: str = "", reason: str = "",
-                             phase: str | None = None, event: Event | None = None) -> float | None:
+                             phase: str | None = None, event: Event | None = None,
+                             requires_work: bool = True) -> float | None:
+        """Write the status derived from `pvc`. `event` (with `reason` and `message`) is an error the
+        Bound condition reports: recorded once, when the status changes, and not again as the condition's
+        Normal event."""
         view = DataVolumeView(dv)
         status: Obj = json.loads(json.dumps(view.status))
         old_phase = status.get("phase", "")
         old_conditions = json.loads(json.dumps(status.get("conditions") or []))
+        error_event = event
+        event = None
         requeue: float | None = None
         running_message: str | None = None
         status.setdefault("progress", PROGRESS_UNKNOWN)
@@ -202,7 +274,8 @@ class DataVolumeReconciler(Reconciler):
                 status["phase"] = "Pending"
         elif not dig(pvc, "metadata", "deletionTimestamp"):
             status["claimName"] = dig(pvc, "metadata", "name")
-            event, requeue = self._phase_from_claim(view, pvc, status)
+            event, requeue = self._phase_from_claim(view, pvc, status) if requires_work else \
+                self._phase_without_work(pvc, status)
             if status.get("phase") == "ImportInProgress":
                 running_message = await self._refresh_progress(view, pvc, status)
             restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
@@ -218,12 +291,16 @@ class DataVolumeReconciler(Reconciler):
         await write_status(self.ctx.client, groups.DATAVOLUMES, dv, status)
         if event is not None and status.get("phase") != old_phase:
             self.ctx.recorder.record(dv, *event)
-        self._condition_events(dv, old_conditions, status["conditions"])
+        if error_event is not None:
+            self.ctx.recorder.record(dv, *error_event)
+        self._condition_events(dv, old_conditions, status["conditions"], error_event)
         return requeue
 
-    def _condition_events(self, dv: Body, before: list[Obj], after: list[Obj]) -> None:
+    def _condition_events(self, dv: Body, before: list[Obj], after: list[Obj], error_event: Event | None) -> None:
         bound, was_bound = conditions.find(after, "Bound"), conditions.find(before, "Bound")
-        if bound and bound.get("reason") and (was_bound is None or any(
+        told = error_event is not None and bound is not None and \
+            (bound.get("reason"), bound.get("message")) == error_event[1:]
+        if bound and bound.get("reason") and not told and (was_bound is None or any(
                 bound.get(k) != was_bound.get(k) for k in ("status", "reason", "message"))):
             self.ctx.recorder.record(dv, NORMAL, str(bound["reason"]), str(bound.get("message", "")))
         ready, running = conditions.find(after, "Ready"), conditions.find(after, "Running")
@@ -233,6 +310,20 @@ class DataVolumeReconciler(Reconciler):
                 running.get("message") != conditions.SCRATCH_REQUIRED_MESSAGE and \
                 (was_running is None or was_running.get("message") != running.get("message")):
             self.ctx.recorder.record(dv, WARNING, str(running.get("reason", "")), str(running["message"]))
+
+    @staticmethod
+    def _phase_without_work(pvc: Body, status: Obj) -> tuple[Event | None, float | None]:
+        """A claim taken as it is (populated for the DataVolume, or adopted): Succeeded as soon as it exists,
+        with no import and no phase event, as CDI."""
+        claim_phase = dig(pvc, "status", "phase")
+        if claim_phase in ("Pending", "Bound"):
+            status["phase"] = "Succeeded"
+        elif claim_phase == "Lost":
+            status["phase"] = "Failed"
+            return (WARNING, "ErrClaimLost", f"PVC {dig(pvc, 'metadata', 'name')} lost"), None
+        elif claim_phase:
+            status["phase"] = "Unknown"
+        return None, None
 
     def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
                           status: Obj) -> tuple[Event | None, float | None]:
@@ -249,7 +340,7 @@ class DataVolumeReconciler(Reconciler):
         if claim_phase == "Pending":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
-            if wffc and annotations.get(ann.BIND_IMMEDIATE) not in ("true", ""):
+            if wffc and waits_for_first_consumer(self.ctx, pvc):
                 status["phase"] = "WaitForFirstConsumer"
                 return None, None
             if not (wffc and pod_phase):

@@ -35,6 +35,7 @@ from cdi.controller.claims import (
     ensure_scratch,
     preallocation_wanted,
     scratch_name,
+    waits_for_first_consumer,
 )
 from cdi.controller.importpod import (
     IMPORTER_CONTAINER,
@@ -173,8 +174,7 @@ class ImportReconciler(Reconciler):
         if dig(pvc, "status", "phase") != "Bound":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
-            immediate = annotations.get(ann.BIND_IMMEDIATE) in ("true", "")
-            if not (wffc and immediate):
+            if not (wffc and not waits_for_first_consumer(self.ctx, pvc)):
                 return None  # the provisioner binds it, or a consumer will
         in_use = self._used_by_other_pod(pvc)
         if in_use:

@@ -16,7 +16,9 @@ from cdi.api import groups
 from cdi.api.views import dig
 from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
+from cdi.controller.clones import CloneReconciler
 from cdi.controller.dataimportcron import DataImportCronReconciler, cron_keys_of
+from cdi.controller.datasource import DataSourceReconciler
 from cdi.controller.datavolume import DataVolumeReconciler
 from cdi.controller.imports import ImportReconciler, is_import_claim
 from cdi.controller.metrics import ControllerMetrics
@@ -30,7 +32,7 @@ Obj = dict[str, Any]
 
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
            groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
-           groups.DATAIMPORTCRONS, groups.DATASOURCES, groups.VOLUMESNAPSHOTS)
+           groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS, groups.DATAIMPORTCRONS)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 
@@ -44,9 +46,11 @@ class Manager:
         self.profiles = StorageProfileReconciler(self.ctx)
         self.config = ConfigReconciler(self.ctx)
         self.uploads = UploadReconciler(self.ctx)
+        self.datasources = DataSourceReconciler(self.ctx)
+        self.clones = CloneReconciler(self.ctx)
         self.crons = DataImportCronReconciler(self.ctx)
         self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.uploads, self.profiles,
-                                              self.config, self.crons]
+                                              self.config, self.datasources, self.clones, self.crons]
         for gvr in WATCHED:
             self.ctx.informer(gvr)
         self.metrics.count_pending_datavolumes(lambda: self.ctx.cached_list(groups.DATAVOLUMES))
@@ -59,15 +63,21 @@ class Manager:
     def _wire(self) -> None:
         inf = self.ctx.informers
 
-        def on_dv(obj: Obj, *_: Obj) -> None:
-            self.datavolumes.enqueue(object_key(obj))
+        def on_dv(obj: Obj, *rest: Obj) -> None:
+            new = rest[0] if rest else obj
+            self.datavolumes.enqueue(object_key(new))
+            self.clones.enqueue(object_key(new))
+            self.datasources.enqueue_referring("pvc", object_key(new))
 
         def on_pvc(obj: Obj, *rest: Obj) -> None:
             new = rest[0] if rest else obj
             key = object_key(new)
             self.datavolumes.enqueue(key)  # the DataVolume of the same name, owned or not
+            self.datasources.enqueue_referring("pvc", key)
+            self.clones.enqueue(key)
             for owner in owner_keys(new, "DataVolume"):
                 self.datavolumes.enqueue(owner)
+                self.clones.enqueue(owner)
             if is_import_claim(new):
                 self.imports.enqueue(key)
             if is_upload_claim(new):
@@ -108,7 +118,19 @@ class Manager:
             for sc in self.ctx.cached_list(groups.STORAGECLASSES):
                 self.profiles.enqueue(str(dig(sc, "metadata", "name")))
 
+        def on_datasource(obj: Obj, *rest: Obj) -> None:
+            key = object_key(rest[0] if rest else obj)
+            self.datasources.enqueue(key)
+            self.datasources.enqueue_referring("dataSource", key)
+
+        def on_snapshot(obj: Obj, *rest: Obj) -> None:
+            self.datasources.enqueue_referring("snapshot", object_key(rest[0] if rest else obj))
+
         def on_volume(obj: Obj, *rest: Obj) -> None:
+            # a volume pre-bound to a DataVolume's claim (`storage.checkStaticVolume`)
+            ref = dig(rest[0] if rest else obj, "spec", "claimRef") or {}
+            if ref.get("name") and ref.get("namespace"):
+                self.datavolumes.enqueue(f"{ref['namespace']}/{ref['name']}")
             # a no-provisioner class's profile takes its claim property sets from the class's volumes
             name = str(dig(rest[0] if rest else obj, "spec", "storageClassName") or "")
             storage_class = self.ctx.cached(groups.STORAGECLASSES, name) if name else None
@@ -137,6 +159,8 @@ class Manager:
         inf[groups.STORAGECLASSES].add_handler(on_storage, on_storage, on_storage)
         inf[groups.STORAGEPROFILES].add_handler(on_profile, on_profile, on_profile)
         inf[groups.VOLUMESNAPSHOTCLASSES].add_handler(on_snapshot_class, on_snapshot_class, on_snapshot_class)
+        inf[groups.DATASOURCES].add_handler(on_datasource, on_datasource, on_datasource)
+        inf[groups.VOLUMESNAPSHOTS].add_handler(on_snapshot, on_snapshot, on_snapshot)
         inf[groups.PVS].add_handler(on_volume, on_volume, on_volume)
         inf[groups.CDICONFIGS].add_handler(on_config, on_config, on_config)
         inf[groups.CDIS].add_handler(on_config, on_config, on_config)
@@ -191,6 +215,7 @@ class Manager:
         for informer in self.ctx.informers.values():
             await informer.stop()
         await self.datavolumes.close()
+        await self.clones.close()
         await self.ctx.recorder.close()
 
     # -- metrics ---------------------------------------------------------------------------------------

@@ -47,6 +47,9 @@ class Settings:
     leader_election: bool = True
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     upload_proxy_url: str = ""
+    # without an operator (cdi up, a bare `cdi controller`) the controller reports the CDI resource Deployed;
+    # under cdi-operator the operator owns that status
+    report_cdi_status: bool = True
 
 
 class Context:
@@ -122,6 +125,7 @@ class Reconciler:
             finally:
                 self.queue.done(key)
                 metrics.reconciled(self.name, outcome, time.monotonic() - started)
+                self.log.debug("reconciled %s: %s in %.3fs", key, outcome, time.monotonic() - started)
                 metrics.queue_depth.labels(self.name).set(len(self.queue))
 
 

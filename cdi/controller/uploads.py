@@ -45,6 +45,7 @@ from cdi.controller.claims import (
     owner_reference,
     preallocation_wanted,
     scratch_name,
+    waits_for_first_consumer,
 )
 from cdi.controller.imports import termination
 from cdi.controller.runtime import Context, Reconciler
@@ -60,6 +61,7 @@ UPLOAD_CONTAINER = "cdi-upload-server"
 # our CLI knows the file it is about to send; `raw`, `qcow2+gz`, ... lets the controller skip scratch
 UPLOAD_FORMAT = FORMAT_ANNOTATION
 SERVICE_LABEL = "service"
+UPLOAD_CLIENT_NAME = "cdi.kubevirt.io/uploadClientName"  # a host-assisted clone target: its source pod's name
 
 
 def upload_name(pvc_name: str) -> str:
@@ -74,7 +76,10 @@ def upload_needs_scratch(pvc: Body) -> bool:
     """Unknown formats get scratch (as in CDI, where every upload has it): an upload cannot be asked
     for again with scratch added. A declared raw or qcow2 image, compressed or not, streams straight
     to the target."""
-    declared = (dig(pvc, "metadata", "annotations") or {}).get(UPLOAD_FORMAT)
+    annotations = dig(pvc, "metadata", "annotations") or {}
+    if UPLOAD_CLIENT_NAME in annotations:
+        return False  # a clone target receives extents, written in place (CDI: no scratch for clones)
+    declared = annotations.get(UPLOAD_FORMAT)
     if not declared:
         return True
     fmt, _, compression = declared.partition("+")
@@ -114,7 +119,7 @@ class UploadReconciler(Reconciler):
         if dig(pvc, "status", "phase") != "Bound":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
-            if not (wffc and annotations.get(ann.BIND_IMMEDIATE) in ("true", "")):
+            if not (wffc and not waits_for_first_consumer(self.ctx, pvc)):
                 return None
         if pod is None:
             await self._create(pvc)
@@ -164,7 +169,7 @@ class UploadReconciler(Reconciler):
             {"name": "TLS_KEY_FILE", "value": "/etc/tls/tls.key"},
             {"name": "TLS_CERT_FILE", "value": "/etc/tls/tls.crt"},
             {"name": "CLIENT_CERT_FILE", "value": "/etc/tls/ca.crt"},
-            {"name": "CLIENT_NAME", "value": CLIENT_NAME},
+            {"name": "CLIENT_NAME", "value": annotations.get(UPLOAD_CLIENT_NAME) or CLIENT_NAME},  # clone source's
             {"name": env.UPLOAD_IMAGE_SIZE, "value": str(dig(pvc, "spec", "resources", "requests", "storage") or "")},
             {"name": env.FILESYSTEM_OVERHEAD, "value": claim_overhead(self.ctx, pvc)},
             {"name": env.PREALLOCATION, "value": "true" if preallocation_wanted(self.ctx, pvc) else "false"},

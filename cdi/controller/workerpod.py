@@ -37,6 +37,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import dig
+from cdi.common import verbosity as verbosity_
 from cdi.controller.claims import config_status
 from cdi.controller.runtime import Context
 
@@ -67,6 +68,7 @@ class PodSettings:
     resources: Body | None = None
     image_pull_secrets: tuple[Body, ...] = ()
     node_placement: Body = field(default_factory=dict)
+    verbosity: int = verbosity_.DEFAULT  # CDIConfig `logVerbosity`: `-v=N` of the programs' containers
 
 
 def pod_settings(ctx: Context) -> PodSettings:
@@ -78,7 +80,13 @@ def pod_settings(ctx: Context) -> PodSettings:
         resources=status.get("defaultPodResourceRequirements") or None,
         image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
         node_placement=dig(cdi, "spec", "workload") or {},
+        verbosity=_verbosity(ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)),
     )
+
+
+def _verbosity(config: Body | None) -> int:
+    value = dig(config, "spec", "logVerbosity") if config else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else verbosity_.DEFAULT
 
 
 def passed_annotations(annotated: Body) -> dict[str, str]:
@@ -96,6 +104,8 @@ def _restricted(container: Obj, settings: PodSettings) -> Obj:
     container = dict(container)
     container.setdefault("imagePullPolicy", settings.pull_policy)
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    if "command" not in container and "args" not in container:
+        container["args"] = [f"-v={settings.verbosity}"]  # the image's own program: CDI's verbosity flag
     if settings.resources:
         container["resources"] = copy.deepcopy(dict(settings.resources))
     container["securityContext"] = {

@@ -16,6 +16,7 @@ import traceback
 from types import FrameType
 
 from cdi.api import env as envnames
+from cdi.common import verbosity
 
 from . import containerimage, termination
 from .config import ImporterConfig
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) == 2 and args[0] == containerimage.INSTALL_FLAG:
         return containerimage.install(args[1])
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=verbosity.program_level(sys.argv[1:] if argv is None else argv), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     paths = Paths.from_env(os.environ)
     stop = threading.Event()
@@ -133,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     progress: Progress | None = None
     try:
         config = ImporterConfig.from_env()
+        log.debug("importing %s (content type %s, size %s, overhead %s, preallocation %s)", config.source,
+                  config.content_type, config.image_size, config.filesystem_overhead, config.preallocation)
         progress = Progress(config.owner_uid)
         if config.pod_ip:
             try:

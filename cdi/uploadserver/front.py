@@ -128,7 +128,8 @@ class Front:
             self._end_to_end(sock, conn, path, headers)
             return True
         if request.method != b"POST" or path not in _RAW or "content-length" not in headers \
-                or "transfer-encoding" in headers:  # framed by chunks (or ambiguous): aiohttp's to read or refuse
+                or "transfer-encoding" in headers \
+                or names.CONTENT_TYPE_HEADER in headers:  # chunked or ambiguous, or a clone: aiohttp's to read
             return False
         peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
         self._serve_raw(sock, conn, path, headers, self.server.authorized_peer(peer))

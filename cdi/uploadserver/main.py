@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from cdi.api import env as envnames
-from cdi.common import aioloop
+from cdi.common import aioloop, verbosity
 from cdi.importer import ImporterError, Reason
 from cdi.importer import termination as term
 from cdi.uploadserver.config import UploadServerConfig
@@ -35,13 +35,19 @@ async def serve(config: UploadServerConfig) -> term.TerminationMessage:
         loop.add_signal_handler(sig, stop.set)
     finished = asyncio.ensure_future(server.session.finished.wait())
     stopped = asyncio.ensure_future(stop.wait())
+    cloned = asyncio.ensure_future(server.clone_done.wait())
     try:
-        await asyncio.wait([finished, stopped], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([finished, stopped, cloned], return_when=asyncio.FIRST_COMPLETED)
         await server.wait_idle(1.0 if stop.is_set() else 10.0)
     finally:
         finished.cancel()
         stopped.cancel()
+        cloned.cancel()
         await server.stop()
+    if server.clone_result is not None:
+        return term.TerminationMessage(message="Clone Complete", reason=Reason.COMPLETE, retryable=False,
+                                       virtual_size=server.clone_result.virtual_size,
+                                       bytes_transferred=server.clone_result.data_bytes)
     session = server.session
     if session.result is not None:
         result = session.result
@@ -58,8 +64,8 @@ async def serve(config: UploadServerConfig) -> term.TerminationMessage:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=verbosity.program_level(sys.argv[1:] if argv is None else argv),
+                        stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log_path = Path(os.environ.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT)
     try:
         config = UploadServerConfig.from_env()

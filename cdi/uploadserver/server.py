@@ -24,8 +24,10 @@ at the TLS layer (the kubelet's readiness probe has none) and, when presented, m
 `VerifyClientCertIfGiven` plus its CN check).
 
 Form uploads read the multipart body part by part (`request.multipart()`) and stream the part named
-`file`; nothing is buffered whole. The `x-cdi-content-type` clone streams of host-assisted clone are
-not accepted by this server yet (400)."""
+`file`; nothing is buffered whole. A `POST` with `x-cdi-content-type: filesystem-clone` or
+`blockdevice-clone` is a host-assisted clone stream (`cdi.uploadserver.clonesink`) from the clone
+source pod, whose client certificate must carry `CLIENT_NAME`; 200 once its bytes are durable, and
+the server then exits as after an upload."""
 
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from cdi.api import upload as names
-from cdi.common import sockfill
+from cdi.common import clonestream, sockfill
+from cdi.uploadserver import clonesink
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.front import BodyBridge, Front
 from cdi.uploadserver.session import Outcome, Refusal, UploadSession
@@ -80,6 +83,9 @@ class UploadServer:
         self._front: Front | None = None
         self._peers: dict[asyncio.BaseTransport, dict[str, Any]] = {}  # connections the front handed over
         self.port = 0
+        self.clone_result: clonesink.CloneResult | None = None
+        self.clone_done = asyncio.Event()
+        self._cloning = False
 
     # -- app ------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -175,6 +181,8 @@ class UploadServer:
             return web.Response(status=200, headers=self.session.describe())
         if request.method != "POST":
             return web.Response(status=404)
+        if request.headers.get(names.CONTENT_TYPE_HEADER) in clonestream.CONTENT_TYPES:
+            return await self.clone(request)
         admitted = self._admit(self._authorized(request), request.headers, form=form, archive=archive)
         if isinstance(admitted, Outcome):
             return _response(admitted)
@@ -198,6 +206,31 @@ class UploadServer:
                 self.session.state = "idle"
             raise
         return _response(outcome)
+
+    async def clone(self, request: web.Request) -> web.Response:
+        """One host-assisted clone stream at a time; a failed one may be sent again from the start."""
+        if not self._authorized(request):
+            log.warning("refused a clone stream without the clone source's client certificate")
+            return web.Response(status=401, text=f"a client certificate for {self.config.client_name} is required")
+        if self.clone_result is not None:
+            return web.Response(status=409, text="the clone already completed")
+        if self._cloning:
+            return web.Response(status=503, text="a clone stream is being received")
+        self._cloning = True
+        try:
+            result = await clonesink.receive(request, self.config)
+        except clonesink.CloneRefused as exc:
+            log.warning("refused a clone stream: %s", exc)
+            return web.Response(status=400, text=f"Saving stream failed: {exc}")
+        except (OSError, asyncio.IncompleteReadError) as exc:  # a cut stream: the source pod sends it again
+            log.error("clone stream failed: %s", exc)
+            return web.Response(status=500, text=f"Saving stream failed: {exc}")
+        finally:
+            self._cloning = False
+        log.info("clone complete: %d bytes virtual, %d bytes of data", result.virtual_size, result.data_bytes)
+        self.clone_result = result
+        self.clone_done.set()
+        return web.Response(status=200, text="Clone Complete")
 
     def _admit(self, authorized: bool, headers: Mapping[str, str], *, form: bool, archive: bool) -> Outcome | int:
         """The refusal of an upload request, or its offset once the session took it (state `uploading`)."""

@@ -64,6 +64,18 @@ _SCHEMAS: dict[str, dict[int, tuple[str, Any]]] = {
     "ClusterRoleBinding": {1: ("metadata", "ObjectMeta"), 2: ("subjects", ["Subject"]), 3: ("roleRef", "RoleRef")},
     "Subject": {1: ("kind", _S), 2: ("apiGroup", _S), 3: ("name", _S), 4: ("namespace", _S)},
     "RoleRef": {1: ("apiGroup", _S), 2: ("kind", _S), 3: ("name", _S)},
+    # authorization.k8s.io/v1: `kubectl auth can-i` sends a SelfSubjectAccessReview
+    "SelfSubjectAccessReview": {1: ("metadata", "ObjectMeta"), 2: ("spec", "SelfSubjectAccessReviewSpec")},
+    "SelfSubjectAccessReviewSpec": {1: ("resourceAttributes", "ResourceAttributes"),
+                                    2: ("nonResourceAttributes", "NonResourceAttributes")},
+    "SubjectAccessReview": {1: ("metadata", "ObjectMeta"), 2: ("spec", "SubjectAccessReviewSpec")},
+    "LocalSubjectAccessReview": {1: ("metadata", "ObjectMeta"), 2: ("spec", "SubjectAccessReviewSpec")},
+    "SubjectAccessReviewSpec": {1: ("resourceAttributes", "ResourceAttributes"),
+                                2: ("nonResourceAttributes", "NonResourceAttributes"), 3: ("user", _S),
+                                4: ("groups", [_S]), 6: ("uid", _S)},
+    "ResourceAttributes": {1: ("namespace", _S), 2: ("verb", _S), 3: ("group", _S), 4: ("version", _S),
+                           5: ("resource", _S), 6: ("subresource", _S), 7: ("name", _S)},
+    "NonResourceAttributes": {1: ("path", _S), 2: ("verb", _S)},
 }
 
 

@@ -447,7 +447,10 @@ class VolumeController(Controller):
         if claim_alive:
             return  # binding is the claim controller's job
         if not ref.get("uid"):
-            return  # pre-bound to a claim that does not exist yet
+            # pre-bound to a claim that does not exist yet: Available to that claim (kube's PV controller)
+            if phase != "Available":
+                await self.api.patch(PVS, None, name, {"status": {"phase": "Available"}}, status=True)
+            return
         if phase != "Released":
             await self.api.patch(PVS, None, name, {"status": {"phase": "Released"}}, status=True)
         if spec.get("persistentVolumeReclaimPolicy") == "Delete" and pv_handle(pv) is not None:

@@ -1,0 +1,5 @@
+import sys
+
+from cdi.cloner.main import main
+
+sys.exit(main())

@@ -1,0 +1,176 @@
+"""The clone source pod (`cdi-cloner`, container `cdi-clone-source`): reads the source volume
+read-only and sends only its allocated extents (`cdi.common.clonestream`) over TLS, authenticated by
+its client certificate as this clone's source (CDI's `uploadClientName`), to the target's upload
+server. Progress as `kubevirt_cdi_clone_progress_total{ownerUID}` on https://$POD_IP:8443/metrics.
+
+Environment (CDI's names): UPLOAD_URL, CLIENT_CERT, CLIENT_KEY, SERVER_CA_CERT (PEM text), OWNER_UID,
+VOLUME_MODE (`block` or `filesystem`), MOUNT_POINT (the device, or the directory with `disk.img`),
+POD_IP; ours: UPLOAD_SERVER_NAME (the name the server's certificate carries, when UPLOAD_URL names a
+Service's cluster IP)."""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import socket
+import ssl
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from cdi.common import clonestream
+
+log = logging.getLogger(__name__)
+CHUNK = 4 << 20
+METRICS_PORT = 8443
+
+
+class CloneError(Exception):
+    def __init__(self, message: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    upload_url: str
+    server_name: str
+    client_cert: str
+    client_key: str
+    server_ca: str
+    owner_uid: str
+    block: bool
+    mount_point: Path
+    pod_ip: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SourceConfig:
+        env = os.environ if env is None else env
+        missing = [n for n in ("UPLOAD_URL", "CLIENT_CERT", "CLIENT_KEY", "SERVER_CA_CERT") if not env.get(n)]
+        if missing:
+            raise CloneError(f"missing {', '.join(missing)}", retryable=False)
+        block = env.get("VOLUME_MODE", "filesystem").lower() == "block"
+        return cls(env["UPLOAD_URL"], env.get("UPLOAD_SERVER_NAME", ""), env["CLIENT_CERT"], env["CLIENT_KEY"],
+                   env["SERVER_CA_CERT"], env.get("OWNER_UID", ""), block,
+                   Path(env.get("MOUNT_POINT") or ("/dev/cdi-block-volume" if block else "/run/cdi/clone/source")),
+                   env.get("POD_IP", ""))
+
+    @property
+    def source_path(self) -> Path:
+        return self.mount_point if self.block else self.mount_point / "disk.img"
+
+
+class Progress:
+    """Bytes sent of the bytes to send, as CDI's clone progress counter (percent)."""
+
+    def __init__(self, owner_uid: str) -> None:
+        self.owner_uid = owner_uid
+        self.total = 0
+        self.done = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+
+    def percent(self) -> float:
+        with self._lock:
+            return 100.0 if self.total == 0 else min(100.0, 100.0 * self.done / self.total)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        counter = CounterMetricFamily("kubevirt_cdi_clone_progress", "The clone progress in percentage",
+                                      labels=["ownerUID"])
+        counter.add_metric([self.owner_uid], self.percent())
+        yield counter
+        sent = CounterMetricFamily("cdi_cloner_bytes_sent", "Data bytes sent to the target", labels=["ownerUID"])
+        sent.add_metric([self.owner_uid], self.done)
+        yield sent
+
+    def serve(self, pod_ip: str) -> None:
+        if not pod_ip:
+            return
+        import prometheus_client
+        from prometheus_client import CollectorRegistry
+
+        from cdi.common import pki
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)  # type: ignore[arg-type]
+        pair = pki.issue(None, "cdi-clone-source", [pod_ip])
+        directory = Path(tempfile.mkdtemp(prefix="cdi-cloner-metrics-"))
+        pair.write(directory / "tls.crt", directory / "tls.key")
+        try:
+            prometheus_client.start_http_server(METRICS_PORT, addr=pod_ip, registry=registry,
+                                                certfile=str(directory / "tls.crt"),
+                                                keyfile=str(directory / "tls.key"))
+        except OSError as exc:
+            log.warning("not serving metrics on %s:%d: %s", pod_ip, METRICS_PORT, exc)
+
+
+def tls_context(config: SourceConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=config.server_ca)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    with tempfile.TemporaryDirectory() as tmp:  # load_cert_chain reads files; they live only for the call
+        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        cert.write_text(config.client_cert)
+        key.write_text(config.client_key)
+        key.chmod(0o600)
+        context.load_cert_chain(str(cert), str(key))
+    return context
+
+
+def send(config: SourceConfig, progress: Progress) -> int:
+    """Send the source's extents; returns the data bytes sent. Raises CloneError. A Filesystem
+    source without `disk.img` (never filled) is an empty image."""
+    path = config.source_path if config.block or config.source_path.exists() else Path("/dev/null")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END) if path != Path("/dev/null") else 0
+        spans = list(clonestream.extents(fd, size))
+        progress.total = sum(length for _, length in spans)
+        log.info("source %s: %d bytes, %d allocated in %d extents", config.source_path, size, progress.total,
+                 len(spans))
+        url = urlsplit(config.upload_url)
+        host, port = url.hostname or "", url.port or 443
+        raw = socket.create_connection((host, port), timeout=60)
+        sock = tls_context(config).wrap_socket(raw, server_hostname=config.server_name or host)
+        conn = http.client.HTTPSConnection(host, port)
+        conn.sock = sock
+        conn.putrequest("POST", url.path or "/")
+        conn.putheader("x-cdi-content-type", clonestream.BLOCKDEVICE_CLONE if config.block
+                       else clonestream.FILESYSTEM_CLONE)
+        conn.putheader("Content-Type", "application/octet-stream")
+        conn.putheader("Content-Length", str(clonestream.stream_length(spans)))
+        conn.endheaders()
+        sock.sendall(clonestream.MAGIC + clonestream.HEADER.pack(size))
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        for offset, length in spans:
+            sock.sendall(clonestream.EXTENT.pack(offset, length))
+            done = 0
+            while done < length:
+                n = os.preadv(fd, [view[:min(CHUNK, length - done)]], offset + done)
+                if n <= 0:
+                    raise CloneError(f"the source ended at {offset + done}, inside an extent")
+                sock.sendall(view[:n])
+                done += n
+                progress.add(n)
+        sock.sendall(clonestream.EXTENT.pack(clonestream.END_OFFSET, 0))
+        response = conn.getresponse()
+        body = response.read().decode(errors="replace")
+        conn.close()
+        if response.status != 200:
+            raise CloneError(f"the target refused the clone: {response.status} {body.strip()}",
+                             retryable=response.status >= 500 or response.status == 503)
+        return progress.total
+    except OSError as exc:
+        raise CloneError(f"clone stream failed: {exc}") from exc
+    finally:
+        os.close(fd)

@@ -1,0 +1,608 @@
+"""The clone DataVolume reconciler (`source.pvc`, `source.snapshot`, or a `sourceRef` DataSource that
+names one), beside the import and upload ones as CDI has one controller per source kind.
+
+It renders the target claim (size taken from the source when the `storage` API omits it), asks the
+planner for a strategy, and creates the target with a `dataSourceRef` to its VolumeCloneSource so
+that no provisioner fills it; then it runs the strategy's phases as CDI's clone populator does,
+recording each in the target's `cdi.kubevirt.io/clonePhase`:
+
+- csi-clone: a temporary claim `tmp-pvc-<target uid>` in the source namespace with the source as
+  `dataSource` (CSIClone), grown to the target's size (PrepClaim), its volume handed to the target
+  by moving the PV's claimRef (Rebind);
+- snapshot: a temporary VolumeSnapshot `tmp-snapshot-<target uid>` of the source (Snapshot), a
+  temporary claim restored from it (SnapshotClone), then PrepClaim and Rebind as above; a
+  `source.snapshot` DataVolume restores the user's snapshot directly;
+- copy (host-assisted): not carried out yet; the DataVolume stays CloneScheduled with its reason.
+
+Every temporary object is deleted when the clone succeeds. The DataVolume's phase follows the
+clonePhase (CDI's populator phase map), with CDI's events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from cdi.api import annotations as ann
+from cdi.api import env, groups
+from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
+from cdi.api.quantity import QuantityError, parse_bytes
+from cdi.api.upload import SYNC_PATHS, upload_service_name
+from cdi.api.views import DataVolumeView, dig
+from cdi.common import pki
+from cdi.controller import conditions
+from cdi.controller.clone import planner
+from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
+from cdi.controller.progress import format_progress, scrape
+from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
+from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.uploadpki import UploadPki, ensure_upload_pki
+from cdi.controller.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
+from cdi.controller.workerpod import pod_settings, worker_pod
+from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+
+Obj = dict[str, Any]
+Body = Mapping[str, Any]
+
+POLL = 1.0  # seconds between looks while a clone moves (temporary objects carry no owner to map back)
+
+# clonePhase values (CDI's populator phase names) and the DataVolume phase each shows as
+PENDING, SNAPSHOT_PHASE, SNAPSHOT_CLONE, CSI_CLONE, HOST_CLONE = "Pending", "Snapshot", "SnapshotClone", "CSIClone", \
+    "HostClone"
+PREP_CLAIM, REBIND, SUCCEEDED, ERROR = "PrepClaim", "Rebind", "Succeeded", "Error"
+PHASE_MAP = {"": "CloneScheduled", PENDING: "CloneScheduled", SUCCEEDED: "Succeeded", CSI_CLONE: "CSICloneInProgress",
+             HOST_CLONE: "CloneInProgress", PREP_CLAIM: "PrepClaimInProgress", REBIND: "RebindInProgress",
+             SNAPSHOT_CLONE: "CloneFromSnapshotSourceInProgress", SNAPSHOT_PHASE: "SnapshotForSmartCloneInProgress",
+             ERROR: "Failed"}
+CLONE_SOURCE_KIND = "VolumeCloneSource"
+DATA_SOURCE_NAMESPACE = "cdi.kubevirt.io/dataSourceNamespace"
+SOURCE_CONTAINER = "cdi-clone-source"
+CLONE_SOURCE_IN_USE = "CloneSourceInUse"
+# CDI's /var/run/cdi/clone/source, where /var/run is the usual symlink (the embedded node's sandbox
+# cannot make a mount point through that symlink)
+CLONER_MOUNT_PATH = "/run/cdi/clone/source"
+CLONE_SOURCE_ANNOTATION = "cdi.kubevirt.io/storage.clone.source"  # ours: kind/namespace/name the target clones
+
+
+def is_clone(dv: Body) -> bool:
+    view = DataVolumeView(dv)
+    return view.spec.get("sourceRef") is not None or view.source_kind in ("pvc", "snapshot")
+
+
+def clone_source_name(dv: Body) -> str:
+    return f"volume-clone-source-{DataVolumeView(dv).uid}"
+
+
+def temp_claim_name(target: Body) -> str:
+    return f"tmp-pvc-{dig(target, 'metadata', 'uid')}"
+
+
+def source_pod_name(temp: Body) -> str:
+    """CDI's `<uid>-source-pod` (the uid of the claim the upload server fills)."""
+    return f"{dig(temp, 'metadata', 'uid')}-source-pod"
+
+
+def temp_snapshot_name(target: Body) -> str:
+    return f"tmp-snapshot-{dig(target, 'metadata', 'uid')}"
+
+
+def _bytes(value: Any) -> int | None:
+    try:
+        return parse_bytes(value) if value is not None else None
+    except QuantityError:
+        return None
+
+
+def source_size(source: CloneSource, obj: Body, target_spec: Body) -> str | None:
+    """CDI's size for a `storage` target without one: the source's request when class and volume
+    mode match, else its capacity; a snapshot's restoreSize."""
+    if source.kind == "snapshot":
+        value = dig(obj, "status", "restoreSize")
+        return str(value) if value is not None else None
+    same = dig(obj, "spec", "storageClassName") == target_spec.get("storageClassName") and \
+        (dig(obj, "spec", "volumeMode") or "Filesystem") == (target_spec.get("volumeMode") or "Filesystem")
+    value = dig(obj, "spec", "resources", "requests", "storage") if same else \
+        dig(obj, "status", "capacity", "storage") or dig(obj, "spec", "resources", "requests", "storage")
+    return str(value) if value is not None else None
+
+
+def planner_cluster(ctx: Context) -> planner.Cluster:
+    cdi = next(iter(ctx.cached_list(groups.CDIS)), None)
+    override = dig(cdi, "spec", "cloneStrategyOverride")
+    profiles = {str(dig(p, "metadata", "name")): p for p in ctx.cached_list(groups.STORAGEPROFILES)}
+    return planner.Cluster(ctx.cached_list(groups.STORAGECLASSES), profiles,
+                           ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES), str(override) if override else None)
+
+
+class SourceMissing(Exception):
+    """The source a clone names does not exist (yet): CDI's CloneWithoutSource."""
+
+
+@dataclass(frozen=True)
+class ClonePlan:
+    source: CloneSource
+    source_obj: Body
+    spec: Obj  # the target claim's spec
+    plan: planner.Plan
+
+
+def plan_datavolume(dv: Body, lookup: Lookup, storage: ClusterStorage, cluster: planner.Cluster) -> ClonePlan:
+    """Everything decided before anything moves: the source, the target claim's spec (its size taken
+    from the source when the `storage` API omits it) and the strategy with its reason. Shared by the
+    reconciler and `cdi clone-plan`. Raises ChainError, SourceMissing, RenderError or
+    planner.CloneValidationError."""
+    source = resolve_source_ref(dv, lookup)
+    gvr = groups.PVCS if source.kind == "pvc" else groups.VOLUMESNAPSHOTS
+    source_obj = lookup(gvr, source.name, source.namespace)
+    if source_obj is None:
+        raise SourceMissing(f"The source {source.kind} {source.name} doesn't exist")
+    spec = render_claim_spec(dv, storage)
+    requests = spec.setdefault("resources", {}).setdefault("requests", {})
+    if requests.get("storage") is None:
+        size = source_size(source, source_obj, spec)
+        if size is not None:
+            requests["storage"] = size
+    annotations: Mapping[str, str] = dig(dv, "metadata", "annotations") or {}
+    if source.kind == "pvc":
+        plan = planner.plan_from_pvc(source_obj, spec, annotations, cluster)
+    else:
+        content_name = dig(source_obj, "status", "boundVolumeSnapshotContentName")
+        content = lookup(groups.VOLUMESNAPSHOTCONTENTS, str(content_name), "") if content_name else None
+        plan = planner.plan_from_snapshot(source_obj, content, spec, cluster)
+    return ClonePlan(source, source_obj, spec, plan)
+
+
+class CloneReconciler(Reconciler):
+    name = "clone"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._pki: UploadPki | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def lookup(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
+        return self.ctx.cached(gvr, name, namespace)
+
+    def cluster_storage(self) -> ClusterStorage:
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+        profiles = {str(dig(p, "metadata", "name")): p for p in self.ctx.cached_list(groups.STORAGEPROFILES)}
+        return ClusterStorage(self.ctx.cached_list(groups.STORAGECLASSES), profiles, config.get("status") or {})
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace, name = split_key(key)
+        dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
+        if dv is None or dig(dv, "metadata", "deletionTimestamp") or not is_clone(dv):
+            return None
+        view = DataVolumeView(dv)
+        target = self.ctx.cached(groups.PVCS, name, namespace)
+        if target is not None and not any(r.get("uid") == view.uid for r in dig(target, "metadata",
+                                                                                   "ownerReferences") or []):
+            message = f'Resource "{name}" already exists and is not managed by DataVolume'
+            self.ctx.recorder.record(dv, WARNING, "ErrResourceExists", message)
+            return await self._status(dv, None, reason="ErrResourceExists", message=message)
+        if target is None:
+            if view.phase == "Succeeded":
+                return await self._status(dv, None, reason="ClaimLost", message="PVC was deleted")
+            return await self._create_target(dv)
+        if dig(target, "metadata", "deletionTimestamp"):
+            return None
+        phase = (dig(target, "metadata", "annotations") or {}).get(ann.CLONE_PHASE, "")
+        # a step is taken only once the DataVolume shows the current phase, so that every phase shows
+        # (with its event) however short it is
+        if phase in (SUCCEEDED, ERROR) or view.phase != PHASE_MAP.get(phase):
+            requeue = await self._status(dv, target)
+            return requeue if phase in (SUCCEEDED, ERROR) else POLL
+        await self._status(dv, await self._advance(target) or target)
+        return POLL
+
+    # -- the target claim -------------------------------------------------------------------------
+
+    async def _create_target(self, dv: Body) -> float | None:
+        view = DataVolumeView(dv)
+        try:
+            decided = plan_datavolume(dv, self.lookup, self.cluster_storage(), planner_cluster(self.ctx))
+        except ChainError as exc:
+            return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending", requeue=POLL)
+        except SourceMissing as exc:
+            message = str(exc)
+            if (conditions.find(list(view.status.get("conditions") or []), "Bound") or {}).get("message") != message:
+                self.ctx.recorder.record(dv, WARNING, "CloneWithoutSource", message)
+            return await self._status(dv, None, reason="CloneWithoutSource", message=message, phase="Pending",
+                                      requeue=POLL)
+        except planner.CloneValidationError as exc:
+            message = f"{planner.MESSAGE_CLONE_VALIDATION_FAILED}: {exc}"
+            if (conditions.find(list(view.status.get("conditions") or []), "Bound") or {}).get("message") != message:
+                self.ctx.recorder.record(dv, WARNING, planner.ERR_INCOMPATIBLE_PVC, str(exc))
+                self.ctx.recorder.record(dv, WARNING, planner.CLONE_VALIDATION_FAILED, message)
+            return await self._status(dv, None, reason=planner.CLONE_VALIDATION_FAILED, message=message,
+                                      phase="Pending")
+        except RenderError as exc:
+            self.ctx.recorder.record(dv, WARNING, exc.reason, str(exc))
+            return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")
+        source, spec, plan = decided.source, decided.spec, decided.plan
+        if not spec.get("resources", {}).get("requests", {}).get("storage"):
+            return await self._status(dv, None, reason="Pending", message="waiting for the source's size",
+                                      phase="Pending", requeue=POLL)
+        annotations: dict[str, str] = {
+            ann.CREATED_FOR_DATAVOLUME: view.uid, ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: PENDING,
+            CLONE_SOURCE_ANNOTATION: f"{source.kind}/{source.namespace}/{source.name}",
+            ann.CLONE_REQUEST: f"{source.namespace}/{source.name}"}
+        if plan.fallback_message:
+            annotations[ann.CLONE_FALLBACK_REASON] = plan.fallback_message
+        if source.namespace != view.namespace:
+            annotations[DATA_SOURCE_NAMESPACE] = source.namespace
+        for key in (ann.PERMISSIVE_CLONE, ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION):
+            if key in view.annotations:
+                annotations[key] = view.annotations[key]
+        spec["dataSourceRef"] = {"apiGroup": groups.CDI_GROUP, "kind": CLONE_SOURCE_KIND,
+                                 "name": clone_source_name(dv)}
+        labels = {k: v for k, v in view.labels.items() if "kubevirt.io/" in k}
+        labels.update({ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_FILLING_UP_ALERT: "disabled"})
+        claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                 "metadata": {"name": view.name, "namespace": view.namespace, "labels": labels,
+                              "annotations": annotations, "ownerReferences": [{
+                                  "apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
+                                  "uid": view.uid, "controller": True, "blockOwnerDeletion": True}]},
+                 "spec": spec}
+        try:
+            created = await self.ctx.client.create(groups.PVCS, claim, view.namespace)
+        except AlreadyExists:
+            return 0.5
+        if plan.fallback_reason and plan.fallback_message:
+            self.ctx.recorder.record(created, WARNING, plan.fallback_reason, plan.fallback_message)
+        await self._status(dv, created, scheduled_why=plan.why)
+        return POLL
+
+    # -- the phases --------------------------------------------------------------------------------
+
+    async def _set_phase(self, target: Body, phase: str,
+                         extra: Mapping[str, str | None] | None = None) -> Obj | None:
+        """Record the clone phase on the target; the DataVolume's status is computed from the
+        written claim at once, so that every phase shows (and has its event) however short."""
+        changes: dict[str, str | None] = {ann.CLONE_PHASE: phase, **(extra or {})}
+        current: Mapping[str, str] = dig(target, "metadata", "annotations") or {}
+        if all(current.get(k) == v for k, v in changes.items()):
+            return None
+        result: Obj = await self.ctx.client.patch(groups.PVCS, str(dig(target, "metadata", "name")),
+                                                  {"metadata": {"annotations": changes}},
+                                                  str(dig(target, "metadata", "namespace")))
+        return result
+
+    async def _advance(self, target: Body) -> Obj | None:
+        """One step of the strategy; the target as written when its phase changed."""
+        annotations: Mapping[str, str] = dig(target, "metadata", "annotations") or {}
+        kind, _, rest = annotations.get(CLONE_SOURCE_ANNOTATION, "").partition("/")
+        source_ns, _, source_name = rest.partition("/")
+        strategy = annotations.get(ann.CLONE_TYPE, planner.COPY)
+        if dig(target, "spec", "volumeName"):
+            return await self._finish(target, source_ns)
+        temp_name = temp_claim_name(target)
+        temp = await self._get(groups.PVCS, temp_name, source_ns)
+        if strategy == planner.COPY:
+            return await self._host_clone(target, temp, source_ns, source_name)
+        if temp is None:
+            return await self._start(target, kind, source_ns, source_name, strategy)
+        if dig(temp, "status", "phase") != "Bound":
+            return None
+        want = _bytes(dig(target, "spec", "resources", "requests", "storage")) or 0
+        have = _bytes(dig(temp, "status", "capacity", "storage")) or 0
+        if have < want:
+            if (_bytes(dig(temp, "spec", "resources", "requests", "storage")) or 0) < want:
+                await self.ctx.client.patch(groups.PVCS, temp_name, {"spec": {"resources": {"requests": {
+                    "storage": dig(target, "spec", "resources", "requests", "storage")}}}}, source_ns)
+            return await self._set_phase(target, PREP_CLAIM)
+        written = await self._set_phase(target, REBIND)
+        await self._rebind(temp, written or target)
+        return written
+
+    async def _host_clone(self, target: Body, temp: Body | None, source_ns: str, source_name: str) -> Obj | None:
+        """Host-assisted copy (HostClone): the temporary claim is an upload target that takes the
+        stream of a clone source pod reading the source; then its volume goes to the target (Rebind)."""
+        if temp is None:
+            client_name = f"{source_ns}/{source_name}-{dig(target, 'metadata', 'namespace')}/" \
+                          f"{dig(target, 'metadata', 'name')}"
+            if len(client_name) > 64:  # a certificate's CN holds 64 characters
+                client_name = f"clone-source-{dig(target, 'metadata', 'uid')}"
+            claim = self._temp_claim(target, source_ns, str(dig(target, "spec", "resources", "requests", "storage")),
+                                     None)
+            claim["metadata"]["annotations"].update({
+                ann.UPLOAD_TARGET: "", UPLOAD_CLIENT_NAME: client_name, ann.CONTENT_TYPE: "kubevirt",
+                ann.CLONE_REQUEST: f"{source_ns}/{source_name}"})
+            try:
+                await self.ctx.client.create(groups.PVCS, claim, source_ns)
+            except AlreadyExists:
+                pass
+            return await self._set_phase(target, HOST_CLONE)
+        temp_annotations: Mapping[str, str] = dig(temp, "metadata", "annotations") or {}
+        pod_name = source_pod_name(temp)
+        if temp_annotations.get(ann.POD_PHASE) == "Succeeded":
+            for gvr in (groups.PODS, groups.SECRETS):
+                try:
+                    await self.ctx.client.delete(gvr, pod_name, source_ns)
+                except NotFound:
+                    pass
+            written = await self._set_phase(target, REBIND)
+            await self._rebind(temp, written or target)
+            return written
+        if temp_annotations.get(ann.POD_READY) != "true" or \
+                self.ctx.cached(groups.PODS, pod_name, source_ns) is not None:
+            return None
+        users = self._pods_using(source_ns, source_name, str(dig(target, "metadata", "uid")))
+        if users:
+            return await self._source_in_use(target, users, source_name)
+        written = await self._set_phase(target, HOST_CLONE, {
+            ann.CONDITION_RUNNING: None, ann.CONDITION_RUNNING_REASON: None, ann.CONDITION_RUNNING_MESSAGE: None})
+        await self._create_source_pod(target, temp, source_ns, source_name)
+        return written
+
+    def _pods_using(self, namespace: str, claim: str, target_uid: str) -> list[Obj]:
+        """Running pods (not this clone's) that mount the source: CDI holds a host-assisted clone
+        until they are gone, as the source is read while nothing writes it."""
+        out = []
+        for pod in self.ctx.cached_list(groups.PODS, namespace):
+            if dig(pod, "status", "phase") in ("Succeeded", "Failed") or \
+                    (dig(pod, "metadata", "labels") or {}).get(ann.LABEL_OWNED_BY_UID) == target_uid:
+                continue
+            if any(dig(v, "persistentVolumeClaim", "claimName") == claim for v in dig(pod, "spec", "volumes") or []):
+                out.append(pod)
+        return out
+
+    async def _source_in_use(self, target: Body, users: list[Obj], claim: str) -> Obj | None:
+        """CloneSourceInUse: a Warning event per pod on the DataVolume, and its Running condition says so."""
+        messages = [f"pod {dig(p, 'metadata', 'namespace')}/{dig(p, 'metadata', 'name')} using "
+                    f"PersistentVolumeClaim {claim}" for p in users]
+        annotations: Mapping[str, str] = dig(target, "metadata", "annotations") or {}
+        if annotations.get(ann.CONDITION_RUNNING_MESSAGE) == "; ".join(messages):
+            return None
+        owner = self.ctx.cached(groups.DATAVOLUMES, str(dig(target, "metadata", "name")),
+                                str(dig(target, "metadata", "namespace")))
+        for message in messages:
+            self.ctx.recorder.record(owner or target, WARNING, CLONE_SOURCE_IN_USE, message)
+        return await self._set_phase(target, HOST_CLONE, {
+            ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: CLONE_SOURCE_IN_USE,
+            ann.CONDITION_RUNNING_MESSAGE: "; ".join(messages)})
+
+    async def pki(self) -> UploadPki:
+        if self._pki is None:
+            self._pki = await ensure_upload_pki(self.ctx.client, self.ctx.settings.namespace)
+        return self._pki
+
+    async def _create_source_pod(self, target: Body, temp: Body, namespace: str, source_name: str) -> None:
+        """`<uid>-source-pod` (container `cdi-clone-source`) in the source namespace: the source read-only,
+        a client certificate for the upload server's CLIENT_NAME, the server's CA, the Service's address."""
+        source = self.ctx.cached(groups.PVCS, source_name, namespace)
+        temp_name = str(dig(temp, "metadata", "name"))
+        service = await self._get(groups.SERVICES, upload_service_name(temp_name), namespace)
+        cluster_ip = dig(service, "spec", "clusterIP")
+        if source is None or not cluster_ip:
+            return
+        pod_name = source_pod_name(temp)
+        pki_ = await self.pki()
+        client_name = (dig(temp, "metadata", "annotations") or {}).get(UPLOAD_CLIENT_NAME, "")
+        pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True)
+        owner = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": temp_name,
+                  "uid": dig(temp, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}]
+        labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: SOURCE_CONTAINER,
+                  ann.LABEL_OWNED_BY_UID: str(dig(target, "metadata", "uid"))}
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": pod_name, "namespace": namespace, "labels": labels, "ownerReferences": owner},
+                  "stringData": {"tls.crt": pair.cert_pem.decode(), "tls.key": pair.key_pem.decode()}}
+        try:
+            await self.ctx.client.create(groups.SECRETS, secret, namespace)
+        except AlreadyExists:
+            pass
+        block = dig(source, "spec", "volumeMode") == "Block"
+        mount = "/dev/cdi-block-volume" if block else CLONER_MOUNT_PATH
+        host = f"[{cluster_ip}]" if ":" in str(cluster_ip) else str(cluster_ip)
+        owner_uid = (dig(target, "metadata", "annotations") or {}).get(ann.CREATED_FOR_DATAVOLUME) or \
+            str(dig(target, "metadata", "uid"))
+        environment: list[Obj] = [
+            {"name": "CLIENT_KEY", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.key"}}},
+            {"name": "CLIENT_CERT", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.crt"}}},
+            {"name": "SERVER_CA_CERT", "value": pki_.server_signer.cert_pem.decode()},
+            {"name": "UPLOAD_URL", "value": f"https://{host}:{UPLOAD_PORT}{SYNC_PATHS[0]}"},
+            {"name": "UPLOAD_SERVER_NAME", "value": f"{upload_service_name(temp_name)}.{namespace}.svc"},
+            {"name": env.OWNER_UID, "value": owner_uid},
+            {"name": "VOLUME_MODE", "value": "block" if block else "filesystem"},
+            {"name": "MOUNT_POINT", "value": mount},
+            {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ]
+        container: Obj = {
+            "name": SOURCE_CONTAINER, "image": self.ctx.settings.cloner_image, "env": environment,
+            "ports": [{"name": "metrics", "containerPort": 8443, "protocol": "TCP"}],
+        }
+        if block:
+            container["volumeDevices"] = [{"name": "cdi-data-vol", "devicePath": mount}]
+        else:
+            container["volumeMounts"] = [{"name": "cdi-data-vol", "mountPath": mount, "readOnly": True}]
+        pod = worker_pod(name=pod_name, namespace=namespace, component=SOURCE_CONTAINER, annotated=target,
+                         owner=owner[0], containers=[container], restart_policy="OnFailure",
+                         volumes=[{"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": source_name,
+                                                                                     "readOnly": True}}],
+                         settings=pod_settings(self.ctx), labels=labels)
+        try:
+            await self.ctx.client.create(groups.PODS, pod, namespace)
+        except AlreadyExists:
+            pass
+
+    async def _get(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
+        try:
+            result: Obj = await self.ctx.client.get(gvr, name, namespace)
+            return result
+        except NotFound:
+            return None
+
+    def _temp_claim(self, target: Body, namespace: str, size: str, data_source: Obj | None) -> Obj:
+        spec = json.loads(json.dumps(dig(target, "spec") or {}))
+        for key in ("dataSourceRef", "dataSource", "volumeName"):
+            spec.pop(key, None)
+        spec["resources"]["requests"]["storage"] = size
+        if data_source is not None:
+            spec["dataSource"] = data_source
+        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": temp_claim_name(target), "namespace": namespace,
+                             "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true",
+                                        ann.LABEL_OWNED_BY_UID: str(dig(target, "metadata", "uid"))},
+                             "annotations": {ann.BIND_IMMEDIATE: "true"}},
+                "spec": spec}
+
+    async def _start(self, target: Body, kind: str, source_ns: str, source_name: str, strategy: str) -> Obj | None:
+        """Create what the strategy copies through: the temporary claim (cloning the source, or
+        restoring a snapshot), after the temporary snapshot is ready for a smart clone."""
+        target_size = str(dig(target, "spec", "resources", "requests", "storage"))
+        if kind == "snapshot":
+            snapshot = self.ctx.cached(groups.VOLUMESNAPSHOTS, source_name, source_ns)
+            size = str(dig(snapshot, "status", "restoreSize") or target_size)
+            await self._create_temp(target, source_ns, self._smaller(size, target_size),
+                                    {"apiGroup": groups.SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": source_name})
+            return await self._set_phase(target, SNAPSHOT_CLONE)
+        source = self.ctx.cached(groups.PVCS, source_name, source_ns)
+        if source is None or dig(source, "status", "phase") != "Bound":
+            return None
+        capacity = str(dig(source, "status", "capacity", "storage") or target_size)
+        if strategy == planner.CSI_CLONE:
+            await self._create_temp(target, source_ns, self._smaller(capacity, target_size),
+                                    {"kind": "PersistentVolumeClaim", "name": source_name})
+            return await self._set_phase(target, CSI_CLONE)
+        snap_name = temp_snapshot_name(target)
+        snapshot = await self._get(groups.VOLUMESNAPSHOTS, snap_name, source_ns)
+        if snapshot is None:
+            cluster = planner_cluster(self.ctx)
+            target_class = cluster.storage_class(dig(target, "spec", "storageClassName"))
+            klass = planner.snapshot_class_for(str((target_class or {}).get("provisioner") or ""), cluster,
+                                               dig(target, "spec", "storageClassName"))
+            body: Obj = {"apiVersion": groups.SNAPSHOT_API_VERSION, "kind": "VolumeSnapshot",
+                    "metadata": {"name": snap_name, "namespace": source_ns,
+                                 "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true",
+                                            ann.LABEL_OWNED_BY_UID: str(dig(target, "metadata", "uid"))}},
+                    "spec": {"source": {"persistentVolumeClaimName": source_name}}}
+            if klass:
+                body["spec"]["volumeSnapshotClassName"] = klass
+            try:
+                await self.ctx.client.create(groups.VOLUMESNAPSHOTS, body, source_ns)
+            except AlreadyExists:
+                pass
+            return await self._set_phase(target, SNAPSHOT_PHASE)
+        if dig(snapshot, "status", "readyToUse") is not True:
+            return None
+        size = str(dig(snapshot, "status", "restoreSize") or capacity)
+        await self._create_temp(target, source_ns, self._smaller(size, target_size),
+                                {"apiGroup": groups.SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": snap_name})
+        return await self._set_phase(target, SNAPSHOT_CLONE)
+
+    @staticmethod
+    def _smaller(a: str, b: str) -> str:
+        """The temporary claim starts at the source's size and is expanded to the target's after."""
+        return a if (_bytes(a) or 0) <= (_bytes(b) or 0) else b
+
+    async def _create_temp(self, target: Body, namespace: str, size: str, data_source: Obj) -> None:
+        try:
+            await self.ctx.client.create(groups.PVCS, self._temp_claim(target, namespace, size, data_source),
+                                         namespace)
+        except AlreadyExists:
+            pass
+
+    async def _rebind(self, temp: Body, target: Body) -> None:
+        """Hand the temporary claim's volume to the target: the PV's claimRef moves (CDI's Rebind)."""
+        pv_name = str(dig(temp, "spec", "volumeName") or "")
+        pv = await self._get(groups.PVS, pv_name, "") if pv_name else None
+        if pv is None:
+            return
+        ref = dig(pv, "spec", "claimRef") or {}
+        if ref.get("uid") == dig(target, "metadata", "uid"):
+            return
+        if ref.get("uid") != dig(temp, "metadata", "uid"):
+            raise RuntimeError(f"PV {pv_name} bound to unexpected claim {ref.get('name')}")
+        await self.ctx.client.patch(groups.PVS, pv_name, {"spec": {"claimRef": {
+            "kind": "PersistentVolumeClaim", "apiVersion": "v1",
+            "namespace": dig(target, "metadata", "namespace"), "name": dig(target, "metadata", "name"),
+            "uid": dig(target, "metadata", "uid"), "resourceVersion": dig(target, "metadata", "resourceVersion")}}})
+
+    async def _finish(self, target: Body, source_ns: str) -> Obj | None:
+        """The target holds the volume: remove every temporary object, then say so."""
+        if dig(target, "status", "phase") != "Bound":
+            return None
+        for gvr, name in ((groups.PVCS, temp_claim_name(target)), (groups.VOLUMESNAPSHOTS, temp_snapshot_name(target))):
+            try:
+                await self.ctx.client.delete(gvr, name, source_ns)
+            except NotFound:
+                pass
+        return await self._set_phase(target, SUCCEEDED, {ann.POPULATOR_PROGRESS: PROGRESS_COMPLETE})
+
+    # -- status ------------------------------------------------------------------------------------
+
+    async def _status(self, dv: Body, pvc: Body | None, *, reason: str = "", message: str = "",
+                      phase: str | None = None, requeue: float | None = None,
+                      scheduled_why: str | None = None) -> float | None:
+        view = DataVolumeView(dv)
+        status: Obj = json.loads(json.dumps(view.status))
+        old_phase = status.get("phase", "")
+        status.setdefault("progress", PROGRESS_UNKNOWN)
+        if phase is not None:
+            status["phase"] = phase
+        elif pvc is not None:
+            status["claimName"] = dig(pvc, "metadata", "name")
+            clone_phase = (dig(pvc, "metadata", "annotations") or {}).get(ann.CLONE_PHASE, "")
+            status["phase"] = PHASE_MAP.get(clone_phase, status.get("phase") or "CloneScheduled")
+            if status["phase"] == "Succeeded":
+                status["progress"] = PROGRESS_COMPLETE
+            elif status["phase"] == "CloneInProgress":
+                await self._refresh_progress(view, pvc, status)
+        elif not old_phase:
+            status["phase"] = "Pending"
+        conditions.update_all(status, pvc, message, reason)
+        if status != view.status:
+            await write_status(self.ctx.client, groups.DATAVOLUMES, dv, status)
+            if status.get("phase") != old_phase:
+                self._phase_event(dv, str(status["phase"]), scheduled_why)
+        return requeue
+
+    async def _refresh_progress(self, view: DataVolumeView, target: Body, status: Obj) -> None:
+        """The clone source pod's `kubevirt_cdi_clone_progress_total{ownerUID}`, as CDI reads it."""
+        source = (dig(target, "metadata", "annotations") or {}).get(CLONE_SOURCE_ANNOTATION, "")
+        source_ns = source.split("/")[1] if source.count("/") >= 2 else ""
+        temp = self.ctx.cached(groups.PVCS, temp_claim_name(target), source_ns)
+        pod = self.ctx.cached(groups.PODS, source_pod_name(temp), source_ns) if temp else None
+        pod_ip = dig(pod, "status", "podIP")
+        if not pod_ip:
+            return
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        report = await scrape(self._session, str(pod_ip), view.uid)
+        if report is not None and report.progress is not None:
+            status["progress"] = format_progress(min(report.progress, 99.99))
+
+    def _phase_event(self, dv: Body, phase: str, why: str | None) -> None:
+        view = DataVolumeView(dv)
+        try:
+            source = resolve_source_ref(dv, self.lookup)
+            src_ns, src_name = source.namespace, source.name
+        except ChainError:
+            return
+        target = f"{view.namespace}/{view.name}"
+        events = {
+            "CloneScheduled": ("CloneScheduled", f"Cloning from {src_ns}/{src_name} into {target} scheduled"
+                               + (f": {why}" if why else "")),
+            "SnapshotForSmartCloneInProgress": ("SnapshotForSmartCloneInProgress",
+                                                f"Creating snapshot for smart-clone is in progress (for pvc "
+                                                f"{src_ns}/{src_name})"),
+            "CloneFromSnapshotSourceInProgress": ("CloneFromSnapshotSourceInProgress",
+                                                  f"Creating PVC from snapshot source is in progress (for "
+                                                  f"{'snapshot' if dig(dv, 'spec', 'source', 'snapshot') else 'pvc'}"
+                                                  f" {src_ns}/{src_name})"),
+            "CSICloneInProgress": ("CSICloneInProgress", f"CSI Volume clone in progress (for pvc {src_ns}/{src_name})"),
+            "CloneInProgress": ("CloneInProgress", f"Cloning from {src_ns}/{src_name} into {target} in progress"),
+            "PrepClaimInProgress": ("PrepClaimInProgress", f"Prepping PersistentVolumeClaim for DataVolume {target}"),
+            "RebindInProgress": ("RebindInProgress", f"Rebinding PersistentVolumeClaim for DataVolume {target}"),
+            "Succeeded": ("CloneSucceeded", f"Successfully cloned from {src_ns}/{src_name} into {target}"),
+        }
+        if phase in events:
+            reason, message = events[phase]
+            self.ctx.recorder.record(dv, NORMAL, reason, message)

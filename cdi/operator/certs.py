@@ -1,0 +1,198 @@
+"""The certificates CDI's operator keeps, created and rotated from the `CDI` resource's `certConfig`
+(CA and server leaf: `duration`, `renewBefore`, Go duration strings; CDI's defaults 48h/24h for CAs and
+24h/12h for leaves), with no manual step:
+
+* `cdi-apiserver-signer` (Secret, the apiserver's CA, mounted where cdi-apiserver issues its own
+  serving leaf from it) and its bundle ConfigMap `cdi-apiserver-signer-bundle` (the webhooks' and the
+  APIService's `caBundle`);
+* `cdi-uploadproxy-signer`, the proxy's serving leaf `cdi-uploadproxy-server-cert` (for the Service's
+  names and cluster IP), and `cdi-uploadproxy-signer-bundle` / `cdi-uploadproxy-ca` (where
+  `cdi image-upload` looks for the CA).
+
+A renewed CA is published in the bundle next to the old one until the old one expires, so clients
+that hold the bundle keep trusting the serving certificates issued before the renewal. Components
+read certificates when they start; the Deployments carry a hash of theirs, so a rotation rolls them."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+
+from cdi.api import groups
+from cdi.common import pki
+from cdi.kube import AlreadyExists, KubeClient, NotFound
+from cdi.operator.resources import LABEL, MANAGED_BY
+
+Obj = dict[str, Any]
+APISERVER_SIGNER = "cdi-apiserver-signer"
+UPLOADPROXY_SIGNER = "cdi-uploadproxy-signer"
+UPLOADPROXY_SERVER = "cdi-uploadproxy-server-cert"
+UPLOADPROXY_CA_CONFIGMAP = "cdi-uploadproxy-ca"  # what `cdi image-upload` reads (cdi/uploadproxy/serving.py)
+DEFAULTS = {"ca": ("48h", "24h"), "server": ("24h", "12h")}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(text: str) -> datetime.timedelta:
+    """A Go duration (`48h`, `1h30m`, `90s`) as a timedelta."""
+    parts = _DURATION.findall(text or "")
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r}")
+    return datetime.timedelta(seconds=sum(float(n) * _UNIT[u] for n, u in parts))
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    duration: datetime.timedelta
+    renew_before: datetime.timedelta
+
+    @classmethod
+    def of(cls, cert_config: Mapping[str, Any], which: str) -> Lifetime:
+        wanted = cert_config.get(which) or {}
+        duration, renew = DEFAULTS[which]
+        return cls(parse_duration(wanted.get("duration") or duration),
+                   parse_duration(wanted.get("renewBefore") or renew))
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _days(delta: datetime.timedelta) -> float:
+    return delta.total_seconds() / 86400
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _pair(secret: Mapping[str, Any] | None) -> pki.KeyPair | None:
+    data = (secret or {}).get("data") or {}
+    if "tls.crt" not in data or "tls.key" not in data:
+        return None
+    return pki.KeyPair(base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"]))
+
+
+def due(pair: pki.KeyPair | None, lifetime: Lifetime, issuer: pki.KeyPair | None = None) -> bool:
+    """Does this certificate need (re)issuing: missing, within `renewBefore` of its end, longer-lived
+    than `duration` allows (the config was shortened), or not signed by the current CA."""
+    if pair is None:
+        return True
+    cert = pair.certificate()
+    now = _now()
+    end = cert.not_valid_after_utc
+    if end - now <= lifetime.renew_before or end - cert.not_valid_before_utc > lifetime.duration + datetime.timedelta(
+            minutes=10):
+        return True
+    return issuer is not None and cert.issuer != issuer.certificate().subject
+
+
+def _bundle(current: pki.KeyPair, previous: str) -> str:
+    """The current CA plus every still-valid CA of the previous bundle (rotation without a trust gap)."""
+    keep = [current.cert_pem.decode()]
+    now = _now()
+    for block in re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----\n?", previous or "", re.S):
+        cert = x509.load_pem_x509_certificate(block.encode())
+        if cert.not_valid_after_utc > now and block.strip() not in (k.strip() for k in keep):
+            keep.append(block if block.endswith("\n") else block + "\n")
+    return "".join(keep)
+
+
+class Certificates:
+    def __init__(self, client: KubeClient, namespace: str) -> None:
+        self.client = client
+        self.namespace = namespace
+
+    async def _secret(self, name: str) -> Obj | None:
+        try:
+            return await self.client.get(groups.SECRETS, name, self.namespace)
+        except NotFound:
+            return None
+
+    async def _write_secret(self, name: str, pair: pki.KeyPair, current: Obj | None) -> None:
+        body: Obj = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                     "metadata": {"name": name, "namespace": self.namespace, "labels": {LABEL: "", **MANAGED_BY}},
+                     "data": {"tls.crt": _b64(pair.cert_pem), "tls.key": _b64(pair.key_pem)}}
+        if current is None:
+            await self.client.create(groups.SECRETS, body, self.namespace)
+        else:
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            await self.client.replace(groups.SECRETS, body, self.namespace)
+
+    async def _write_configmap(self, name: str, key: str, make: Any) -> str:
+        try:
+            current: Obj | None = await self.client.get(groups.CONFIGMAPS, name, self.namespace)
+        except NotFound:
+            current = None
+        value = str(make(((current or {}).get("data") or {}).get(key, "")))
+        body: Obj = {"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": name, "namespace": self.namespace, "labels": {LABEL: "", **MANAGED_BY}},
+                     "data": {key: value}}
+        if current is None:
+            try:
+                await self.client.create(groups.CONFIGMAPS, body, self.namespace)
+            except AlreadyExists:
+                pass
+        elif (current.get("data") or {}).get(key) != value:
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            await self.client.replace(groups.CONFIGMAPS, body, self.namespace)
+        return value
+
+    async def ca(self, name: str, lifetime: Lifetime) -> tuple[pki.KeyPair, bool]:
+        current = await self._secret(name)
+        pair = _pair(current)
+        if pair is not None and not due(pair, lifetime):
+            return pair, False
+        pair = pki.make_ca(f"{self.namespace}_{name}@{int(_now().timestamp())}", days=_days(lifetime.duration))  # type: ignore[arg-type]
+        await self._write_secret(name, pair, current)
+        return pair, True
+
+    async def leaf(self, name: str, ca: pki.KeyPair, lifetime: Lifetime, common_name: str,
+                   hosts: list[str]) -> pki.KeyPair:
+        current = await self._secret(name)
+        pair = _pair(current)
+        if pair is not None and not due(pair, lifetime, ca) and _hosts(pair) >= set(hosts):
+            return pair
+        pair = pki.issue(ca, common_name, hosts, days=_days(lifetime.duration))  # type: ignore[arg-type]
+        await self._write_secret(name, pair, current)
+        return pair
+
+    async def reconcile(self, cert_config: Mapping[str, Any], uploadproxy_ip: str | None) -> dict[str, str]:
+        """Create or rotate every certificate; returns the apiserver's CA bundle (`bundle`) and, per
+        component, a hash of what it mounts (`cdi-apiserver`, `cdi-uploadproxy`)."""
+        ca_life, server_life = Lifetime.of(cert_config, "ca"), Lifetime.of(cert_config, "server")
+        api_ca, _ = await self.ca(APISERVER_SIGNER, ca_life)
+        api_bundle = await self._write_configmap(f"{APISERVER_SIGNER}-bundle", "ca-bundle.crt",
+                                                 lambda old: _bundle(api_ca, old))
+        proxy_ca, _ = await self.ca(UPLOADPROXY_SIGNER, ca_life)
+        proxy_bundle = await self._write_configmap(f"{UPLOADPROXY_SIGNER}-bundle", "ca-bundle.crt",
+                                                   lambda old: _bundle(proxy_ca, old))
+        await self._write_configmap(UPLOADPROXY_CA_CONFIGMAP, "ca.crt", lambda _old: proxy_bundle)
+        service = f"cdi-uploadproxy.{self.namespace}.svc"
+        hosts = ["cdi-uploadproxy", f"cdi-uploadproxy.{self.namespace}", service, f"{service}.cluster.local"]
+        if uploadproxy_ip:
+            hosts.append(uploadproxy_ip)
+        proxy_leaf = await self.leaf(UPLOADPROXY_SERVER, proxy_ca, server_life, service, hosts)
+        return {"bundle": _b64(api_bundle.encode()),
+                "cdi-apiserver": _hash(api_ca.cert_pem),
+                "cdi-uploadproxy": _hash(proxy_leaf.cert_pem)}
+
+
+def _hosts(pair: pki.KeyPair) -> set[str]:
+    try:
+        sans = pair.certificate().extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(v) for v in sans.get_values_for_type(x509.DNSName)} | {
+        str(v) for v in sans.get_values_for_type(x509.IPAddress)}
+
+
+def _hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]

@@ -1,0 +1,261 @@
+"""cdi-operator's reconciler: one `CDI` resource in, CDI's components out.
+
+Level-triggered: every pass computes the whole desired state from the resource and applies it with
+server-side apply (field manager `cdi-operator`), so a hand-deleted or edited object comes back. A pass
+runs when the resource or one of the component Deployments changes, and at least every `resync`
+seconds (certificate rotation). Status as CDI's: `phase` Deploying -> Deployed (Deleting on removal),
+conditions Available / Progressing / Degraded, and the versions.
+
+Uninstall: the resource carries CDI's finalizer `operator.cdi.kubevirt.io`; deleting it (which
+cdi-apiserver's `cdi-api-validate` webhook refuses under `BlockUninstallIfWorkloadsExist` while
+DataVolumes exist) removes everything the operator and the components created, then the finalizer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from cdi.api import groups
+from cdi.api.groups import GVR
+from cdi.kube import ApiError, Conflict, Forbidden, Informer, KubeClient, NotFound
+from cdi.operator import resources
+from cdi.operator.certs import (
+    APISERVER_SIGNER,
+    UPLOADPROXY_CA_CONFIGMAP,
+    UPLOADPROXY_SERVER,
+    UPLOADPROXY_SIGNER,
+    Certificates,
+)
+from cdi.operator.resources import (
+    CLUSTERROLEBINDINGS,
+    CLUSTERROLES,
+    DEPLOYMENTS,
+    FINALIZER,
+    PDBS,
+    ROLEBINDINGS,
+    ROLES,
+    Images,
+)
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+FIELD_MANAGER = "cdi-operator"
+KINDS: dict[str, GVR] = {gvr.kind: gvr for gvr in (
+    groups.SERVICEACCOUNTS, groups.SERVICES, groups.SECRETS, groups.CONFIGMAPS, groups.APISERVICES,
+    groups.VALIDATING_WEBHOOKS, groups.MUTATING_WEBHOOKS, DEPLOYMENTS, ROLES, ROLEBINDINGS, CLUSTERROLES,
+    CLUSTERROLEBINDINGS, PDBS)}
+# what the components create for themselves in CDI's namespace, removed with them on uninstall
+COMPONENT_CREATED = {
+    groups.SECRETS: ("cdi-api-signing-key", "cdi-uploadserver-signer", "cdi-uploadserver-client-signer",
+                     "cdi-uploadserver-client-cert", APISERVER_SIGNER, UPLOADPROXY_SIGNER, UPLOADPROXY_SERVER),
+    groups.CONFIGMAPS: ("cdi-api-public-key", "cdi-uploadserver-signer-bundle", f"{APISERVER_SIGNER}-bundle",
+                        f"{UPLOADPROXY_SIGNER}-bundle", UPLOADPROXY_CA_CONFIGMAP),
+    groups.LEASES: ("cdi-controller-leader-election-helper",),
+}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _conditions(old: list[Obj], available: bool, progressing: bool, degraded: bool, reason: str,
+                message: str) -> list[Obj]:
+    """CDI's three conditions; lastTransitionTime moves only when a status changes."""
+    previous = {c.get("type"): c for c in old}
+    now = _now()
+    out = []
+    for kind, value in (("Available", available), ("Progressing", progressing), ("Degraded", degraded)):
+        status = "True" if value else "False"
+        before = previous.get(kind) or {}
+        out.append({"type": kind, "status": status, "reason": reason, "message": message,
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": before.get("lastTransitionTime", now)
+                    if before.get("status") == status else now})
+    return out
+
+
+def _ready(deployment: Mapping[str, Any] | None) -> bool:
+    if not deployment:
+        return False
+    want = int((deployment.get("spec") or {}).get("replicas") or 0)
+    status = deployment.get("status") or {}
+    generation_seen = status.get("observedGeneration", 0) >= (deployment.get("metadata") or {}).get("generation", 0)
+    return (generation_seen and int(status.get("readyReplicas") or 0) >= want
+            and int(status.get("updatedReplicas") or 0) >= want)
+
+
+class Operator:
+    def __init__(self, client: KubeClient, namespace: str, images: Images, *, resync: float = 15.0) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.images = images
+        self.resync = resync
+        self.certs = Certificates(client, namespace)
+        self.wake = asyncio.Event()
+        self.cdis = Informer(client, groups.CDIS)
+        self.deployments = Informer(client, DEPLOYMENTS, namespace)
+        for informer in (self.cdis, self.deployments):
+            informer.add_handler(self._poke, self._poke, self._poke)
+        self.passes = 0
+
+    def _poke(self, *_: Any) -> None:
+        self.wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        for informer in (self.cdis, self.deployments):
+            informer.start()
+        try:
+            while not stop.is_set():
+                self.wake.clear()
+                after = self.resync
+                try:
+                    after = await self.reconcile()
+                except Conflict:
+                    after = 0.2
+                except ApiError as exc:
+                    log.warning("reconcile failed: %s", exc)
+                    after = 2.0
+                except Exception:
+                    log.exception("reconcile failed")
+                    after = 5.0
+                self.passes += 1
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(after):
+                        waits = [asyncio.create_task(self.wake.wait()), asyncio.create_task(stop.wait())]
+                        try:
+                            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                        finally:
+                            for task in waits:
+                                task.cancel()
+        finally:
+            for informer in (self.cdis, self.deployments):
+                await informer.stop()
+
+    # -- one pass --------------------------------------------------------------------------------------
+
+    async def reconcile(self) -> float:
+        listed = (await self.client.list(groups.CDIS)).items
+        if not listed:
+            return self.resync
+        listed.sort(key=lambda c: (c["metadata"].get("creationTimestamp", ""), c["metadata"]["name"]))
+        cr, others = listed[0], listed[1:]
+        for other in others:  # CDI runs one installation per cluster
+            if (other.get("status") or {}).get("phase") != "Error":
+                await self._status(other, "Error", available=False, progressing=False, degraded=True,
+                                   reason="ConfigError", message="only one CDI resource is reconciled")
+        if (cr["metadata"]).get("deletionTimestamp"):
+            await self.uninstall(cr)
+            return self.resync
+        if FINALIZER not in (cr["metadata"].get("finalizers") or []):
+            cr = await self.client.patch(groups.CDIS, cr["metadata"]["name"], [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": cr["metadata"]["resourceVersion"]},
+                {"op": "add", "path": "/metadata/finalizers",
+                 "value": [*(cr["metadata"].get("finalizers") or []), FINALIZER]}], patch_type="json")
+        status = cr.get("status") or {}
+        if not status.get("phase"):
+            cr = await self._status(cr, "Deploying", available=False, progressing=True, degraded=False,
+                                    reason="DeployStarted", message="Started Deployment")
+        spec = cr.get("spec") or {}
+        await self._ensure_config(spec)
+        uploadproxy_ip = await self._apply_all(resources.components(cr, self.namespace, self.images, {}),
+                                               service=resources.UPLOADPROXY)
+        hashes = await self.certs.reconcile(spec.get("certConfig") or {}, uploadproxy_ip)
+        for obj in resources.components(cr, self.namespace, self.images, hashes):
+            if obj["kind"] == "Deployment":
+                await self._apply(obj)
+        for obj in resources.webhooks_and_apiservice(self.namespace, hashes["bundle"]):
+            await self._apply(obj)
+        deployments = [self.deployments.get_by_name(name, self.namespace)
+                       for name in (resources.CONTROLLER, resources.APISERVER, resources.UPLOADPROXY)]
+        ready = all(_ready(d) for d in deployments)
+        phase = status.get("phase") or "Deploying"
+        if ready:
+            if phase != "Deployed" or not _condition_is(cr, "Available", "True"):
+                await self._status(cr, "Deployed", available=True, progressing=False, degraded=False,
+                                   reason="DeployCompleted", message="Deployment Completed")
+            return self.resync
+        if phase == "Deployed":  # was running, a component is not ready now
+            await self._status(cr, "Deployed", available=False, progressing=True, degraded=True,
+                               reason="DeploymentNotReady", message="a component Deployment is not ready")
+        return 2.0
+
+    async def _status(self, cr: Obj, phase: str, *, available: bool, progressing: bool, degraded: bool,
+                      reason: str, message: str) -> Obj:
+        old = (cr.get("status") or {}).get("conditions") or []
+        status = {**(cr.get("status") or {}), "phase": phase,
+                  "conditions": _conditions(old, available, progressing, degraded, reason, message),
+                  "operatorVersion": self.images.tag, "targetVersion": self.images.tag}
+        if phase == "Deployed" and available:
+            status["observedVersion"] = self.images.tag
+        body = {**cr, "status": status}
+        result: Obj = await self.client.replace(groups.CDIS, body, subresource="status")
+        return result
+
+    async def _ensure_config(self, spec: Mapping[str, Any]) -> None:
+        """CDIConfig `config`: created from `spec.config`; the controller keeps its spec in step and writes
+        its status."""
+        try:
+            await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
+        except NotFound:
+            await self.client.create(groups.CDICONFIGS, {
+                "apiVersion": groups.CDI_API_VERSION, "kind": "CDIConfig",
+                "metadata": {"name": groups.CDI_CONFIG_NAME, "labels": {resources.LABEL: ""}},
+                "spec": dict(spec.get("config") or {})})
+
+    async def _apply(self, obj: Obj) -> Obj:
+        gvr = KINDS[obj["kind"]]
+        namespace = obj["metadata"].get("namespace")
+        result: Obj = await self.client.patch(gvr, obj["metadata"]["name"], obj, namespace, patch_type="apply",
+                                              field_manager=FIELD_MANAGER, force=True)
+        return result
+
+    async def _apply_all(self, objects: list[Obj], service: str) -> str | None:
+        """Apply all but the Deployments (they wait for their certificates); return `service`'s cluster IP."""
+        cluster_ip = None
+        for obj in objects:
+            if obj["kind"] == "Deployment":
+                continue
+            applied = await self._apply(obj)
+            if obj["kind"] == "Service" and obj["metadata"]["name"] == service:
+                cluster_ip = (applied.get("spec") or {}).get("clusterIP")
+        return cluster_ip
+
+    # -- uninstall -------------------------------------------------------------------------------------
+
+    async def uninstall(self, cr: Obj) -> None:
+        if (cr.get("status") or {}).get("phase") != "Deleting":
+            cr = await self._status(cr, "Deleting", available=False, progressing=False, degraded=False,
+                                    reason="DeletionStarted", message="Deleting CDI")
+        created = [*resources.webhooks_and_apiservice(self.namespace, ""),
+                   *resources.components(cr, self.namespace, self.images, {})]
+        for obj in created:
+            await self._delete(KINDS[obj["kind"]], obj["metadata"]["name"], obj["metadata"].get("namespace"))
+        for gvr, names in COMPONENT_CREATED.items():
+            for name in names:
+                await self._delete(gvr, name, self.namespace)
+        await self._delete(groups.MUTATING_WEBHOOKS, "cdi-api-pvc-mutate", None)  # cdi-apiserver's own
+        await self._delete(groups.CDICONFIGS, groups.CDI_CONFIG_NAME, None)
+        for profile in (await self.client.list(groups.STORAGEPROFILES)).items:
+            await self._delete(groups.STORAGEPROFILES, profile["metadata"]["name"], None)
+        finalizers = [f for f in cr["metadata"].get("finalizers") or [] if f != FINALIZER]
+        await self.client.patch(groups.CDIS, cr["metadata"]["name"], [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": cr["metadata"]["resourceVersion"]},
+            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers}], patch_type="json")
+        log.info("CDI %s uninstalled", cr["metadata"]["name"])
+
+    async def _delete(self, gvr: GVR, name: str, namespace: str | None) -> None:
+        try:
+            await self.client.delete(gvr, name, namespace, propagation_policy="Background")
+        except NotFound:
+            pass
+        except Forbidden as exc:  # left behind, and said so, rather than an uninstall that never ends
+            log.warning("cannot remove %s %s/%s: %s", gvr.kind, namespace or "", name, exc)
+
+
+def _condition_is(cr: Mapping[str, Any], kind: str, status: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == status
+               for c in (cr.get("status") or {}).get("conditions") or [])

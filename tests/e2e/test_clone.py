@@ -1,0 +1,443 @@
+"""Cloning against `cdi up` through the real kubectl: DataSources and their Ready condition, and
+DataVolumes that clone a PVC, a snapshot or a DataSource's source with the strategy the planner
+chose, byte for byte, leaving no temporary object behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from tests.e2e.workloads import get, new_namespace, pod, pvc, run_to_completion
+from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
+
+MIB = 1024 * 1024
+
+# a sparse 64 MiB disk.img with three 4 KiB data blocks
+SPARSE_WRITE = """
+import os
+with open("/data/disk.img", "wb") as f:
+    f.truncate(64 * 1024 * 1024)
+    for offset in (0, 10 * 1024 * 1024, 64 * 1024 * 1024 - 4096):
+        f.seek(offset)
+        f.write(os.urandom(4096))
+    f.flush()
+    os.fsync(f.fileno())
+"""
+
+DESCRIBE = """
+import hashlib, json, os
+path = "/data/disk.img"
+digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+st = os.stat(path)
+print(json.dumps({"sha256": digest, "size": st.st_size, "allocated": st.st_blocks * 512}))
+"""
+
+
+def describe(k: Kubectl, ns: str, claim: str, name: str) -> dict[str, Any]:
+    out = run_to_completion(k, ns, pod(name, DESCRIBE, claim, python=True))
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def data_source(name: str, source: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource", "metadata": {"name": name},
+            "spec": {"source": source}}
+
+
+def ready_condition(k: Kubectl, ns: str, name: str) -> dict[str, Any]:
+    ds = get(k, "datasource", name, ns) or {}
+    return next((c for c in (ds.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), {})
+
+
+def wait_ready_reason(k: Kubectl, ns: str, name: str, status: str, reason: str) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        cond = ready_condition(k, ns, name)
+        return cond if cond.get("status") == status and cond.get("reason") == reason else None
+
+    result: dict[str, Any] = wait_for(check, 60, 0.1, message=f"DataSource {ns}/{name} Ready={status} {reason}: "
+                                                             f"{ready_condition(k, ns, name)}")
+    return result
+
+
+def test_datasource_ready_condition_follows_its_source(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "das")
+    k.apply(data_source("golden", {"pvc": {"namespace": ns, "name": "golden-disk"}}), "-n", ns)
+    cond = wait_ready_reason(k, ns, "golden", "False", "NotFound")
+    assert cond["message"] == "PVC not found"
+    assert get(k, "datasource", "golden", ns)["status"].get("source") in ({}, None)
+
+    k.apply(pvc("golden-disk", "16Mi"), "-n", ns)
+    k("label", "pvc", "golden-disk", "-n", ns, "instancetype.kubevirt.io/default-instancetype=u1.small",
+      "other.example.com/x=y")
+    cond = wait_ready_reason(k, ns, "golden", "True", "Ready")
+    assert cond["message"] == "DataSource is ready to be consumed"
+    ds = get(k, "datasource", "golden", ns)
+    assert ds["status"]["source"] == {"pvc": {"namespace": ns, "name": "golden-disk"}}
+    assert ds["metadata"]["labels"]["instancetype.kubevirt.io/default-instancetype"] == "u1.small"
+    assert "other.example.com/x" not in ds["metadata"]["labels"]
+
+    # one level of indirection: a DataSource naming the ready one is ready with its source
+    k.apply(data_source("alias", {"dataSource": {"namespace": ns, "name": "golden"}}), "-n", ns)
+    wait_ready_reason(k, ns, "alias", "True", "Ready")
+    assert get(k, "datasource", "alias", ns)["status"]["source"] == {"pvc": {"namespace": ns, "name": "golden-disk"}}
+    # ... but no more than one, never itself, never in another namespace
+    k.apply(data_source("alias2", {"dataSource": {"namespace": ns, "name": "alias"}}), "-n", ns)
+    cond = wait_ready_reason(k, ns, "alias2", "False", "MaxReferenceDepthReached")
+    assert cond["message"] == "DataSource reference chain exceeds maximum depth of 1"
+    k.apply(data_source("me", {"dataSource": {"namespace": ns, "name": "me"}}), "-n", ns)
+    assert wait_ready_reason(k, ns, "me", "False", "SelfReference")["message"] == "DataSource cannot self-reference"
+    k.apply(data_source("far", {"dataSource": {"name": "golden", "namespace": "default"}}), "-n", ns)
+    assert wait_ready_reason(k, ns, "far", "False", "CrossNamespaceReference")["message"] == \
+        "DataSource cannot reference a DataSource in another namespace"
+
+    # a snapshot source is ready once the snapshot is
+    k.apply(data_source("snap-das", {"snapshot": {"namespace": ns, "name": "snap"}}), "-n", ns)
+    assert wait_ready_reason(k, ns, "snap-das", "False", "NotFound")["message"] == "Snapshot not found"
+    k.apply({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
+             "spec": {"volumeSnapshotClassName": "local", "source": {"persistentVolumeClaimName": "golden-disk"}}},
+            "-n", ns)
+    wait_ready_reason(k, ns, "snap-das", "True", "Ready")
+
+    # the PVC of a DataVolume still importing is not ready: the reason is the DataVolume's phase
+    k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "pending-disk"},
+             "spec": {"source": {"http": {"url": "http://127.0.0.1:9/nothing.img"}},
+                      "storage": {"resources": {"requests": {"storage": "16Mi"}}}}}, "-n", ns)
+    k.apply(data_source("importing", {"pvc": {"namespace": ns, "name": "pending-disk"}}), "-n", ns)
+
+    def not_ready_with_phase() -> dict[str, Any] | None:
+        cond = ready_condition(k, ns, "importing")
+        return cond if cond.get("status") == "False" and cond.get("message", "").startswith(
+            "Import DataVolume phase ") and cond.get("reason") not in ("NotFound", "") else None
+
+    cond = wait_for(not_ready_with_phase, 60, 0.1, message="DataSource of an importing DataVolume")
+    assert cond["message"] == f"Import DataVolume phase {cond['reason']}"
+    # when the PVC goes, so does the readiness
+    k("delete", "pvc", "golden-disk", "-n", ns, "--wait=false")
+    wait_ready_reason(k, ns, "golden", "False", "NotFound")
+    assert get(k, "datasource", "golden", ns)["status"].get("source") in ({}, None)
+
+
+def clone_dv(name: str, source: dict[str, Any] | None = None, *, size: str | None = None,
+             storage_class: str | None = None, source_ref: dict[str, Any] | None = None,
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    storage: dict[str, Any] = {}
+    if size is not None:
+        storage["resources"] = {"requests": {"storage": size}}
+    if storage_class is not None:
+        storage["storageClassName"] = storage_class
+    spec: dict[str, Any] = {"storage": storage}
+    if source is not None:
+        spec["source"] = source
+    if source_ref is not None:
+        spec["sourceRef"] = source_ref
+    meta: dict[str, Any] = {"name": name}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": meta, "spec": spec}
+
+
+def clone_plan(cluster: CdiUp, manifest: dict[str, Any], ns: str) -> subprocess.CompletedProcess[str]:
+    """`cdi clone-plan -f -` as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "cdi.cli.main", "clone-plan", "-f", "-", "-n", ns, "--kubeconfig",
+                           str(cluster.kubeconfig)], input=json.dumps(manifest), capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
+
+
+def wait_dv_phase(k: Kubectl, ns: str, name: str, phase: str, timeout: float = 120) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        dv = get(k, "datavolume", name, ns) or {}
+        return dv if (dv.get("status") or {}).get("phase") == phase else None
+
+    result: dict[str, Any] = wait_for(check, timeout, 0.2, message=f"DataVolume {ns}/{name} {phase}")
+    return result
+
+
+def events_of(k: Kubectl, ns: str, name: str) -> list[tuple[str, str]]:
+    items = k.json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [(e["reason"], e["message"]) for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
+
+
+def leftovers(k: Kubectl, ns: str) -> list[str]:
+    """Temporary clone objects still in `ns`."""
+    names = [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]]
+    names += [s["metadata"]["name"] for s in k.json("get", "volumesnapshot", "-n", ns)["items"]]
+    return [n for n in names if n.startswith(("tmp-pvc-", "tmp-snapshot-"))]
+
+
+def test_snapshot_and_csi_clone_keep_bytes_and_leave_nothing_behind(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "smart")
+    k.apply(pvc("golden", "100Mi"), "-n", ns)
+    run_to_completion(k, ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, ns, "golden", "describe-golden")
+
+    def use_strategy(strategy: str) -> None:
+        k("patch", "storageprofile", "local", "--type=merge", "-p", json.dumps({"spec": {"cloneStrategy": strategy}}))
+
+        def applied() -> bool:
+            return (get(k, "storageprofile", "local", "") or {}).get("status", {}).get("cloneStrategy") == strategy
+
+        wait_for(applied, 30, 0.1, message=f"profile says {strategy}")
+
+    try:
+        # snapshot (smart clone) from the StorageProfile; no size: the source's
+        use_strategy("snapshot")
+        k.apply(clone_dv("smart", {"pvc": {"namespace": ns, "name": "golden"}}), "-n", ns)
+        dv = wait_dv_phase(k, ns, "smart", "Succeeded")
+        # csi-clone into a larger target (grown after the clone)
+        use_strategy("csi-clone")
+        k.apply(clone_dv("csi", {"pvc": {"namespace": ns, "name": "golden"}}, size="200Mi"), "-n", ns)
+        wait_dv_phase(k, ns, "csi", "Succeeded")
+    finally:
+        k("patch", "storageprofile", "local", "--type=json", "-p", '[{"op":"remove","path":"/spec/cloneStrategy"}]')
+    assert dv["status"]["progress"] == "100.0%"
+    target = get(k, "pvc", "smart", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "snapshot"
+    assert "cdi.kubevirt.io/cloneFallbackReason" not in target["metadata"]["annotations"]
+    assert target["status"]["phase"] == "Bound"
+    assert target["status"]["capacity"]["storage"] == get(k, "pvc", "golden", ns)["status"]["capacity"]["storage"]
+    reasons = [r for r, _ in events_of(k, ns, "smart")]
+    for reason in ("CloneScheduled", "SnapshotForSmartCloneInProgress", "CloneFromSnapshotSourceInProgress",
+                   "RebindInProgress", "CloneSucceeded"):
+        assert reason in reasons, reasons
+    scheduled = dict(events_of(k, ns, "smart"))["CloneScheduled"]
+    assert scheduled.startswith(f"Cloning from {ns}/golden into {ns}/smart scheduled: snapshot"), scheduled
+    assert dict(events_of(k, ns, "smart"))["CloneSucceeded"] == \
+        f"Successfully cloned from {ns}/golden into {ns}/smart"
+
+    target = get(k, "pvc", "csi", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "csi-clone"
+    assert target["status"]["capacity"]["storage"] == target["spec"]["resources"]["requests"]["storage"] != "100Mi"
+    reasons = [r for r, _ in events_of(k, ns, "csi")]
+    for reason in ("CSICloneInProgress", "PrepClaimInProgress", "CloneSucceeded"):
+        assert reason in reasons, reasons
+
+    # a DataSource's source, and a snapshot source
+    k.apply(data_source("golden-das", {"pvc": {"namespace": ns, "name": "golden"}}), "-n", ns)
+    wait_ready_reason(k, ns, "golden-das", "True", "Ready")
+    k.apply(clone_dv("from-ref", source_ref={"kind": "DataSource", "name": "golden-das"}), "-n", ns)
+    wait_dv_phase(k, ns, "from-ref", "Succeeded")
+    k.apply({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "golden-snap"},
+             "spec": {"volumeSnapshotClassName": "local", "source": {"persistentVolumeClaimName": "golden"}}},
+            "-n", ns)
+    k.apply(clone_dv("from-snap", {"snapshot": {"namespace": ns, "name": "golden-snap"}}), "-n", ns)
+    wait_dv_phase(k, ns, "from-snap", "Succeeded")
+    assert get(k, "pvc", "from-snap", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "snapshot"
+
+    for claim in ("smart", "csi", "from-ref", "from-snap"):
+        assert describe(k, ns, claim, f"describe-{claim}")["sha256"] == original["sha256"], claim
+    assert leftovers(k, ns) == []
+    assert [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]
+            if p["status"].get("phase") != "Bound"] == []
+
+
+def test_clone_into_another_namespace_rebinds_the_volume(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    src_ns, ns = new_namespace(k, "src"), new_namespace(k, "dst")
+    k.apply(pvc("golden", "64Mi"), "-n", src_ns)
+    run_to_completion(k, src_ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, src_ns, "golden", "describe-golden")
+    k.apply(clone_dv("copy", {"pvc": {"namespace": src_ns, "name": "golden"}}), "-n", ns)
+    wait_dv_phase(k, ns, "copy", "Succeeded")
+    assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
+    assert leftovers(k, src_ns) == [] and leftovers(k, ns) == []
+
+
+def test_fallback_and_validation_are_explained(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "fallback")
+    k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", ns)
+    # the profile of a class without snapshots advises copy: host-assisted, as asked, no fallback
+    k.apply(clone_dv("slow", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"), "-n", ns)
+    wait_dv_phase(k, ns, "slow", "Succeeded")
+    target = get(k, "pvc", "slow", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    assert "cdi.kubevirt.io/cloneFallbackReason" not in target["metadata"]["annotations"]
+    assert dict(events_of(k, ns, "slow"))["CloneScheduled"] == (
+        f"Cloning from {ns}/golden into {ns}/slow scheduled: host-assisted copy, as asked by the cloneStrategy "
+        "of StorageProfile local-nosnap")
+
+    # Filesystem into Block cannot be a CSI clone or a snapshot: host-assisted, and why
+    k.apply(pvc("golden-fs", "64Mi"), "-n", ns)
+    dv = clone_dv("to-block", {"pvc": {"namespace": ns, "name": "golden-fs"}}, size="64Mi")
+    dv["spec"]["storage"]["volumeMode"] = "Block"
+    wait_bound_source = wait_for(lambda: (get(k, "pvc", "golden-fs", ns) or {}).get("status", {}).get("phase")
+                                 == "Bound", 30, 0.1, message="source bound")
+    assert wait_bound_source
+    planned = clone_plan(shared_cdi_up, dv, ns)  # before anything moves, the same words as the event
+    assert planned.returncode == 0, planned.stderr
+    assert "strategy: copy" in planned.stdout.splitlines()
+    assert "fallback: IncompatibleVolumeModes: The volume modes of source and target are incompatible" in \
+        planned.stdout.splitlines()
+    assert get(k, "pvc", "to-block", ns) is None
+    k.apply(dv, "-n", ns)
+    wait_dv_phase(k, ns, "to-block", "Succeeded")
+    assert dict(events_of(k, ns, "to-block"))["CloneScheduled"] == planned.stdout.splitlines()[0]
+    target = get(k, "pvc", "to-block", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
+        "The volume modes of source and target are incompatible"
+
+    def fallback_event() -> bool:
+        return ("IncompatibleVolumeModes", "The volume modes of source and target are incompatible") in \
+            events_of(k, ns, "to-block")
+
+    wait_for(fallback_event, 30, 0.2, message="fallback event on the target claim")
+
+    # a target smaller than the source is refused with CDI's message, unless permissive
+    k.apply(clone_dv("small", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi",
+                     storage_class="local-nosnap"), "-n", ns)
+
+    def refused() -> bool:
+        return any(r == "CloneValidationFailed" for r, _ in events_of(k, ns, "small"))
+
+    wait_for(refused, 30, 0.2, message="CloneValidationFailed")
+    small = clone_dv("small", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi", storage_class="local-nosnap")
+    planned = clone_plan(shared_cdi_up, small, ns)
+    assert planned.returncode == 1
+    assert planned.stderr.startswith("The clone doesn't meet the validation requirements: target resources requests "
+                                     "storage size is smaller than the source"), planned.stderr
+    assert any(r == "ErrIncompatiblePVC" and m.startswith("target resources requests storage size is smaller than "
+                                                          "the source")
+               for r, m in events_of(k, ns, "small"))
+    assert get(k, "pvc", "small", ns) is None
+    k.apply(clone_dv("small-ok", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi",
+                     storage_class="local-nosnap", annotations={"cdi.kubevirt.io/permissiveClone": "true"}), "-n", ns)
+    wait_for(lambda: get(k, "pvc", "small-ok", ns) is not None, 30, 0.2, message="permissive clone target")
+
+
+BLOCK_DESCRIBE = """
+import hashlib, json, os
+fd = os.open("/dev/cdi-block-volume", os.O_RDONLY)
+size = os.lseek(fd, 0, os.SEEK_END)
+h = hashlib.sha256()
+os.lseek(fd, 0, os.SEEK_SET)
+while chunk := os.read(fd, 1 << 20):
+    h.update(chunk)
+print(json.dumps({"sha256": h.hexdigest(), "size": size}))
+"""
+
+# sha256 of the first 64 MiB of disk.img, and whether the rest (a larger target) reads as zeros
+PREFIX_DESCRIBE = """
+import hashlib, json, os
+f = open("/data/disk.img", "rb")
+h = hashlib.sha256(f.read(64 * 1024 * 1024))
+rest_zero = all(not any(chunk) for chunk in iter(lambda: f.read(1 << 20), b""))
+st = os.stat("/data/disk.img")
+print(json.dumps({"sha256": h.hexdigest(), "size": st.st_size, "rest_zero": rest_zero}))
+"""
+
+
+def test_host_assisted_copy_across_modes_and_sizes(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    src_ns, ns = new_namespace(k, "hsrc"), new_namespace(k, "host")
+    k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", src_ns)
+    run_to_completion(k, src_ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, src_ns, "golden", "describe-golden")
+
+    # Filesystem to Filesystem in another namespace, the size the source's
+    k.apply(clone_dv("copy", {"pvc": {"namespace": src_ns, "name": "golden"}}, storage_class="local-nosnap"),
+            "-n", ns)
+    dv = wait_dv_phase(k, ns, "copy", "Succeeded")
+    assert dv["status"]["progress"] == "100.0%"
+    copied = describe(k, ns, "copy", "describe-copy")
+    assert copied["sha256"] == original["sha256"] and copied["size"] == original["size"]
+    assert copied["allocated"] <= original["allocated"] + 64 * 1024, "the copy lost its holes"
+    target = get(k, "pvc", "copy", ns)
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    reasons = [r for r, _ in events_of(k, ns, "copy")]
+    for reason in ("CloneScheduled", "CloneInProgress", "RebindInProgress", "CloneSucceeded"):
+        assert reason in reasons, reasons
+
+    # Filesystem to Block, then Block to a larger Filesystem volume of another storage class
+    to_block = clone_dv("to-block", {"pvc": {"namespace": src_ns, "name": "golden"}}, size="64Mi",
+                        storage_class="local-nosnap")
+    to_block["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(to_block, "-n", ns)
+    wait_dv_phase(k, ns, "to-block", "Succeeded")
+    out = run_to_completion(k, ns, pod("describe-block", BLOCK_DESCRIBE, "to-block", block=True, python=True))
+    assert json.loads(out) == {"sha256": original["sha256"], "size": 64 * MIB}
+    k.apply(clone_dv("back", {"pvc": {"namespace": ns, "name": "to-block"}}, size="100Mi",
+                     storage_class="local"), "-n", ns)
+    wait_dv_phase(k, ns, "back", "Succeeded")
+    assert get(k, "pvc", "back", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
+        "Provisioners are incompatible"
+    back = json.loads(run_to_completion(k, ns, pod("describe-back", PREFIX_DESCRIBE, "back", python=True)))
+    assert back["sha256"] == original["sha256"] and back["rest_zero"] and back["size"] > 64 * MIB
+
+    # nothing of the copy stays: temporary claims, source pods, upload servers and their secrets
+    for namespace in (src_ns, ns):
+        assert leftovers(k, namespace) == []
+        pods = [p["metadata"]["name"] for p in k.json("get", "pods", "-n", namespace)["items"]]
+        assert [p for p in pods if p.endswith("-source-pod") or p.startswith("cdi-upload-")] == [], pods
+        secrets = [x["metadata"]["name"] for x in k.json("get", "secrets", "-n", namespace)["items"]]
+        assert [x for x in secrets if x.endswith("-source-pod") or x.startswith("cdi-upload-")] == [], secrets
+
+
+def test_host_assisted_clone_waits_while_the_source_is_in_use(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "inuse")
+    k.apply(pvc("golden", "64Mi", storage_class="local-nosnap"), "-n", ns)
+    run_to_completion(k, ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, ns, "golden", "describe-golden")
+    k.apply(pod("holder", "sleep 600", "golden"), "-n", ns)
+    wait_for(lambda: (get(k, "pod", "holder", ns) or {}).get("status", {}).get("phase") == "Running", 60, 0.1,
+             message="holder running")
+    k.apply(clone_dv("copy", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"), "-n", ns)
+    message = f"pod {ns}/holder using PersistentVolumeClaim golden"
+
+    def held() -> dict[str, Any] | None:
+        dv = get(k, "datavolume", "copy", ns) or {}
+        running = next((c for c in dv.get("status", {}).get("conditions", []) if c["type"] == "Running"), {})
+        return dv if running.get("reason") == "CloneSourceInUse" and running.get("message") == message else None
+
+    dv = wait_for(held, 60, 0.2, message="Running condition says CloneSourceInUse")
+    assert dv["status"]["phase"] == "CloneInProgress"
+    assert ("CloneSourceInUse", message) in events_of(k, ns, "copy")
+    k("delete", "pod", "holder", "-n", ns, "--wait=false")
+    wait_dv_phase(k, ns, "copy", "Succeeded")
+    assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
+
+
+def test_cross_namespace_clone_needs_permission_in_the_source_namespace(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    src_ns, ns = new_namespace(k, "authsrc"), new_namespace(k, "authdst")
+    k.apply(pvc("golden", "16Mi"), "-n", src_ns)
+    run_to_completion(k, src_ns, pod("fill", "echo golden > /data/disk.img", "golden"))
+
+    # kubectl auth can-i (a protobuf SelfSubjectAccessReview) and --as (impersonation headers)
+    assert k("auth", "can-i", "create", "pods", "-n", ns).stdout.strip() == "yes"
+    denied = k("auth", "can-i", "create", "pods", "-n", ns, "--as", "alice", check=False)
+    assert (denied.returncode, denied.stdout.strip()) == (1, "no")
+    forbidden = k("get", "pods", "-n", ns, "--as", "alice", check=False)
+    assert forbidden.returncode == 1
+    assert f'User "alice" cannot list resource "pods" in API group "" in the namespace "{ns}"' in forbidden.stderr
+
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "dv-maker"},
+             "rules": [{"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"],
+                        "verbs": ["create", "get", "list"]}]}, "-n", ns)
+    k("create", "rolebinding", "alice-dv", "--role=dv-maker", "--user=alice", "-n", ns)
+    assert k("auth", "can-i", "create", "datavolumes.cdi.kubevirt.io", "-n", ns, "--as", "alice").stdout.strip() == \
+        "yes"
+    manifest = clone_dv("stolen", {"pvc": {"namespace": src_ns, "name": "golden"}})
+    refused = k("create", "-f", "-", "-n", ns, "--as", "alice", input=json.dumps(manifest), check=False)
+    assert refused.returncode == 1
+    assert f"User alice has insufficient permissions in clone source namespace {src_ns}" in refused.stderr
+    assert get(k, "datavolume", "stolen", ns) is None
+
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "clone-source"},
+             "rules": [{"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes/source"], "verbs": ["create"]}]},
+            "-n", src_ns)
+    k("create", "rolebinding", "alice-source", "--role=clone-source", "--user=alice", "-n", src_ns)
+    assert k("auth", "can-i", "create", "datavolumes.cdi.kubevirt.io", "--subresource=source", "-n", src_ns,
+             "--as", "alice").stdout.strip() == "yes"
+    manifest["metadata"]["name"] = "granted"
+    k("create", "-f", "-", "-n", ns, "--as", "alice", input=json.dumps(manifest))
+    wait_dv_phase(k, ns, "granted", "Succeeded")
+    out = run_to_completion(k, ns, pod("read", "cat /data/disk.img", "granted"))
+    assert out == "golden\n"

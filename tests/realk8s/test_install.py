@@ -1,0 +1,234 @@
+"""The real-cluster tier: cdi installed on a genuine Kubernetes (the realk8s kit) the way CDI is, with
+`cdi manifests | kubectl apply` and the `CDI` resource, then used and uninstalled.
+
+One test, because every step needs the previous one (and `pytest -n 2` must not split them):
+install -> `Deployed`/`Available=True` -> HTTP imports (raw and qcow2, Filesystem and Block) whose
+bytes a pod reads back -> an upload through the proxy with `cdi image-upload` -> a bad DataVolume
+refused at admission -> uninstall refused while DataVolumes exist under
+`BlockUninstallIfWorkloadsExist`, then everything the operator created gone. Skipped without the kit."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from tests.support.realk8s import IMAGES_DIR, NODE_IP, REPO, RealK8s, kit_dir, restricted_pod
+from tests.support.waiting import wait_for
+
+KIT = kit_dir()
+pytestmark = [pytest.mark.skipif(KIT is None, reason="the realk8s kit (../shared/realk8s or $REALK8S_DIR, as root) "
+                                                     "is not here"),
+              pytest.mark.slow, pytest.mark.timeout(1800)]
+NS = "cdi-realk8s-e2e"
+CLASS = "csi-hostpath-sc"
+SIZE = "64Mi"
+PORT = 18080
+
+
+def cdi(*argv: str) -> str:
+    return subprocess.run([sys.executable, "-m", "cdi.cli.main", *argv], capture_output=True, text=True,
+                          check=True, cwd=REPO).stdout
+
+
+def datavolume(name: str, url: str, block: bool) -> dict[str, Any]:
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name, "namespace": NS},
+            "spec": {"source": {"http": {"url": url}},
+                     "storage": {"storageClassName": CLASS, "volumeMode": "Block" if block else "Filesystem",
+                                 "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": SIZE}}}}}
+
+
+def read_back(k8s: RealK8s, claim: str, block: bool, length: int) -> str:
+    """sha256 of the image's bytes on the volume, as a pod on the node reads them."""
+    source = "/dev/cdi-block-volume" if block else "/data/disk.img"
+    command = f"head -c {length} {source} | sha256sum | cut -d' ' -f1; stat -c %s {source} 2>/dev/null || true"
+    name = f"read-{claim}"
+    k8s.apply(json.dumps(restricted_pod(name, NS, command, claim, block)))
+    pod = k8s.wait_pod_done(name, NS)
+    logs = k8s.kubectl("logs", "-n", NS, name).stdout.split()
+    assert pod["status"]["phase"] == "Succeeded", f"reader pod {name}: {pod['status']} {logs}"
+    k8s.kubectl("delete", "pod", "-n", NS, name, "--wait=false")
+    return logs[0]
+
+
+def wait_phase(k8s: RealK8s, name: str, phase: str, timeout: float = 300) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        dv = k8s.get("datavolume", name, NS)
+        current = ((dv or {}).get("status") or {}).get("phase")
+        if current == "Failed":
+            raise AssertionError(f"DataVolume {name} Failed: {json.dumps(dv['status'])}")
+        return dv if current == phase else None
+    dv: dict[str, Any] = wait_for(reached, timeout=timeout, interval=1.0, message=f"DataVolume {name} {phase}")
+    return dv
+
+
+def clean_slate(k8s: RealK8s) -> None:
+    """A previous run's test namespace and CDI resource go first (an interrupted run leaves them)."""
+    k8s.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=300)
+    if k8s.get("cdi", "cdi") is not None:
+        k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", '{"spec":{"uninstallStrategy":"RemoveWorkloads"}}')
+        k8s.kubectl("delete", "cdi", "cdi", "--wait=true", timeout=300)
+    wait_for(lambda: (k8s.get("namespace", "cdi") or {}).get("status", {}).get("phase") != "Terminating",
+             timeout=300, interval=1.0, message="namespace cdi deleted")
+
+
+@pytest.fixture(scope="module")
+def k8s() -> RealK8s:
+    assert KIT is not None
+    cluster = RealK8s(KIT)
+    cluster.prepare()
+    clean_slate(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A raw image with recognisable content and its qcow2 conversion, served from inside the netns."""
+    directory = tmp_path_factory.mktemp("realk8s-images")
+    raw = directory / "disk.raw"
+    block = hashlib.sha256(b"cdi on a real cluster").digest() * 2048  # 64 KiB
+    with raw.open("wb") as f:
+        for index in range(128):  # 8 MiB, every 64 KiB different, with a hole in the middle
+            f.write(block if 40 <= index < 80 else bytes([index]) * 65536)
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(directory / "disk.qcow2")],
+                   check=True)
+    return {"dir": directory, "raw": raw, "size": raw.stat().st_size,
+            "sha256": hashlib.sha256(raw.read_bytes()).hexdigest()}
+
+
+def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[str, Any]) -> None:
+    started = time.monotonic()
+    timings = k8s.timings
+
+    # -- install as CDI's release assets are installed ----------------------------------------------------
+    applied = k8s.apply(cdi("manifests"))
+    assert "deployment.apps/cdi-operator serverside-applied" in applied
+    k8s.apply(cdi("manifests", "--cr"))
+
+    def deployed() -> dict[str, Any] | None:
+        cr = k8s.get("cdi", "cdi")
+        ok = (cr or {}).get("status", {}).get("phase") == "Deployed" and k8s.condition(cr, "Available") == "True"
+        return cr if ok else None
+    t0 = time.monotonic()
+    cr = wait_for(deployed, timeout=300, interval=2.0, message="CDI Deployed with Available=True")
+    timings["install to Deployed"] = round(time.monotonic() - t0, 1)
+    assert k8s.condition(cr, "Progressing") == "False" and k8s.condition(cr, "Degraded") == "False"
+    assert "operator.cdi.kubevirt.io" in cr["metadata"]["finalizers"]
+    controller = k8s.get("deployment", "cdi-deployment", "cdi")
+    assert controller is not None and controller["status"].get("readyReplicas") == 2
+    apiservice = k8s.get("apiservice", "v1beta1.upload.cdi.kubevirt.io")
+    assert k8s.condition(apiservice, "Available") == "True", apiservice
+    for role in ("cdi.kubevirt.io:admin", "cdi.kubevirt.io:edit", "cdi.kubevirt.io:view",
+                 "cdi.kubevirt.io:config-reader"):
+        assert k8s.get("clusterrole", role) is not None, role
+
+    # -- certificates follow certConfig: shorter lifetimes renew them now, and the components roll ---------
+    def certificate(secret: str) -> x509.Certificate:
+        data = k8s.get("secret", secret, "cdi")["data"]["tls.crt"]
+        return x509.load_pem_x509_certificate(base64.b64decode(data))
+
+    old_leaf, old_ca = certificate("cdi-uploadproxy-server-cert"), certificate("cdi-apiserver-signer")
+    t0 = time.monotonic()
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", json.dumps({"spec": {"certConfig": {
+        "ca": {"duration": "3h", "renewBefore": "1h"}, "server": {"duration": "1h", "renewBefore": "30m"}}}}))
+
+    def renewed() -> bool:
+        leaf, ca = certificate("cdi-uploadproxy-server-cert"), certificate("cdi-apiserver-signer")
+        return (leaf.serial_number != old_leaf.serial_number and ca.serial_number != old_ca.serial_number
+                and leaf.not_valid_after_utc - leaf.not_valid_before_utc <= datetime.timedelta(minutes=70)
+                and ca.not_valid_after_utc - ca.not_valid_before_utc <= datetime.timedelta(minutes=190))
+    wait_for(renewed, timeout=120, interval=1.0, message="certificates renewed per certConfig")
+
+    def rolled() -> bool:
+        proxy = k8s.get("deployment", "cdi-uploadproxy", "cdi") or {}
+        status = proxy.get("status") or {}
+        cr = k8s.get("cdi", "cdi")
+        generation = proxy["metadata"]["generation"]
+        return (generation > 1 and status.get("observedGeneration") == generation
+                and status.get("updatedReplicas") == status.get("replicas") == status.get("readyReplicas") == 1
+                and k8s.condition(cr, "Available") == "True")
+    wait_for(rolled, timeout=180, interval=2.0, message="cdi-uploadproxy rolled onto the renewed certificate")
+    timings["certificate rotation"] = round(time.monotonic() - t0, 1)
+
+    # -- HTTP imports into a namespace that enforces the restricted Pod Security profile --------------------
+    k8s.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": NS, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
+    server = subprocess.Popen([str(k8s.kit / "exec.sh"), sys.executable, "-m", "http.server", "--bind", NODE_IP,
+                               "--directory", str(images["dir"]), str(PORT)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        cases = {"raw-fs": ("disk.raw", False), "qcow2-fs": ("disk.qcow2", False)}
+        if k8s.block_devices_owned_by_pod_user():
+            cases.update({"raw-block": ("disk.raw", True), "qcow2-block": ("disk.qcow2", True)})
+        else:  # as CDI: non-root worker pods write block devices only where the runtime hands them over
+            print("realk8s: Block imports not run: the kit's containerd lacks device_ownership_from_security_context"
+                  " (CDI's doc/block_cri_ownership_config.md)")
+        for name, (file, block) in cases.items():
+            k8s.apply(json.dumps(datavolume(name, f"http://{NODE_IP}:{PORT}/{file}", block)))
+        t0 = time.monotonic()
+        for name, (_file, block) in cases.items():
+            dv = wait_phase(k8s, name, "Succeeded")
+            assert dv["status"]["progress"] == "100.0%"
+            assert read_back(k8s, name, block, images["size"]) == images["sha256"], f"{name}: wrong bytes"
+        timings[f"{len(cases)} imports + read back"] = round(time.monotonic() - t0, 1)
+    finally:
+        server.terminate()
+        server.wait(10)
+
+    # -- upload through the proxy ------------------------------------------------------------------------
+    proxy_ip = k8s.get("service", "cdi-uploadproxy", "cdi")["spec"]["clusterIP"]
+    t0 = time.monotonic()
+    upload = k8s.run(sys.executable, "-m", "cdi.cli.main", "image-upload", "dv", "uploaded", "-n", NS,
+                     # CDI knows no capabilities of hostpath.csi.k8s.io either: the modes are given, as to virtctl
+                     "--size", SIZE, "--storage-class", CLASS, "--access-mode", "ReadWriteOnce",
+                     "--volume-mode", "filesystem", "--image-path", str(images["raw"]),
+                     "--uploadproxy-url", f"https://{proxy_ip}:443", timeout=300)
+    timings["upload"] = round(time.monotonic() - t0, 1)
+    assert upload.returncode == 0
+    wait_phase(k8s, "uploaded", "Succeeded")
+    assert read_back(k8s, "uploaded", False, images["size"]) == images["sha256"]
+
+    # -- a bad DataVolume is refused at admission ------------------------------------------------------------
+    bad = datavolume("bad", "ftp://example.org/disk.img", False)
+    refused = k8s.kubectl("create", "-f", "-", input=json.dumps(bad), check=False)
+    assert refused.returncode != 0
+    assert 'admission webhook "datavolume-validate.cdi.kubevirt.io" denied the request' in refused.stderr
+    assert "Invalid source URL scheme" in refused.stderr
+    assert k8s.get("datavolume", "bad", NS) is None
+
+    # -- uninstall: refused while DataVolumes exist under BlockUninstallIfWorkloadsExist, then complete ------
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge",
+                "-p", '{"spec":{"uninstallStrategy":"BlockUninstallIfWorkloadsExist"}}')
+    blocked = k8s.kubectl("delete", "cdi", "cdi", "--wait=false", check=False)
+    assert blocked.returncode != 0, blocked.stdout
+    assert re.search(r"rejecting the uninstall request, since there are still \d+ DataVolumes present", blocked.stderr)
+    assert k8s.get("cdi", "cdi")["status"]["phase"] == "Deployed"
+    k8s.kubectl("delete", "namespace", NS, "--wait=true", timeout=300)
+    t0 = time.monotonic()
+    k8s.kubectl("delete", "cdi", "cdi", "--wait=true", timeout=300)
+    timings["uninstall"] = round(time.monotonic() - t0, 1)
+    gone = [("deployment", "cdi-deployment", "cdi"), ("deployment", "cdi-apiserver", "cdi"),
+            ("deployment", "cdi-uploadproxy", "cdi"), ("service", "cdi-api", "cdi"),
+            ("service", "cdi-uploadproxy", "cdi"), ("serviceaccount", "cdi-sa", "cdi"),
+            ("secret", "cdi-apiserver-signer", "cdi"), ("secret", "cdi-api-signing-key", "cdi"),
+            ("poddisruptionbudget", "cdi-deployment", "cdi"), ("clusterrole", "cdi", None),
+            ("clusterrole", "cdi-apiserver", None), ("clusterrole", "cdi.kubevirt.io:view", None),
+            ("validatingwebhookconfiguration", "cdi-api-datavolume-validate", None),
+            ("validatingwebhookconfiguration", "cdi-api-validate", None),
+            ("apiservice", "v1beta1.upload.cdi.kubevirt.io", None), ("cdiconfig", "config", None)]
+    for kind, name, namespace in gone:
+        wait_for(lambda k=kind, n=name, s=namespace: k8s.get(k, n, s) is None, timeout=60, interval=1.0,
+                 message=f"{kind} {name} removed by the uninstall")
+    assert k8s.get("deployment", "cdi-operator", "cdi") is not None  # the operator stays until its manifests go
+    timings["total"] = round(time.monotonic() - started, 1)
+    (IMAGES_DIR.parent / "realk8s-timings.json").write_text(json.dumps(timings, indent=1) + "\n")
+    print("realk8s tier timings (s):", json.dumps(timings))

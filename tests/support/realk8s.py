@@ -1,0 +1,146 @@
+"""The realk8s kit (a real one-node Kubernetes, `../shared/realk8s` or `$REALK8S_DIR`) as tests use it:
+everything that talks to the cluster runs inside its network namespace through the kit's `exec.sh`
+(kubectl with the admin kubeconfig; `cdi image-upload`; a file server pods can reach on the bridge
+address). `RealK8s.prepare()` builds cdi's images (cached by `images/build`), starts the cluster and
+loads the images when they changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.support.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_IP = "10.244.0.1"  # the bridge address: pods reach servers bound to it in the netns
+DEBIAN_IMAGE = "localhost/realk8s/debian:bookworm"
+IMAGES_DIR = Path(os.environ.get("CDI_IMAGES_DIR", Path.home() / ".cache" / "cdi" / "images"))
+
+
+def kit_dir() -> Path | None:
+    """The kit, when it is here and usable (it runs as root and needs its binaries)."""
+    candidate = Path(os.environ.get("REALK8S_DIR") or REPO.parent / "shared" / "realk8s")
+    if not (candidate / "up.sh").is_file() or not (candidate / "exec.sh").is_file():
+        return None
+    if os.geteuid() != 0:
+        return None
+    return candidate
+
+
+@dataclass
+class RealK8s:
+    kit: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 300, input: str | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+        """A command inside the cluster's network namespace (KUBECONFIG set)."""
+        result = subprocess.run([str(self.kit / "exec.sh"), *argv], capture_output=True, text=True,
+                                timeout=timeout, input=input, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def kubectl(self, *argv: str, check: bool = True, input: str | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self.run("kubectl", *argv, check=check, input=input, timeout=timeout)
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        args = ["get", kind, name, "-o", "json", "--ignore-not-found"]
+        if namespace:
+            args += ["-n", namespace]
+        out = self.kubectl(*args).stdout.strip()
+        return json.loads(out) if out else None
+
+    def apply(self, manifest: str) -> str:
+        """Server-side apply with strict field validation: the apiserver refuses unknown or duplicate fields
+        (taking over fields an earlier install set under another manager, as an upgrade does)."""
+        return self.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=cdi-tests",
+                            "--validate=strict", "-f", "-", input=manifest).stdout
+
+    def _timed(self, name: str, argv: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
+        started = time.monotonic()
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                                env={**os.environ, **(env or {})})
+        self.timings[name] = round(time.monotonic() - started, 1)
+        if result.returncode != 0:
+            raise AssertionError(f"{name} failed ({result.returncode}):\n"
+                                 f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        return result.stdout + result.stderr
+
+    def prepare(self) -> None:
+        """Images built (or up to date), the cluster up, and the images loaded when they changed."""
+        # up.sh on a running cluster can fail at its bridge-address check (`ip addr show | grep -q` under
+        # pipefail: grep's early exit breaks ip's pipe), so a healthy cluster is left alone; a cluster that
+        # has to start starts while the images build (they wait for the Debian base up.sh makes)
+        starting = None
+        if subprocess.run([str(self.kit / "status.sh")], capture_output=True, check=False).returncode != 0:
+            up_started = time.monotonic()
+            starting = subprocess.Popen([str(self.kit / "up.sh")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
+        try:
+            self._timed("images/build", [str(REPO / "images" / "build"), str(IMAGES_DIR)], 1500,
+                        env={"PYTHON": sys.executable, "CDI_BASE_WAIT": "900"})
+        finally:
+            if starting is not None:
+                output, _ = starting.communicate(timeout=900)
+                self.timings["up.sh"] = round(time.monotonic() - up_started, 1)
+        if starting is not None and starting.returncode != 0:
+            raise AssertionError(f"up.sh failed ({starting.returncode}):\n{output[-3000:]}")
+        inputs = (IMAGES_DIR / ".inputs").read_text().strip()
+        stamp = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s")) / "cdi-images-loaded"
+        if not stamp.exists() or stamp.read_text().strip() != inputs:
+            started = time.monotonic()
+            for archive in sorted(IMAGES_DIR.glob("cdi-*.tar")):
+                self._timed(f"load {archive.name}", [str(self.kit / "load-image.sh"), str(archive)], 600)
+            self.timings["load-image.sh"] = round(time.monotonic() - started, 1)
+            stamp.write_text(inputs + "\n")
+            # the tags did not change, so pods of an earlier install still run the earlier images
+            if self.get("namespace", "cdi") is not None:
+                self.kubectl("rollout", "restart", "deployment", "-n", "cdi")
+
+    def block_devices_owned_by_pod_user(self) -> bool:
+        """Does the node's containerd give a pod's block devices to its runAsUser/runAsGroup (CRI
+        `device_ownership_from_security_context`)? Without it non-root pods cannot open them."""
+        config = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s")) / "containerd" / "config.toml"
+        text = config.read_text() if config.exists() else ""
+        return any(line.split("#")[0].replace(" ", "") == "device_ownership_from_security_context=true"
+                   for line in text.splitlines())
+
+    def wait_pod_done(self, name: str, namespace: str, timeout: float = 180) -> dict[str, Any]:
+        def done() -> dict[str, Any] | None:
+            pod = self.get("pod", name, namespace)
+            phase = ((pod or {}).get("status") or {}).get("phase")
+            return pod if phase in ("Succeeded", "Failed") else None
+        pod: dict[str, Any] = wait_for(done, timeout=timeout, interval=1.0, message=f"pod {namespace}/{name} done")
+        return pod
+
+    def condition(self, obj: dict[str, Any] | None, kind: str) -> str | None:
+        for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+            if c.get("type") == kind:
+                return str(c.get("status"))
+        return None
+
+
+def restricted_pod(name: str, namespace: str, command: str, claim: str, block: bool) -> dict[str, Any]:
+    """A pod of the kit's Debian image that passes the `restricted` Pod Security profile and runs
+    `command` with the claim at /data (Filesystem) or /dev/cdi-block-volume (Block)."""
+    container: dict[str, Any] = {
+        "name": "main", "image": DEBIAN_IMAGE, "imagePullPolicy": "Never", "command": ["bash", "-c", command],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "runAsUser": 107}}
+    if block:
+        container["volumeDevices"] = [{"name": "v", "devicePath": "/dev/cdi-block-volume"}]
+    else:
+        container["volumeMounts"] = [{"name": "v", "mountPath": "/data"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"restartPolicy": "Never", "containers": [container],
+                     "securityContext": {"runAsNonRoot": True, "fsGroup": 107,
+                                         "seccompProfile": {"type": "RuntimeDefault"}},
+                     "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}]}}
