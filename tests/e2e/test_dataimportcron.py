@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from cdi.controller.dataimportcron import dv_name
-from tests.e2e.importing import read_back
+from tests.e2e.importing import read_back, wait_phase
+from tests.e2e.test_clone import clone_dv
 from tests.e2e.test_controller_metrics import metrics, value
 from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
 from tests.support import oci
@@ -74,6 +75,14 @@ def maybe(k: Kubectl, kind: str, name: str) -> dict[str, Any]:
     """The object, or {} while it does not exist (it may go between two kubectl calls)."""
     result = k("get", kind, name, "-o", "json", check=False)
     return json.loads(result.stdout) if result.returncode == 0 else {}
+
+
+def wait_ready(k: Kubectl, data_source: str, timeout: float = 60.0) -> None:
+    """The DataSource controller says what it names can be cloned (CDI's Ready condition and reason)."""
+    def ready() -> bool:
+        cond = condition(maybe(k, "datasource", data_source), "Ready")
+        return cond.get("status") == "True" and cond.get("reason") == "Ready"
+    wait_for(ready, timeout, interval=0.3, message=f"DataSource {data_source} Ready")
 
 
 def refresh(k: Kubectl, name: str) -> None:
@@ -170,6 +179,11 @@ def test_registry_cron_imports_repoints_collects_and_survives_a_broken_image(
     wait_source(k, "golden-ds", claim2)
     assert read_back(k, claim2, DISK_SIZE) == second_sha
     assert "cdi.kubevirt.io/refreshNow" not in k.get("dataimportcron", "golden")["metadata"]["annotations"]
+    wait_ready(k, "golden-ds")
+    # a VM's DataVolume names the DataSource, not the image: it clones the current one
+    k.apply(clone_dv("vm-root", source_ref={"kind": "DataSource", "name": "golden-ds"}))
+    wait_phase(k, "vm-root", "Succeeded", timeout=180)
+    assert read_back(k, "vm-root", DISK_SIZE) == second_sha
 
     # a third: importsToKeep 2 collects the oldest
     third, _ = disk(tmp_path, 3)
@@ -322,6 +336,7 @@ def test_snapshot_source_format(k: Kubectl, golden: GoldenRegistry, tmp_path: Pa
         k.apply(cron("snap", {"registry": {"url": golden.url, "secretRef": "creds"}}, "snap-ds"))
         name = dv_name("snap-ds", digest)
         wait_source(k, "snap-ds", name, kind="snapshot")
+        wait_ready(k, "snap-ds")
         status = wait_up_to_date(k, "snap", name)
         assert status["status"]["sourceFormat"] == "snapshot"
         snapshot = k.get("volumesnapshot", name)
