@@ -59,6 +59,7 @@ PASSED_LABELS = ("instancetype.kubevirt.io/default-instancetype", "instancetype.
                  "instancetype.kubevirt.io/default-preference", "instancetype.kubevirt.io/default-preference-kind",
                  "kubevirt.io/dynamic-credentials-support")
 DEFAULT_IMPORTS_TO_KEEP = 3
+POLL_RETRY_BUDGET = 30.0  # seconds the poller retries an unreachable source; the next scheduled run tries again
 DIGEST_NAME_LENGTH = 12
 
 # condition reasons (CDI's)
@@ -214,7 +215,7 @@ class DataImportCronReconciler(Reconciler):
         settings = WorkerSettings(
             importer_image=self.ctx.settings.importer_image, import_proxy=config_status(self.ctx).get("importProxy"),
             insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()), pod=pod_settings(self.ctx),
-            retry_budget=30.0)
+            retry_budget=POLL_RETRY_BUDGET)
         pod = importer_pod(pseudo, ImportSource.from_pvc(pseudo), settings)
         pod["metadata"]["name"] = poller_name(cron)
         pod["metadata"]["ownerReferences"] = [{
