@@ -56,6 +56,9 @@ GOOGLE_CREDENTIALS_KEY: Final = "credentials.json"  # gcs: the secret's key hold
 TERMINATION_LOG_DEFAULT: Final = "/dev/termination-log"
 METRICS_PORT: Final = 8443
 
+# ours: "true" makes the importer report the source's current version (`sourceDigest` in its termination
+# message) instead of importing it: how a DataImportCron polls from a pod with the import's network identity
+POLL: Final = "IMPORTER_POLL"
 SOURCE_HTTP: Final = "http"
 SOURCE_S3: Final = "s3"
 SOURCE_GCS: Final = "gcs"

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from cdi.api import featuregates, groups
+from cdi.api.cronvalidation import already_managed, validate_dataimportcron
 from cdi.api.validation import Cause, rejection_message, validate_datavolume
 from cdi.api.views import dig
 from cdi.kube import KubeClient, NotFound
@@ -41,7 +42,8 @@ class Admission:
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/datavolume-validate", self.validate_datavolume),
-                web.post("/cdi-validate", self.validate_cdi)]
+                web.post("/cdi-validate", self.validate_cdi),
+                web.post("/dataimportcron-validate", self.validate_dataimportcron)]
 
     async def validate_cdi(self, http: web.Request) -> web.Response:
         """CDI's uninstall guard: deleting a deployed CDI resource whose `uninstallStrategy` is
@@ -81,6 +83,19 @@ class Admission:
             causes = await self._claim_conflict(dv, request.get("namespace", ""))
         if not causes and request.get("operation") == "CREATE":
             causes = await self._clone_authorization(dv, request.get("namespace", ""), request.get("userInfo") or {})
+        return review_response(review, causes)
+
+    async def validate_dataimportcron(self, http: web.Request) -> web.Response:
+        review = await http.json()
+        request = review.get("request") or {}
+        if request.get("operation") not in ("CREATE", "UPDATE"):
+            return review_response(review)
+        cron: Mapping[str, Any] = request.get("object") or {}
+        old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+        causes = validate_dataimportcron(cron, old)
+        if not causes and old is None:
+            others = await self.client.list_all(groups.DATAIMPORTCRONS, request.get("namespace") or None)
+            causes = already_managed(cron, list(others.items))
         return review_response(review, causes)
 
     async def _clone_source(self, dv: Mapping[str, Any], namespace: str) -> tuple[str, str, str] | None:

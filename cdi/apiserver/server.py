@@ -130,6 +130,7 @@ class CdiApiServer:
         bundle = base64.b64encode(self.ca.cert_pem).decode()
         await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
         await self._apply(groups.VALIDATING_WEBHOOKS, cdi_validating_configuration(self.namespace, bundle))
+        await self._apply(groups.VALIDATING_WEBHOOKS, dataimportcron_validating_configuration(self.namespace, bundle))
         await self._apply(groups.APISERVICES, upload_apiservice(self.namespace, bundle))
         if self.pvc_webhook is None:
             self.pvc_webhook = PvcWebhookRegistration(self.client, pvc_mutating_configuration(self.namespace, bundle))
@@ -211,6 +212,14 @@ def validating_configuration(namespace: str, ca_bundle: str) -> Obj:
             "metadata": {"name": "cdi-api-datavolume-validate", "labels": {"cdi.kubevirt.io": ""}},
             "webhooks": [hook("datavolume-validate.cdi.kubevirt.io", "/datavolume-validate", "datavolumes",
                               ["CREATE", "UPDATE"])]}
+
+
+def dataimportcron_validating_configuration(namespace: str, ca_bundle: str) -> Obj:
+    """CDI's `cdi-api-dataimportcron-validate` (a configuration of its own, as the operator installs it)."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "cdi-api-dataimportcron-validate", "labels": {"cdi.kubevirt.io": ""}},
+            "webhooks": [_hook(namespace, ca_bundle, "dataimportcron-validate.cdi.kubevirt.io",
+                               "/dataimportcron-validate", "dataimportcrons", ["CREATE", "UPDATE"], "Fail")]}
 
 
 def cdi_validating_configuration(namespace: str, ca_bundle: str) -> Obj:

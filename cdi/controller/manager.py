@@ -17,6 +17,7 @@ from cdi.api.views import dig
 from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
 from cdi.controller.clones import CloneReconciler
+from cdi.controller.dataimportcron import DataImportCronReconciler, cron_keys_of
 from cdi.controller.datasource import DataSourceReconciler
 from cdi.controller.datavolume import DataVolumeReconciler
 from cdi.controller.imports import ImportReconciler, is_import_claim
@@ -31,7 +32,7 @@ Obj = dict[str, Any]
 
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
            groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
-           groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS)
+           groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS, groups.DATAIMPORTCRONS)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 
@@ -47,8 +48,9 @@ class Manager:
         self.uploads = UploadReconciler(self.ctx)
         self.datasources = DataSourceReconciler(self.ctx)
         self.clones = CloneReconciler(self.ctx)
+        self.crons = DataImportCronReconciler(self.ctx)
         self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.uploads, self.profiles,
-                                              self.config, self.datasources, self.clones]
+                                              self.config, self.datasources, self.clones, self.crons]
         for gvr in WATCHED:
             self.ctx.informer(gvr)
         self.metrics.count_pending_datavolumes(lambda: self.ctx.cached_list(groups.DATAVOLUMES))
@@ -102,9 +104,13 @@ class Manager:
             self.config.enqueue(CONFIG_KEY)
             for key in list(self.datavolumes.pending_on_storage):
                 self.datavolumes.enqueue(key)
+            for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS):  # a new default class moves their images
+                self.crons.enqueue(object_key(cron))
 
         def on_profile(obj: Obj, *rest: Obj) -> None:
             self.profiles.enqueue(str(dig(obj, "metadata", "name")))
+            for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS):  # dataImportCronSourceFormat
+                self.crons.enqueue(object_key(cron))
             for key in list(self.datavolumes.pending_on_storage):
                 self.datavolumes.enqueue(key)
 
@@ -134,6 +140,19 @@ class Manager:
         def on_config(obj: Obj, *rest: Obj) -> None:
             self.config.enqueue(CONFIG_KEY)
 
+        def on_cron(obj: Obj, *rest: Obj) -> None:
+            self.crons.enqueue(object_key(rest[0] if rest else obj))
+
+        def on_cron_object(obj: Obj, *rest: Obj) -> None:  # what a cron made, or a DataSource it may manage
+            for key in {*cron_keys_of(obj), *(cron_keys_of(rest[0]) if rest else [])}:
+                self.crons.enqueue(key)
+
+        inf[groups.DATAIMPORTCRONS].add_handler(on_cron, on_cron, on_cron)
+        for gvr in (groups.DATASOURCES, groups.VOLUMESNAPSHOTS):
+            inf[gvr].add_handler(on_cron_object, on_cron_object, on_cron_object)
+        inf[groups.DATAVOLUMES].add_handler(on_cron_object, on_cron_object, on_cron_object)
+        inf[groups.PVCS].add_handler(on_cron_object, on_cron_object, on_cron_object)
+        inf[groups.PODS].add_handler(on_cron_object, on_cron_object, on_cron_object)
         inf[groups.DATAVOLUMES].add_handler(on_dv, on_dv, on_dv)
         inf[groups.PVCS].add_handler(on_pvc, on_pvc, on_pvc)
         inf[groups.PODS].add_handler(on_pod, on_pod, on_pod)

@@ -45,6 +45,9 @@ class ControllerMetrics:
         self.import_progress = Gauge(
             "kubevirt_cdi_import_progress_total", "The import progress in percentage, as last scraped from the "
             "importer pod", ["ownerUID"], registry=self.registry)
+        self.cron_outdated_gauge = Gauge(
+            "kubevirt_cdi_dataimportcron_outdated", "DataImportCron has an outdated import",
+            ["namespace", "cron_name", "pending"], registry=self.registry)
         self.reconciles = Counter("cdi_controller_reconciles_total", "Reconciles by controller and outcome",
                                   ["controller", "outcome"], registry=self.registry)
         self.reconcile_seconds = Histogram("cdi_controller_reconcile_duration_seconds", "Reconcile duration",
@@ -76,6 +79,19 @@ class ControllerMetrics:
         owner_uid = self._progress_series.pop(key, None)
         if owner_uid is not None:
             self.import_progress.remove(owner_uid)
+
+    def cron_outdated(self, namespace: str, name: str, outdated: bool, pending: bool) -> None:
+        """CDI's kubevirt_cdi_dataimportcron_outdated: one series per cron, `pending` when its import waits
+        for a default storage class."""
+        self.cron_gone(namespace, name)
+        self.cron_outdated_gauge.labels(namespace, name, "true" if pending else "false").set(1 if outdated else 0)
+
+    def cron_gone(self, namespace: str, name: str) -> None:
+        for pending in ("true", "false"):
+            try:
+                self.cron_outdated_gauge.remove(namespace, name, pending)
+            except KeyError:
+                pass
 
     def cdi_resource_seen(self, conditions: list[dict[str, str]]) -> None:
         """CDI's operator rule: ready while Available is True; not ready when it is not and nothing is

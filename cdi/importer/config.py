@@ -72,6 +72,7 @@ class ImporterConfig:
     paths: Paths
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     read_timeout: float = 60.0  # see default_read_timeout
+    poll: bool = False  # IMPORTER_POLL: report the source's current version, import nothing (poll.py)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ImporterConfig:
@@ -134,6 +135,7 @@ class ImporterConfig:
             paths=paths,
             retry=RetryPolicy(budget=budget),
             read_timeout=positive_float(env, envnames.READ_TIMEOUT, default_read_timeout(budget)),
+            poll=parse_bool(envnames.POLL, env.get(envnames.POLL), False, strict=True),
         )
 
 

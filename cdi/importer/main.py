@@ -143,6 +143,15 @@ def main(argv: list[str] | None = None) -> int:
                 progress.serve(config.pod_ip, envnames.METRICS_PORT)
             except OSError as exc:  # progress is nice to have; the import is what matters
                 log.warning("cannot serve metrics on %s:%d: %s", config.pod_ip, envnames.METRICS_PORT, exc)
+        if config.poll:
+            from .poll import current_digest
+
+            digest = current_digest(config, stop)
+            log.info("%s is at %s", config.endpoint, digest)
+            line = termination.write(paths.termination_log, termination.TerminationMessage(
+                message="Poll complete", reason=Reason.COMPLETE, retryable=False, source_digest=digest))
+            print(line, flush=True)
+            return 0
         result = run(config, progress, stop)
         message = termination.TerminationMessage(
             message=termination.COMPLETE_MESSAGE,

@@ -33,6 +33,7 @@ class TerminationMessage:
     source_format: str | None = None
     route: str | None = None
     retries: int | None = None
+    source_digest: str | None = None  # poll mode: the source's current version
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -51,6 +52,7 @@ class TerminationMessage:
             "sourceFormat": self.source_format,
             "route": self.route,
             "retries": self.retries,
+            "sourceDigest": self.source_digest,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         return out

@@ -90,7 +90,8 @@ CONTROLLER_CLUSTER_RULES = [
     _rule([""], ["persistentvolumes", "nodes"], READ),
     _rule([""], ["events"], ("create", "patch", "update")),
     _rule(["storage.k8s.io"], ["storageclasses", "csidrivers"], READ),
-    _rule([groups.SNAPSHOT_GROUP], ["volumesnapshots", "volumesnapshotclasses", "volumesnapshotcontents"], READ),
+    _rule([groups.SNAPSHOT_GROUP], ["volumesnapshotclasses", "volumesnapshotcontents"], READ),
+    _rule([groups.SNAPSHOT_GROUP], ["volumesnapshots"], ALL),  # DataImportCron snapshot sources
     _rule([groups.CDI_GROUP], ["*"], ("*",)),
 ]
 CONTROLLER_NAMESPACE_RULES = [
@@ -100,7 +101,7 @@ CONTROLLER_NAMESPACE_RULES = [
 APISERVER_CLUSTER_RULES = [
     _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
     _rule([""], ["persistentvolumeclaims"], READ),
-    _rule([groups.CDI_GROUP], ["datavolumes", "cdis", "cdiconfigs", "storageprofiles"], READ),
+    _rule([groups.CDI_GROUP], ["datavolumes", "cdis", "cdiconfigs", "storageprofiles", "dataimportcrons"], READ),
     _rule(["storage.k8s.io"], ["storageclasses"], READ),
     # it registers its own webhooks and APIService (and drops the PVC-rendering webhook when it is disabled)
     _rule(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
@@ -250,6 +251,9 @@ def webhooks_and_apiservice(namespace: str, ca_bundle: str) -> list[Obj]:
         configuration("cdi-api-datavolume-validate", hook("datavolume-validate.cdi.kubevirt.io",
                                                           "/datavolume-validate", "datavolumes",
                                                           ["CREATE", "UPDATE"])),
+        configuration("cdi-api-dataimportcron-validate", hook("dataimportcron-validate.cdi.kubevirt.io",
+                                                              "/dataimportcron-validate", "dataimportcrons",
+                                                              ["CREATE", "UPDATE"])),
         # as CDI's: Ignore, so that a CDI whose apiserver is gone can still be deleted
         configuration("cdi-api-validate", hook("cdi-validate.cdi.kubevirt.io", "/cdi-validate", "cdis",
                                                ["DELETE"], "Ignore")),

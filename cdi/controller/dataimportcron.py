@@ -1,0 +1,616 @@
+"""The DataImportCron reconciler: golden images kept fresh on a schedule, as CDI does it.
+
+Each run asks the source for its current version. The controller never reads the user's URL itself: a
+short poller pod (`poller-<cron>-<uid>`, the importer program with IMPORTER_POLL=true and the import's
+own environment: proxy, CA bundle, credentials, insecure registries) reports it in its termination
+message, for every source kind. One mechanism for registries, HTTP and S3, on `cdi up` and on a real
+cluster alike, and the controller needs no network path to any registry. The version becomes the
+annotation CDI uses (`storage.import.sourceDesiredDigest`): a registry's manifest digest, or for HTTP
+and S3 `sha256:` of the object's validators (ETag, Last-Modified).
+
+A new digest creates a DataVolume from the cron's template named as CDI names it
+(`<managedDataSource>-<12 digest chars>`, a registry URL pinned to `@digest`); once it succeeds the
+managed DataSource points at it (or, with `dataImportCronSourceFormat: snapshot`, at a VolumeSnapshot
+of it). Status, conditions (`Progressing`, `UpToDate`), their reasons, the labels and annotations are
+CDI's. Unlike CDI, a failed import never blocks the next version: a new digest replaces a failed
+DataVolume, while the DataSource keeps the last good image; garbage collection keeps `importsToKeep`
+and never deletes what the DataSource points at.
+
+Schedules are evaluated here with croniter against an injectable clock: the next run time is kept in
+`storage.import.nextCronTime`; a run missed while the controller was down runs once when it is back.
+`cdi.kubevirt.io/refreshNow` on the cron runs one now."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from croniter import croniter
+
+from cdi.api import annotations as ann
+from cdi.api import env, groups, naming
+from cdi.api.views import dig
+from cdi.controller import conditions
+from cdi.controller.claims import config_status
+from cdi.controller.datavolume import import_annotations
+from cdi.controller.importpod import DATA_VOLUME, ImportSource, WorkerSettings, importer_pod
+from cdi.controller.imports import termination
+from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.workerpod import pod_settings
+from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+
+Obj = dict[str, Any]
+Body = Mapping[str, Any]
+Clock = Callable[[], datetime.datetime]
+
+_P = "cdi.kubevirt.io/"
+SOURCE_DESIRED_DIGEST = _P + "storage.import.sourceDesiredDigest"
+LAST_USE_TIME = _P + "storage.import.lastUseTime"
+REFRESH_NOW = _P + "refreshNow"
+NEXT_CRON, LAST_CRON = ann.NEXT_CRON_TIME, ann.LAST_CRON_TIME
+ADVISED_RESTORE_SIZE = _P + "storage.import.advisedRestoreSize"
+SOURCE_VOLUME_MODE = _P + "storage.import.sourceVolumeMode"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+# cron labels CDI passes on to what it creates
+PASSED_LABELS = ("instancetype.kubevirt.io/default-instancetype", "instancetype.kubevirt.io/default-instancetype-kind",
+                 "instancetype.kubevirt.io/default-preference", "instancetype.kubevirt.io/default-preference-kind",
+                 "kubevirt.io/dynamic-credentials-support")
+DEFAULT_IMPORTS_TO_KEEP = 3
+POLL_RETRY_BUDGET = 30.0  # seconds the poller retries an unreachable source; the next scheduled run tries again
+DIGEST_NAME_LENGTH = 12
+
+# condition reasons (CDI's)
+NO_DIGEST, NO_IMPORT, OUTDATED = "NoDigest", "NoImport", "Outdated"
+SCHEDULED, IN_PROGRESS, UP_TO_DATE = "ImportScheduled", "ImportProgressing", "UpToDate"
+ALREADY_MANAGED = "ErrDataSourceAlreadyManaged"
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _stamp(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(stamp: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def next_run(schedule: str, after: datetime.datetime) -> datetime.datetime:
+    """The first time after `after` that `schedule` (standard five-field cron) names."""
+    result: datetime.datetime = croniter(schedule, after).get_next(datetime.datetime)
+    return result
+
+
+def dv_name(data_source: str, digest: str) -> str | None:
+    """CDI's `createDvName`: the DataSource's name and the first 12 characters of the digest."""
+    for prefix in ("sha256:", "uid:"):
+        if digest.startswith(prefix) and len(digest) >= len(prefix) + DIGEST_NAME_LENGTH:
+            return naming.resource_name(data_source, digest[len(prefix):len(prefix) + DIGEST_NAME_LENGTH])
+    return None
+
+
+def run_due(schedule: str, annotations: Mapping[str, str],
+            now: datetime.datetime) -> tuple[bool, datetime.datetime | None]:
+    """Whether a poll is due now, and the next scheduled time (None when none is recorded yet).
+
+    Due: on `refreshNow`; on the first reconcile (no digest, never run); when the recorded next run time
+    has come. After a run the next time is computed from that moment, so runs missed while the controller
+    was down become one run, not one per missed slot. An empty schedule polls only on creation and
+    on `refreshNow`."""
+    next_time = _parse(annotations.get(ann.NEXT_CRON_TIME, ""))
+    if REFRESH_NOW in annotations:
+        return True, next_time
+    if SOURCE_DESIRED_DIGEST not in annotations and ann.LAST_CRON_TIME not in annotations:
+        return True, next_time
+    return bool(schedule and next_time is not None and next_time <= now), next_time
+
+
+def poller_name(cron: Body) -> str:
+    """CDI's poller pod name: `poller-<cron>-<first 8 of its uid>`."""
+    return naming.resource_name(f"poller-{dig(cron, 'metadata', 'name')}", str(dig(cron, "metadata", "uid"))[:8])
+
+
+def pinned_registry_url(url: str, digest: str) -> str:
+    """`docker://host/repo:tag` -> `docker://host/repo@sha256:...` (CDI's untagDigestedDockerURL)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "docker", url
+    rest = rest.split("@", 1)[0]
+    head, slash, last = rest.rpartition("/")
+    if ":" in last:
+        last = last.split(":", 1)[0]
+    return f"{scheme}://{head}{slash}{last}@{digest}"
+
+
+def set_condition(status: Obj, type_: str, value: str, message: str, reason: str) -> None:
+    """CDI's updateConditionState: a new status stamps the transition; any change the heartbeat."""
+    found = conditions.find(status.setdefault("conditions", []), type_)
+    if found is None:
+        found = {"type": type_}
+        status["conditions"].append(found)
+    stamp = conditions.now()
+    if found.get("status") != value or found.get("message") != message or found.get("reason") != reason:
+        if found.get("status") != value:
+            found["lastTransitionTime"] = stamp
+        found.update(status=value, message=message, reason=reason, lastHeartbeatTime=stamp)
+
+
+class DataImportCronReconciler(Reconciler):
+    name = "dataimportcron"
+
+    def __init__(self, ctx: Context, clock: Clock | None = None) -> None:
+        super().__init__(ctx)
+        self.clock: Clock = clock or utcnow
+
+    # -- entry -----------------------------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace_or_none, name = split_key(key)
+        namespace = namespace_or_none or ""
+        cron = self.ctx.cached(groups.DATAIMPORTCRONS, name, namespace)
+        if cron is None or dig(cron, "metadata", "deletionTimestamp"):
+            self.ctx.metrics.cron_gone(namespace, name)
+            await self._cleanup(namespace, name)
+            return None
+        if not await self._manages_its_source(cron):
+            return None
+        cron = copy.deepcopy(cron)
+        requeue = await self._poll(cron)
+        if requeue == -1.0:
+            return None  # the cron's annotations changed; its update event runs us again
+        after = await self._update(cron)
+        return min(x for x in (requeue, after) if x is not None) if (requeue or after) else None
+
+    async def _manages_its_source(self, cron: Obj) -> bool:
+        """One cron per DataSource (CDI's shouldReconcileCron): a DataSource labelled for another live cron
+        is left alone, and this cron says why."""
+        namespace, name = dig(cron, "metadata", "namespace"), dig(cron, "metadata", "name")
+        source = self.ctx.cached(groups.DATASOURCES, str(dig(cron, "spec", "managedDataSource")), namespace)
+        owner = (dig(source, "metadata", "labels") or {}).get(ann.LABEL_DATAIMPORTCRON, "") if source else ""
+        if owner in ("", name) or self.ctx.cached(groups.DATAIMPORTCRONS, owner, namespace) is None:
+            return True
+        message = f"DataSource {dig(cron, 'spec', 'managedDataSource')} is already managed by DataImportCron {owner}"
+        status: Obj = copy.deepcopy(cron.get("status") or {})
+        set_condition(status, "UpToDate", "False", message, ALREADY_MANAGED)
+        if status != (cron.get("status") or {}):
+            self.ctx.recorder.record(cron, WARNING, ALREADY_MANAGED, message)
+            await write_status(self.ctx.client, groups.DATAIMPORTCRONS, cron, status)
+        return False
+
+    # -- polling ---------------------------------------------------------------------------------------
+
+    async def _poll(self, cron: Obj) -> float | None:
+        """Run the poller pod when a run is due; returns seconds until the next run, or -1 when the cron's
+        annotations were written (a new digest, a new next run time)."""
+        annotations: Obj = dig(cron, "metadata", "annotations") or {}
+        schedule = str(dig(cron, "spec", "schedule") or "")
+        now = self.clock()
+        pod = self.ctx.cached(groups.PODS, poller_name(cron), str(dig(cron, "metadata", "namespace")))
+        if pod is not None:
+            return await self._poll_result(cron, pod, schedule, now)
+        due, next_time = run_due(schedule, annotations, now)
+        if schedule and next_time is None and not due:
+            await self._annotate(cron, {ann.NEXT_CRON_TIME: _stamp(next_run(schedule, now))})
+            return -1.0
+        if not due:
+            return max(1.0, (next_time - now).total_seconds()) if next_time else None
+        await self._start_poller(cron)
+        return None
+
+    async def _start_poller(self, cron: Obj) -> None:
+        namespace = str(dig(cron, "metadata", "namespace"))
+        template = dig(cron, "spec", "template") or {}
+        pseudo = {"metadata": {"name": dig(cron, "metadata", "name"), "namespace": namespace,
+                               "uid": dig(cron, "metadata", "uid"), "annotations": import_annotations(template)},
+                  "spec": {}}
+        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+        settings = WorkerSettings(
+            importer_image=self.ctx.settings.importer_image, import_proxy=config_status(self.ctx).get("importProxy"),
+            insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()), pod=pod_settings(self.ctx),
+            retry_budget=POLL_RETRY_BUDGET)
+        pod = importer_pod(pseudo, ImportSource.from_pvc(pseudo), settings)
+        pod["metadata"]["name"] = poller_name(cron)
+        pod["metadata"]["ownerReferences"] = [{
+            "apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": dig(cron, "metadata", "name"),
+            "uid": dig(cron, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}]
+        pod["metadata"].setdefault("labels", {})[ann.LABEL_DATAIMPORTCRON] = dig(cron, "metadata", "name")
+        spec = pod["spec"]
+        spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
+        for container in spec["containers"]:
+            container["env"] = [*container.get("env", []), {"name": env.POLL, "value": "true"}]
+            for field in ("volumeMounts", "volumeDevices"):
+                kept = [m for m in container.get(field) or [] if m.get("name") != DATA_VOLUME]
+                if kept:
+                    container[field] = kept
+                else:
+                    container.pop(field, None)
+        try:
+            await self.ctx.client.create(groups.PODS, pod, namespace)
+        except AlreadyExists:
+            pass
+
+    async def _poll_result(self, cron: Obj, pod: Body, schedule: str, now: datetime.datetime) -> float | None:
+        phase = dig(pod, "status", "phase")
+        if phase not in ("Succeeded", "Failed") or dig(pod, "metadata", "deletionTimestamp"):
+            return None
+        _, result = termination(pod)
+        changes: dict[str, str | None] = {REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now)}
+        if schedule:
+            changes[ann.NEXT_CRON_TIME] = _stamp(next_run(schedule, now))
+        digest = str(result.get("sourceDigest") or "")
+        annotations: Mapping[str, str] = dig(cron, "metadata", "annotations") or {}
+        if phase == "Succeeded" and digest:
+            if annotations.get(SOURCE_DESIRED_DIGEST) != digest:
+                changes[SOURCE_DESIRED_DIGEST] = digest
+                self.ctx.recorder.record(cron, NORMAL, "SourceDigestUpdated", f"Source digest updated to {digest}")
+        else:
+            message = str(result.get("message") or "poller pod failed")
+            self.ctx.recorder.record(cron, WARNING, "PollFailed", f"Polling the source failed: {message}")
+        await self._annotate(cron, changes)
+        try:
+            await self.ctx.client.delete(groups.PODS, str(dig(pod, "metadata", "name")),
+                                         str(dig(pod, "metadata", "namespace")))
+        except NotFound:
+            pass
+        return -1.0
+
+    async def _annotate(self, cron: Body, changes: Mapping[str, str | None]) -> None:
+        await self.ctx.client.patch(groups.DATAIMPORTCRONS, str(dig(cron, "metadata", "name")),
+                                    {"metadata": {"annotations": dict(changes)}},
+                                    str(dig(cron, "metadata", "namespace")))
+
+    # -- imports ---------------------------------------------------------------------------------------
+
+    def _storage_class(self, cron: Body) -> Body | None:
+        template = dig(cron, "spec", "template", "spec") or {}
+        claim = template.get("storage") if template.get("storage") is not None else template.get("pvc") or {}
+        name = (claim or {}).get("storageClassName")
+        classes = self.ctx.cached_list(groups.STORAGECLASSES)
+        if name:
+            return next((c for c in classes if dig(c, "metadata", "name") == name), None)
+        for key in (ann.DEFAULT_VIRT_STORAGE_CLASS, ann.DEFAULT_STORAGE_CLASS):
+            found = next((c for c in classes if (dig(c, "metadata", "annotations") or {}).get(key) == "true"), None)
+            if found is not None:
+                return found
+        return None
+
+    def _source_format(self, storage_class: Body | None) -> tuple[str, Body]:
+        if storage_class is None:
+            return "pvc", {}
+        profile = self.ctx.cached(groups.STORAGEPROFILES, str(dig(storage_class, "metadata", "name"))) or {}
+        return str(dig(profile, "status", "dataImportCronSourceFormat") or "pvc"), profile
+
+    async def _update(self, cron: Obj) -> float | None:
+        namespace = str(dig(cron, "metadata", "namespace"))
+        status: Obj = copy.deepcopy(cron.get("status") or {})
+        imports: list[Obj] = list(status.get("currentImports") or [])
+        current = str(imports[0].get("DataVolumeName", "")) if imports else ""
+        dv = self.ctx.cached(groups.DATAVOLUMES, current, namespace) if current else None
+        pvc = self.ctx.cached(groups.PVCS, current, namespace) if current else None
+        snapshot = self.ctx.cached(groups.VOLUMESNAPSHOTS, current, namespace) if current else None
+        storage_class = self._storage_class(cron)
+        if storage_class is not None:
+            wanted = str(dig(storage_class, "metadata", "name"))
+            if pvc is not None and dig(pvc, "status", "phase") == "Pending" and \
+                    dig(pvc, "spec", "storageClassName") not in (None, wanted):
+                await self._delete(groups.PVCS, current, namespace)  # CDI's deleteOutdatedPendingPvc
+                return 1.0
+            recorded = (dig(cron, "metadata", "annotations") or {}).get(ann.CRON_STORAGE_CLASS)
+            if recorded is not None and recorded != wanted:
+                return await self._storage_class_changed(cron, wanted)
+            if recorded is None:
+                await self._annotate(cron, {ann.CRON_STORAGE_CLASS: wanted})
+        source_format, profile = self._source_format(storage_class)
+        succeeded = False
+        requeue: float | None = None
+        failed_dv: Body | None = None
+
+        if dv is not None and not dig(dv, "metadata", "deletionTimestamp"):
+            phase = str(dig(dv, "status", "phase") or "")
+            if phase == "Succeeded":
+                succeeded = True
+                if pvc is not None:
+                    await self._touch(cron, groups.PVCS, pvc)
+                    if source_format == "snapshot":
+                        requeue = await self._snapshot(cron, pvc, snapshot, profile)
+            elif phase == "ImportScheduled":
+                set_condition(status, "Progressing", "False", "Import is scheduled", SCHEDULED)
+            elif phase == "ImportInProgress":
+                set_condition(status, "Progressing", "True", "Import is progressing", IN_PROGRESS)
+            else:
+                set_condition(status, "Progressing", "False", f"Import DataVolume phase {phase}", phase)
+                if phase == "Failed":
+                    failed_dv = dv
+        elif pvc is not None and dig(pvc, "status", "phase") == "Bound" and \
+                not dig(pvc, "metadata", "deletionTimestamp"):
+            succeeded = True
+            await self._touch(cron, groups.PVCS, pvc)
+            if source_format == "snapshot":
+                requeue = await self._snapshot(cron, pvc, snapshot, profile)
+        elif snapshot is not None:
+            if source_format == "pvc":  # the format went back to pvc: as CDI, the snapshot goes and is imported again
+                await self._delete(groups.VOLUMESNAPSHOTS, current, namespace)
+                return 1.0
+            succeeded = True
+            await self._touch(cron, groups.VOLUMESNAPSHOTS, snapshot)
+        else:
+            imports = imports[1:]
+            set_condition(status, "Progressing", "False", "No current import", NO_IMPORT)
+
+        if succeeded and imports:
+            last = {"namespace": namespace, "name": current}
+            if status.get("lastImportedPVC") != last:
+                status["lastImportedPVC"] = last
+                status["lastImportTimestamp"] = conditions.now()
+                self.ctx.recorder.record(cron, NORMAL, "ImportSucceeded", f"Imported {current}")
+            set_condition(status, "Progressing", "False", "No current import", NO_IMPORT)
+            await self._collect_garbage(cron, status)
+
+        await self._update_data_source(cron, status, source_format)
+
+        annotations: Mapping[str, str] = dig(cron, "metadata", "annotations") or {}
+        desired = annotations.get(SOURCE_DESIRED_DIGEST, "")
+        if desired and (not imports or desired != imports[0].get("Digest")):
+            set_condition(status, "UpToDate", "False", "Source digest updated since last import", OUTDATED)
+            if failed_dv is not None:  # unlike CDI: a failed import never blocks the next version
+                await self._delete_dv_pvc(str(dig(failed_dv, "metadata", "name")), namespace)
+                imports = []
+            if succeeded or not imports:
+                imports = await self._create_import(cron, desired, storage_class, profile) or imports
+        elif succeeded:
+            status["sourceFormat"] = source_format
+            if source_format == "snapshot" and not (snapshot and dig(snapshot, "status", "readyToUse")):
+                set_condition(status, "UpToDate", "False", "Snapshot of imported data is progressing", IN_PROGRESS)
+            else:
+                set_condition(status, "UpToDate", "True", "Latest import is up to date", UP_TO_DATE)
+        elif imports:
+            set_condition(status, "UpToDate", "False", "Import is progressing", IN_PROGRESS)
+        else:
+            set_condition(status, "UpToDate", "False", "No source digest", NO_DIGEST)
+        if imports:
+            status["currentImports"] = imports
+        else:
+            status.pop("currentImports", None)
+        last_cron = annotations.get(ann.LAST_CRON_TIME)
+        if last_cron:
+            status["lastExecutionTimestamp"] = last_cron
+        self._metric(cron, status)
+        old = cron.get("status") or {}
+        if status != old:
+            await write_status(self.ctx.client, groups.DATAIMPORTCRONS, cron, status)
+            self._condition_events(cron, old, status)
+        return requeue
+
+    async def _storage_class_changed(self, cron: Body, wanted: str) -> float:
+        """CDI's handleStorageClassChange: the desired image on the old class goes (snapshot, DataVolume,
+        claim); once it is gone the new class is recorded and the image is imported again onto it."""
+        namespace = str(dig(cron, "metadata", "namespace"))
+        digest = (dig(cron, "metadata", "annotations") or {}).get(SOURCE_DESIRED_DIGEST, "")
+        name = dv_name(str(dig(cron, "spec", "managedDataSource")), digest) if digest else None
+        if name is not None:
+            gvrs = (groups.VOLUMESNAPSHOTS, groups.DATAVOLUMES, groups.PVCS)
+            for gvr in gvrs:
+                await self._delete(gvr, name, namespace)
+            for gvr in gvrs:
+                try:
+                    await self.ctx.client.get(gvr, name, namespace)
+                    return 1.0  # waiting for the old sources to be cleaned up
+                except NotFound:
+                    pass
+        self.ctx.recorder.record(cron, NORMAL, "StorageClassChanged", f"Importing again onto storage class {wanted}")
+        await self._annotate(cron, {ann.CRON_STORAGE_CLASS: wanted})
+        return 1.0
+
+    def _metric(self, cron: Body, status: Body) -> None:
+        up = conditions.find(list(status.get("conditions") or []), "UpToDate")
+        up_to_date = bool(up and up.get("status") == "True")
+        template = dig(cron, "spec", "template", "spec") or {}
+        claim = template.get("storage") if template.get("storage") is not None else template.get("pvc") or {}
+        pending = not up_to_date and ann.CRON_STORAGE_CLASS not in (dig(cron, "metadata", "annotations") or {}) \
+            and not (claim or {}).get("storageClassName") and self._storage_class(cron) is None
+        self.ctx.metrics.cron_outdated(str(dig(cron, "metadata", "namespace")), str(dig(cron, "metadata", "name")),
+                                       not up_to_date, pending)
+
+    def _condition_events(self, cron: Body, old: Body, new: Body) -> None:
+        for type_ in ("Progressing", "UpToDate"):
+            before = conditions.find(list(old.get("conditions") or []), type_) or {}
+            after = conditions.find(list(new.get("conditions") or []), type_) or {}
+            if after and (before.get("status"), before.get("reason")) != (after.get("status"), after.get("reason")):
+                kind = WARNING if after.get("reason") == "Failed" else NORMAL
+                self.ctx.recorder.record(cron, kind, str(after.get("reason") or type_), str(after.get("message", "")))
+
+    def _labels(self, cron: Body, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        labels = dict(base or {})
+        cron_labels: Mapping[str, str] = dig(cron, "metadata", "labels") or {}
+        labels.update({k: v for k, v in cron_labels.items() if k in PASSED_LABELS})
+        labels[LABEL_COMPONENT] = "storage"
+        labels[LABEL_MANAGED_BY] = "cdi-controller"
+        labels[ann.LABEL_DATAIMPORTCRON] = str(dig(cron, "metadata", "name"))
+        if dig(cron, "spec", "retentionPolicy") == "None":
+            labels[ann.LABEL_DATAIMPORTCRON_CLEANUP] = "true"
+        return labels
+
+    async def _touch(self, cron: Body, gvr: groups.GVR, obj: Body) -> None:
+        """CDI's updateSource: the cron's labels and a fresh last-use time (what garbage collection sorts by)."""
+        labels = self._labels(cron, dig(obj, "metadata", "labels") or {})
+        patch: Obj = {"metadata": {"annotations": {LAST_USE_TIME: _stamp(self.clock())}}}
+        if labels != (dig(obj, "metadata", "labels") or {}):
+            patch["metadata"]["labels"] = labels
+        elif LAST_USE_TIME in (dig(obj, "metadata", "annotations") or {}):
+            return  # in use and labelled; CDI stamps every reconcile, once is enough to order them
+        await self.ctx.client.patch(gvr, str(dig(obj, "metadata", "name")), patch,
+                                    str(dig(obj, "metadata", "namespace")))
+
+    async def _create_import(self, cron: Body, digest: str, storage_class: Body | None,
+                             profile: Body) -> list[Obj] | None:
+        namespace = str(dig(cron, "metadata", "namespace"))
+        name = dv_name(str(dig(cron, "spec", "managedDataSource")), digest)
+        if name is None:
+            return None
+        entry = [{"DataVolumeName": name, "Digest": digest}]
+        for gvr in (groups.VOLUMESNAPSHOTS, groups.PVCS):
+            existing = self.ctx.cached(gvr, name, namespace)
+            if existing is not None:  # already imported (a restart between create and status): adopt it
+                await self._touch(cron, gvr, existing)
+                return entry
+        template: Obj = copy.deepcopy(dig(cron, "spec", "template") or {})
+        meta = template.get("metadata") or {}
+        spec = template.setdefault("spec", {})
+        registry = dig(spec, "source", "registry")
+        if registry and registry.get("url"):
+            registry["url"] = pinned_registry_url(str(registry["url"]), digest)
+        if (profile.get("metadata") or {}).get("annotations", {}).get(ann.USE_RWO_FOR_DATA_IMPORT_CRON) == "true" \
+                and spec.get("storage") is not None and not spec["storage"].get("accessModes"):
+            spec["storage"]["accessModes"] = ["ReadWriteOnce"]
+        annotations = dict(meta.get("annotations") or {})
+        annotations[ann.BIND_IMMEDIATE] = "true"
+        annotations[LAST_USE_TIME] = _stamp(self.clock())
+        retain = (dig(cron, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION)
+        if retain:
+            annotations[ann.RETAIN_AFTER_COMPLETION] = retain
+        dv = {"apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume",
+              "metadata": {"name": name, "namespace": namespace, "annotations": annotations,
+                           "labels": self._labels(cron, meta.get("labels") or {})},
+              "spec": spec}
+        try:
+            await self.ctx.client.create(groups.DATAVOLUMES, dv, namespace)
+            self.ctx.recorder.record(cron, NORMAL, "ImportCreated", f"Created DataVolume {name} for {digest}")
+        except AlreadyExists:
+            pass
+        return entry
+
+    async def _snapshot(self, cron: Body, pvc: Body, snapshot: Body | None, profile: Body) -> float | None:
+        """`dataImportCronSourceFormat: snapshot`: a VolumeSnapshot of the imported claim, named as it; once
+        ready the DataVolume and claim go (the snapshot is the golden image)."""
+        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        if snapshot is None:
+            body: Obj = {
+                "apiVersion": f"{groups.SNAPSHOT_GROUP}/{groups.SNAPSHOT_VERSION}", "kind": "VolumeSnapshot",
+                "metadata": {"name": name, "namespace": namespace,
+                             "labels": self._labels(cron, {"cdi.kubevirt.io": ""}),
+                             "annotations": {LAST_USE_TIME: _stamp(self.clock())}},
+                "spec": {"source": {"persistentVolumeClaimName": name}}}
+            size = dig(pvc, "spec", "resources", "requests", "storage")
+            if size:
+                body["metadata"]["annotations"][ADVISED_RESTORE_SIZE] = str(size)
+            if dig(pvc, "spec", "volumeMode"):
+                body["metadata"]["annotations"][SOURCE_VOLUME_MODE] = str(dig(pvc, "spec", "volumeMode"))
+            snapshot_class = (dig(profile, "metadata", "annotations") or {}).get(
+                ann.SNAPSHOT_CLASS_FOR_DATA_IMPORT_CRON) or dig(profile, "status", "snapshotClass")
+            if snapshot_class:
+                body["spec"]["volumeSnapshotClassName"] = snapshot_class
+            try:
+                await self.ctx.client.create(groups.VOLUMESNAPSHOTS, body, namespace)
+            except AlreadyExists:
+                pass
+            return 1.0
+        if dig(snapshot, "status", "readyToUse"):
+            await self._delete_dv_pvc(name, namespace)
+            return None
+        return 1.0
+
+    async def _update_data_source(self, cron: Body, status: Body, source_format: str) -> None:
+        namespace = str(dig(cron, "metadata", "namespace"))
+        name = str(dig(cron, "spec", "managedDataSource"))
+        existing = self.ctx.cached(groups.DATASOURCES, name, namespace)
+        if existing is not None and (dig(existing, "metadata", "labels") or {}).get(ann.LABEL_DATAIMPORTCRON) != \
+                dig(cron, "metadata", "name"):
+            return  # not ours (CDI's ErrNotManagedByCron)
+        last = status.get("lastImportedPVC")
+        source: Obj | None = None
+        if last:
+            ref = {"namespace": last["namespace"], "name": last["name"]}
+            source = {"snapshot": ref} if source_format == "snapshot" else {"pvc": ref}
+        if existing is None:
+            body: Obj = {"apiVersion": groups.CDI_API_VERSION, "kind": "DataSource",
+                         "metadata": {"name": name, "namespace": namespace, "labels": self._labels(cron)},
+                         "spec": {"source": source or {}}}
+            try:
+                await self.ctx.client.create(groups.DATASOURCES, body, namespace)
+            except AlreadyExists:
+                pass
+            return
+        labels = self._labels(cron, dig(existing, "metadata", "labels") or {})
+        patch: Obj = {}
+        if labels != (dig(existing, "metadata", "labels") or {}):
+            patch["metadata"] = {"labels": labels}
+        if source is not None and dig(existing, "spec", "source") != source:
+            # a merge patch would keep the other kind's key: replace the whole source
+            patch["spec"] = {"source": {"pvc": None, "snapshot": None, **source}}
+            kind = next(iter(source))
+            self.ctx.recorder.record(cron, NORMAL, "DataSourceUpdated",
+                                     f"DataSource {name} points at {kind} {source[kind]['name']}")
+        if patch:
+            await self.ctx.client.patch(groups.DATASOURCES, name, patch, namespace)
+
+    # -- garbage collection and cleanup ----------------------------------------------------------------
+
+    async def _collect_garbage(self, cron: Body, status: Body) -> None:
+        """CDI's rule (keep the `importsToKeep` most recently used, by last-use time) with two guarantees CDI
+        lacks: the image the DataSource points at and the newest good import are never deleted."""
+        if (dig(cron, "spec", "garbageCollect") or "Outdated") != "Outdated":
+            return
+        keep = dig(cron, "spec", "importsToKeep")
+        keep = DEFAULT_IMPORTS_TO_KEEP if keep is None or int(keep) < 0 else int(keep)
+        namespace, name = str(dig(cron, "metadata", "namespace")), str(dig(cron, "metadata", "name"))
+        protected = {str((status.get("lastImportedPVC") or {}).get("name", ""))}
+        protected.update(str(i.get("DataVolumeName")) for i in status.get("currentImports") or [])
+        for gvr in (groups.PVCS, groups.VOLUMESNAPSHOTS):
+            mine = [o for o in self.ctx.cached_list(gvr, namespace)
+                    if (dig(o, "metadata", "labels") or {}).get(ann.LABEL_DATAIMPORTCRON) == name
+                    and not dig(o, "metadata", "deletionTimestamp")]
+            if len(mine) <= keep:
+                continue
+            mine.sort(key=lambda o: (dig(o, "metadata", "annotations") or {}).get(LAST_USE_TIME, ""), reverse=True)
+            kept = [o for o in mine if dig(o, "metadata", "name") in protected]
+            for obj in mine:
+                obj_name = str(dig(obj, "metadata", "name"))
+                if obj in kept:
+                    continue
+                if len(kept) < keep:
+                    kept.append(obj)
+                    continue
+                self.ctx.recorder.record(cron, NORMAL, "GarbageCollected", f"Deleted outdated import {obj_name}")
+                if gvr == groups.PVCS:
+                    await self._delete_dv_pvc(obj_name, namespace)
+                else:
+                    await self._delete(gvr, obj_name, namespace)
+
+    async def _delete(self, gvr: groups.GVR, name: str, namespace: str) -> bool:
+        try:
+            await self.ctx.client.delete(gvr, name, namespace)
+            return True
+        except NotFound:
+            return False
+
+    async def _delete_dv_pvc(self, name: str, namespace: str) -> None:
+        """CDI's deleteDvPvc: the DataVolume (its claim goes with it), or the claim when the DataVolume is gone."""
+        if not await self._delete(groups.DATAVOLUMES, name, namespace):
+            await self._delete(groups.PVCS, name, namespace)
+
+    async def _cleanup(self, namespace: str, name: str) -> None:
+        """`retentionPolicy: None`: what the cron created goes with it (CDI's cleanup label)."""
+        selector = f"{ann.LABEL_DATAIMPORTCRON}={name},{ann.LABEL_DATAIMPORTCRON_CLEANUP}=true"
+        for gvr in (groups.DATASOURCES, groups.DATAVOLUMES, groups.PVCS, groups.VOLUMESNAPSHOTS):
+            try:
+                found = await self.ctx.client.list(gvr, namespace, label_selector=selector)
+            except NotFound:
+                continue
+            for obj in found.items:
+                await self._delete(gvr, str(dig(obj, "metadata", "name")), namespace)
+
+
+def cron_keys_of(obj: Body) -> list[str]:
+    """The cron an object belongs to, by CDI's label (DataVolumes, claims, snapshots, DataSources, poller pods)."""
+    cron = (dig(obj, "metadata", "labels") or {}).get(ann.LABEL_DATAIMPORTCRON)
+    namespace = dig(obj, "metadata", "namespace")
+    return [f"{namespace}/{cron}"] if cron and namespace else []
+

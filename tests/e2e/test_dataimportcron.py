@@ -1,0 +1,389 @@
+"""DataImportCron end to end (issue #18): golden images kept fresh from Debian's docker-registry, an
+HTTP server and moto's S3 on `cdi up`. Runs are triggered with `cdi.kubevirt.io/refreshNow`, never by
+waiting for the schedule; the schedule names a minute that does not come during the test."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdi.controller.dataimportcron import dv_name
+from tests.e2e.importing import read_back, wait_phase
+from tests.e2e.test_clone import clone_dv
+from tests.e2e.test_controller_metrics import metrics, value
+from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
+from tests.support import oci
+from tests.support.cluster import CdiUp, Kubectl, wait_for
+from tests.support.servers import FileServer
+
+NEVER = "0 0 1 1 *"  # midnight on 1 January: not during this test
+DISK_SIZE = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
+    up = CdiUp(tmp_path_factory.mktemp("cron") / "cdi", "--retry-backoff", "0.5", "--import-retries", "1")
+    up.start()
+    yield up
+    up.stop()
+
+
+@pytest.fixture(scope="module")
+def k(cluster: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    kubectl = Kubectl(cluster.kubeconfig, tmp_path_factory.mktemp("kc"))
+    kubectl.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
+                   "stringData": {"accessKeyId": USER, "secretKey": PASSWORD}})
+    kubectl.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-creds"},
+                   "stringData": {"accessKeyId": S3_KEY, "secretKey": S3_SECRET}})
+    return kubectl
+
+
+def disk(directory: Path, seed: int) -> tuple[Path, str]:
+    """A raw disk of distinct bytes; returns it and the sha256 of its contents."""
+    path = directory / f"disk-{seed}.img"
+    data = hashlib.sha256(str(seed).encode()).digest() * (DISK_SIZE // 32)
+    path.write_bytes(data)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+def cron(name: str, source: dict[str, Any], data_source: str, *, keep: int | None = None,
+         labels: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedule": NEVER, "managedDataSource": data_source,
+                            "template": {"spec": {"source": source,
+                                                  "storage": {"resources": {"requests": {"storage": "16Mi"}}}}}}
+    if keep is not None:
+        spec["importsToKeep"] = keep
+    meta: dict[str, Any] = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataImportCron", "metadata": meta, "spec": spec}
+
+
+def outdated(up: CdiUp, name: str) -> float | None:
+    return value(metrics(up), f'kubevirt_cdi_dataimportcron_outdated{{cron_name="{name}",namespace="default",'
+                              'pending="false"}')
+
+
+def maybe(k: Kubectl, kind: str, name: str) -> dict[str, Any]:
+    """The object, or {} while it does not exist (it may go between two kubectl calls)."""
+    result = k("get", kind, name, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else {}
+
+
+def wait_ready(k: Kubectl, data_source: str, timeout: float = 60.0) -> None:
+    """The DataSource controller says what it names can be cloned (CDI's Ready condition and reason)."""
+    def ready() -> bool:
+        cond = condition(maybe(k, "datasource", data_source), "Ready")
+        return cond.get("status") == "True" and cond.get("reason") == "Ready"
+    wait_for(ready, timeout, interval=0.3, message=f"DataSource {data_source} Ready")
+
+
+def refresh(k: Kubectl, name: str) -> None:
+    k("annotate", "dataimportcron", name, "cdi.kubevirt.io/refreshNow=", "--overwrite")
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def wait_source(k: Kubectl, data_source: str, claim: str, kind: str = "pvc", timeout: float = 120.0) -> None:
+    def points() -> bool:
+        ds = k.get("datasource", data_source) if k.exists("datasource", data_source) else {}
+        return ((ds.get("spec") or {}).get("source") or {}).get(kind, {}).get("name") == claim
+    wait_for(points, timeout, interval=0.3, message=f"DataSource {data_source} -> {kind} {claim}")
+
+
+def wait_up_to_date(k: Kubectl, name: str, claim: str, timeout: float = 120.0) -> dict[str, Any]:
+    def done() -> bool:
+        c = k.get("dataimportcron", name)
+        return (c.get("status") or {}).get("lastImportedPVC", {}).get("name") == claim and \
+            condition(c, "UpToDate").get("status") == "True"
+    wait_for(done, timeout, interval=0.3, message=f"DataImportCron {name} up to date with {claim}")
+    result: dict[str, Any] = k.get("dataimportcron", name)
+    return result
+
+
+class GoldenRegistry:
+    """One repository of the htpasswd registry; each push puts a new image under `:latest`."""
+
+    def __init__(self, registries: Any, workdir: Path) -> None:
+        self.registry = registries.basic
+        self.workdir = workdir
+        self.pushes = 0
+
+    @property
+    def url(self) -> str:
+        return f"docker://{self.registry.host}/e2e/golden:latest"
+
+    def push(self, image: Path | None) -> str:
+        self.pushes += 1
+        layout = self.workdir / f"layout-{self.pushes}"
+        shutil.rmtree(layout, ignore_errors=True)
+        files = {"disk/disk.img": image} if image else {"notadisk/readme.txt": self._readme()}
+        oci.build(layout, [oci.Layer(files, compression="gzip")], tag="latest", env=[f"PUSH={self.pushes}"])
+        oci.push(layout, f"{self.registry.host}/e2e/golden:latest", tag="latest", creds=f"{USER}:{PASSWORD}",
+                 tls_verify=False)
+        return oci.digest_of(layout)
+
+    def _readme(self) -> Path:
+        path = self.workdir / "readme.txt"
+        path.write_text("no disk here\n")
+        return path
+
+
+@pytest.fixture(scope="module")
+def golden(registries: Any, k: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> GoldenRegistry:
+    reg = GoldenRegistry(registries, tmp_path_factory.mktemp("golden"))
+    k("patch", "cdi", "cdi", "--type", "merge",
+      "-p", json.dumps({"spec": {"config": {"insecureRegistries": [reg.registry.host]}}}))
+    wait_for(lambda: reg.registry.host in k("get", "cdiconfig", "config", "-o", "jsonpath={.spec}").stdout, 30,
+             message="CDIConfig picked up insecureRegistries")
+    return reg
+
+
+def test_registry_cron_imports_repoints_collects_and_survives_a_broken_image(
+        k: Kubectl, cluster: CdiUp, golden: GoldenRegistry, tmp_path: Path) -> None:
+    first, first_sha = disk(tmp_path, 1)
+    digest = golden.push(first)
+    k.apply(cron("golden", {"registry": {"url": golden.url, "secretRef": "creds"}}, "golden-ds", keep=2,
+                 labels={"instancetype.kubevirt.io/default-preference": "fedora"}))
+    claim1 = dv_name("golden-ds", digest)
+    assert claim1 == f"golden-ds-{digest[7:19]}"
+    status = wait_up_to_date(k, "golden", claim1)
+    wait_source(k, "golden-ds", claim1)
+    assert status["status"]["currentImports"] == [{"DataVolumeName": claim1, "Digest": digest}]
+    assert status["status"]["sourceFormat"] == "pvc" and status["status"].get("lastExecutionTimestamp")
+    assert read_back(k, claim1, DISK_SIZE) == first_sha
+    dv = k.get("dv", claim1)
+    assert dv["spec"]["source"]["registry"]["url"] == f"docker://{golden.registry.host}/e2e/golden@{digest}"
+    assert dv["metadata"]["labels"]["cdi.kubevirt.io/dataImportCron"] == "golden"
+    assert dv["metadata"]["labels"]["instancetype.kubevirt.io/default-preference"] == "fedora"
+    assert dv["metadata"]["annotations"]["cdi.kubevirt.io/storage.bind.immediate.requested"] == "true"
+    ds = k.get("datasource", "golden-ds")
+    assert ds["metadata"]["labels"]["cdi.kubevirt.io/dataImportCron"] == "golden"
+    assert not k.exists("pod", f"poller-golden-{k.get('dataimportcron', 'golden')['metadata']['uid'][:8]}")
+    assert outdated(cluster, "golden") == 0
+
+    # a new image under the same tag: imported again, the DataSource repointed
+    second, second_sha = disk(tmp_path, 2)
+    claim2 = dv_name("golden-ds", golden.push(second))
+    refresh(k, "golden")
+    wait_up_to_date(k, "golden", claim2)
+    wait_source(k, "golden-ds", claim2)
+    assert read_back(k, claim2, DISK_SIZE) == second_sha
+    assert "cdi.kubevirt.io/refreshNow" not in k.get("dataimportcron", "golden")["metadata"]["annotations"]
+    wait_ready(k, "golden-ds")
+    # a VM's DataVolume names the DataSource, not the image: it clones the current one
+    k.apply(clone_dv("vm-root", source_ref={"kind": "DataSource", "name": "golden-ds"}))
+    wait_phase(k, "vm-root", "Succeeded", timeout=180)
+    assert read_back(k, "vm-root", DISK_SIZE) == second_sha
+
+    # a third: importsToKeep 2 collects the oldest
+    third, _ = disk(tmp_path, 3)
+    claim3 = dv_name("golden-ds", golden.push(third))
+    refresh(k, "golden")
+    wait_up_to_date(k, "golden", claim3)
+    wait_for(lambda: not k.exists("pvc", claim1) and not k.exists("dv", claim1), 60, message=f"{claim1} collected")
+    assert k.exists("pvc", claim2) and k.exists("pvc", claim3)
+
+    # a broken image: its import fails with a reason, the DataSource keeps the last good image
+    broken = dv_name("golden-ds", golden.push(None))
+    refresh(k, "golden")
+    wait_for(lambda: k.exists("dv", broken) and
+             (k.get("dv", broken).get("status") or {}).get("phase") == "Failed", 120, message=f"{broken} Failed")
+    assert "disk" in condition(k.get("dv", broken), "Running").get("message", "")
+    wait_for(lambda: condition(k.get("dataimportcron", "golden"), "Progressing").get("reason") == "Failed", 30,
+             message="Progressing says the import failed")
+    c = k.get("dataimportcron", "golden")
+    assert condition(c, "UpToDate")["status"] == "False"
+    assert c["status"]["lastImportedPVC"]["name"] == claim3
+    wait_source(k, "golden-ds", claim3)
+    assert k.exists("pvc", claim3)
+    assert outdated(cluster, "golden") == 1
+
+    # the next good push recovers
+    fifth, fifth_sha = disk(tmp_path, 5)
+    claim5 = dv_name("golden-ds", golden.push(fifth))
+    refresh(k, "golden")
+    wait_up_to_date(k, "golden", claim5)
+    wait_source(k, "golden-ds", claim5)
+    assert read_back(k, claim5, DISK_SIZE) == fifth_sha
+    wait_for(lambda: not k.exists("dv", broken), 60, message="the failed import replaced")
+    assert outdated(cluster, "golden") == 0
+    events = k("get", "events", "--field-selector", "involvedObject.name=golden", "-o", "json").stdout
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"ImportCreated", "ImportSucceeded", "DataSourceUpdated", "GarbageCollected"} <= reasons
+
+
+def test_cron_spec_is_immutable_and_a_data_source_has_one_cron(k: Kubectl, golden: GoldenRegistry) -> None:
+    k.apply(cron("owner", {"registry": {"url": golden.url, "secretRef": "creds"}}, "shared-ds"))
+    result = k("patch", "dataimportcron", "owner", "--type", "merge", "-p",
+               json.dumps({"spec": {"importsToKeep": 5}}), check=False)
+    assert result.returncode != 0 and "Cannot update DataImportCron Spec" in result.stderr
+    k("annotate", "dataimportcron", "owner", "some=thing")  # metadata stays editable
+    wait_for(lambda: k.exists("datasource", "shared-ds"), 60, message="the DataSource created")
+    result = k.apply(cron("intruder", {"registry": {"url": golden.url, "secretRef": "creds"}}, "shared-ds"),
+                     check=False)
+    assert result.returncode != 0
+    assert "DataSource shared-ds is already managed by DataImportCron owner" in result.stderr
+    bad = cron("bad-schedule", {"registry": {"url": golden.url}}, "other-ds")
+    bad["spec"]["schedule"] = "every day"
+    result = k.apply(bad, check=False)
+    assert result.returncode != 0 and "Illegal cron schedule" in result.stderr
+
+
+Serve = Callable[[str, bytes], None]
+
+
+def test_http_cron_follows_a_changed_object(k: Kubectl, tmp_path: Path, served_dir: Path,
+                                            range_server: FileServer) -> None:
+    target = served_dir / "cron-golden.img"
+    first, first_sha = disk(tmp_path, 11)
+    shutil.copy(first, target)
+    k.apply(cron("web", {"http": {"url": f"{range_server.url}/{target.name}"}}, "web-ds"))
+    wait_for(lambda: (k.get("dataimportcron", "web").get("status") or {}).get("lastImportedPVC"), 120,
+             interval=0.3, message="the first HTTP import")
+    claim1 = k.get("dataimportcron", "web")["status"]["lastImportedPVC"]["name"]
+    assert claim1.startswith("web-ds-")
+    wait_source(k, "web-ds", claim1)
+    assert read_back(k, claim1, DISK_SIZE) == first_sha
+
+    refresh(k, "web")  # unchanged: no new import
+    wait_for(lambda: "cdi.kubevirt.io/refreshNow" not in k.get("dataimportcron", "web")["metadata"]["annotations"],
+             60, message="the refresh ran")
+    assert k.get("dataimportcron", "web")["status"]["currentImports"][0]["DataVolumeName"] == claim1
+
+    # a run missed while the controller was down (its next time long past) runs once, then waits for the schedule
+    before = k.get("dataimportcron", "web")["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.lastCronTime"]
+    k("annotate", "dataimportcron", "web", "cdi.kubevirt.io/storage.import.nextCronTime=2020-01-01T00:00:00Z",
+      "--overwrite")
+
+    def ran_once() -> bool:
+        annotations = k.get("dataimportcron", "web")["metadata"]["annotations"]
+        return annotations["cdi.kubevirt.io/storage.import.lastCronTime"] != before and \
+            annotations["cdi.kubevirt.io/storage.import.nextCronTime"] > "2026-12-31T00:00:00Z"
+    wait_for(ran_once, 60, message="the missed run ran and the next one is on the schedule")
+
+    second, second_sha = disk(tmp_path, 12)
+    shutil.copy(second, target)
+    stat = os.stat(target)
+    os.utime(target, (stat.st_atime, stat.st_mtime + 10))  # a new Last-Modified even within the same second
+    refresh(k, "web")
+    wait_for(lambda: k.get("dataimportcron", "web")["status"].get("lastImportedPVC", {}).get("name") != claim1,
+             120, interval=0.3, message="the changed object imported")
+    claim2 = k.get("dataimportcron", "web")["status"]["lastImportedPVC"]["name"]
+    wait_source(k, "web-ds", claim2)
+    assert read_back(k, claim2, DISK_SIZE) == second_sha
+
+
+def test_http_cron_follows_a_published_checksum_file(k: Kubectl, tmp_path: Path, served_dir: Path,
+                                                     range_server: FileServer) -> None:
+    """A `<image>.sha256` next to the image names the version by its content: the DataVolume is named after
+    the image's own sha256, and a new checksum file is a new version."""
+    target = served_dir / "cron-sums.img"
+    first, first_sha = disk(tmp_path, 41)
+    shutil.copy(first, target)
+    (served_dir / "cron-sums.img.sha256").write_text(f"{first_sha}  cron-sums.img\n")
+    k.apply(cron("sums", {"http": {"url": f"{range_server.url}/{target.name}"}}, "sums-ds"))
+    wait_up_to_date(k, "sums", f"sums-ds-{first_sha[:12]}")
+    wait_source(k, "sums-ds", f"sums-ds-{first_sha[:12]}")
+
+    second, second_sha = disk(tmp_path, 42)
+    shutil.copy(second, target)
+    (served_dir / "cron-sums.img.sha256").write_text(f"{second_sha}  cron-sums.img\n")
+    refresh(k, "sums")
+    wait_up_to_date(k, "sums", f"sums-ds-{second_sha[:12]}")
+    assert read_back(k, f"sums-ds-{second_sha[:12]}", DISK_SIZE) == second_sha
+
+
+def test_s3_cron_follows_a_changed_object(k: Kubectl, tmp_path: Path, s3: Any) -> None:
+    first, first_sha = disk(tmp_path, 21)
+    s3.put("cron-golden.img", first)
+    k.apply(cron("bucket", {"s3": {"url": s3.endpoint("cron-golden.img"), "secretRef": "s3-creds"}}, "bucket-ds"))
+    wait_for(lambda: (k.get("dataimportcron", "bucket").get("status") or {}).get("lastImportedPVC"), 120,
+             interval=0.3, message="the first S3 import")
+    claim1 = k.get("dataimportcron", "bucket")["status"]["lastImportedPVC"]["name"]
+    assert read_back(k, claim1, DISK_SIZE) == first_sha
+
+    second, second_sha = disk(tmp_path, 22)
+    s3.put("cron-golden.img", second)
+    refresh(k, "bucket")
+    wait_for(lambda: k.get("dataimportcron", "bucket")["status"].get("lastImportedPVC", {}).get("name") != claim1,
+             120, interval=0.3, message="the changed object imported")
+    claim2 = k.get("dataimportcron", "bucket")["status"]["lastImportedPVC"]["name"]
+    wait_source(k, "bucket-ds", claim2)
+    assert read_back(k, claim2, DISK_SIZE) == second_sha
+
+
+def test_snapshot_source_format(k: Kubectl, golden: GoldenRegistry, tmp_path: Path) -> None:
+    classes = k.json("get", "storageclass", "-o", "json")["items"]
+    default = next(c["metadata"]["name"] for c in classes
+                   if c["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true")
+    k("patch", "storageprofile", default, "--type", "merge", "-p",
+      json.dumps({"spec": {"dataImportCronSourceFormat": "snapshot"}}))
+    try:
+        wait_for(lambda: k.get("storageprofile", default, "")["status"].get("dataImportCronSourceFormat") == "snapshot",
+                 30, message="the profile says snapshot")
+        image, sha = disk(tmp_path, 31)
+        digest = golden.push(image)
+        k.apply(cron("snap", {"registry": {"url": golden.url, "secretRef": "creds"}}, "snap-ds"))
+        name = dv_name("snap-ds", digest)
+        wait_source(k, "snap-ds", name, kind="snapshot")
+        wait_ready(k, "snap-ds")
+        status = wait_up_to_date(k, "snap", name)
+        assert status["status"]["sourceFormat"] == "snapshot"
+        snapshot = k.get("volumesnapshot", name)
+        assert snapshot["status"]["readyToUse"] is True
+        assert snapshot["metadata"]["labels"]["cdi.kubevirt.io/dataImportCron"] == "snap"
+        assert snapshot["spec"]["source"]["persistentVolumeClaimName"] == name
+        wait_for(lambda: not k.exists("dv", name) and not k.exists("pvc", name), 60,
+                 message="the imported DataVolume and claim go once the snapshot is ready")
+        k.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "from-golden"},
+                 "spec": {"accessModes": ["ReadWriteOnce"],
+                          "resources": {"requests": {"storage": snapshot["status"]["restoreSize"]}},
+                          "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                                         "name": name}}})
+        assert read_back(k, "from-golden", DISK_SIZE) == sha
+    finally:
+        k("patch", "storageprofile", default, "--type", "merge", "-p",
+          json.dumps({"spec": {"dataImportCronSourceFormat": None}}))
+    # back to pvc: as CDI, the snapshot goes and the image is imported again as a claim
+    wait_source(k, "snap-ds", name)
+    wait_for(lambda: not k.exists("volumesnapshot", name) and
+             (maybe(k, "dv", name).get("status") or {}).get("phase") == "Succeeded", 120,
+             message="the image imported again as a claim")
+    assert read_back(k, name, DISK_SIZE) == sha
+
+
+def test_a_new_default_storage_class_imports_again_onto_it(k: Kubectl, golden: GoldenRegistry, tmp_path: Path) -> None:
+    default = "storageclass.kubernetes.io/is-default-class"
+    image, sha = disk(tmp_path, 51)
+    name = dv_name("moving-ds", golden.push(image))
+    k.apply(cron("moving", {"registry": {"url": golden.url, "secretRef": "creds"}}, "moving-ds"))
+    wait_up_to_date(k, "moving", name)
+    old_class = k.get("pvc", name)["spec"]["storageClassName"]
+    new_class = next(c["metadata"]["name"] for c in k.json("get", "storageclass", "-o", "json")["items"]
+                     if c["metadata"]["name"] != old_class)
+    assert k.get("dataimportcron", "moving")["metadata"]["annotations"][
+        "cdi.kubevirt.io/storage.import.storageClass"] == old_class
+    k("annotate", "storageclass", old_class, f"{default}=false", "--overwrite")
+    k("annotate", "storageclass", new_class, f"{default}=true", "--overwrite")
+    try:
+        def moved() -> bool:
+            c = k.get("dataimportcron", "moving")
+            return (maybe(k, "pvc", name).get("spec") or {}).get("storageClassName") == new_class and \
+                condition(c, "UpToDate").get("status") == "True" and \
+                c["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.storageClass"] == new_class
+        wait_for(moved, 120, interval=0.3, message=f"the image imported again onto {new_class}")
+        wait_source(k, "moving-ds", name)
+        assert read_back(k, name, DISK_SIZE) == sha
+    finally:
+        k("annotate", "storageclass", new_class, f"{default}-")
+        k("annotate", "storageclass", old_class, f"{default}=true", "--overwrite")
