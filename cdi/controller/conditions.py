@@ -90,6 +90,12 @@ def update_running(conditions: list[Obj], annotations: Mapping[str, str],
 
 def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "", *,
                running_message: str | None = None) -> None:
+    """The three conditions from the claim and the DataVolume's phase. Idempotent: the steps below may set
+    one condition more than once on the way (Ready is reset by the Bound and Running steps), so a condition
+    whose final status, reason and message are the ones it had keeps its timestamps. Otherwise every
+    reconcile that crossed a second boundary would stamp a new heartbeat, write the status again and repeat
+    the transition's event."""
+    before = {c.get("type"): c for c in status.get("conditions") or []}
     conditions: list[Obj] = [dict(c) for c in status.get("conditions") or []]
     phase = status.get("phase")
     ready = "True" if phase == "Succeeded" else "Unknown" if phase == "Unknown" else "False"
@@ -97,4 +103,11 @@ def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "
     update(conditions, "Ready", ready, message, reason)
     annotations: Mapping[str, str] = (dig(pvc, "metadata", "annotations") or {}) if pvc else {}
     update_running(conditions, annotations, running_message)
+    for condition in conditions:
+        old = before.get(condition.get("type"))
+        if old is None or old.get("status") != condition.get("status"):
+            continue
+        condition["lastTransitionTime"] = old.get("lastTransitionTime", condition.get("lastTransitionTime"))
+        if (old.get("reason"), old.get("message")) == (condition.get("reason"), condition.get("message")):
+            condition["lastHeartbeatTime"] = old.get("lastHeartbeatTime", condition.get("lastHeartbeatTime"))
     status["conditions"] = conditions
