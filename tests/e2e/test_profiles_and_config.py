@@ -269,3 +269,27 @@ def test_no_provisioner_profile_takes_the_modes_of_its_volumes(shared_kubectl: K
         k("delete", "pv", "static-disk-1", "--ignore-not-found", "--wait=false")
     wait_for(lambda: "claimPropertySets" not in profile_of(k, "static")["status"], 30,
              message="the profile forgets a deleted volume")
+
+
+def test_claims_are_sized_as_cdis_code_sizes_them(shared_kubectl: Kubectl, classes: list[str]) -> None:
+    """CDI's GetRequiredSpace (pkg/util/util.go, as fixed in CDI's PR #3779, and in CDI's source today):
+    ceil(RoundUp(request, 1MiB) * (1 + overhead)). The reference once said `/ (1 - overhead)`; CDI's
+    source wins. 100Mi at 0.2 asks for 125829120 bytes, 1Gi at the default 0.06 for 1138166334."""
+    k = shared_kubectl
+    ns = new_namespace(k, "sizing")
+    k.apply(storage_class("sizing-20", "local.storage.cdi.kubevirt.io"))
+    classes.append("sizing-20")
+    k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps(
+        {"spec": {"config": {"filesystemOverhead": {"storageClass": {"sizing-20": "0.2"}}}}}))
+    try:
+        wait_for(lambda: (k.json("get", "cdiconfig", "config")["status"]["filesystemOverhead"]["storageClass"]
+                          .get("sizing-20")) == "0.2", 30, message="the class's overhead in CDIConfig")
+        k.apply(datavolume("hundred", {"blank": {}}, "100Mi", storage_class="sizing-20"), "-n", ns)
+        k.apply(datavolume("gig", {"blank": {}}, "1Gi"), "-n", ns)
+        for name, size in (("hundred", "125829120"), ("gig", "1138166334")):
+            claim = wait_for(lambda n=name: k.exists("pvc", n, ns) and k.get("pvc", n, ns), 60,
+                             message=f"claim of {name}")
+            assert claim["spec"]["resources"]["requests"]["storage"] == size, name
+    finally:
+        k("patch", "cdi", "cdi", "--type", "merge", "-p", '{"spec":{"config":{}}}')
+        k("delete", "namespace", ns, "--wait=false")
