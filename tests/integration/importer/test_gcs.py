@@ -13,7 +13,7 @@ from tests.support.images import Image
 from tests.support.servers import OAuthTokenServer
 
 from .conftest import Gcs
-from .harness import Volume, assert_failed, assert_imported, run_importer
+from .harness import Volume, assert_failed, assert_imported, assert_transferred, run_importer
 
 
 def gcs_env(endpoint: str, **extra: str) -> dict[str, str]:
@@ -31,15 +31,15 @@ def token_server() -> Iterator[OAuthTokenServer]:
     ("qcow2.qcow2", "fs", "qcow2-ranges"),
     ("raw.img.xz", "block", None),
     ("qcow2.qcow2.gz", "fs", None),
-    ("vmdk.vmdk", "fs", "scratch-convert"),
+    ("vmdk.vmdk", "fs", "vmdk-ranges"),
 ])
 def test_gcs_import_anonymous(name: str, mode: str, route: str | None, images: dict[str, Image], gcs: Gcs,
                               make_volume: Callable[..., Volume]) -> None:
     image = images[name]
-    volume = make_volume(mode, scratch=route == "scratch-convert")
+    volume = make_volume(mode)
     result = run_importer(volume, gcs_env(gcs.url(name)))
     assert_imported(volume, image, result, route=route)
-    assert result.message["bytesTransferred"] >= image.file_size
+    assert_transferred(result, image, result.message["route"])
 
 
 def test_gs_url_with_the_emulator_named_by_the_library_variable(
