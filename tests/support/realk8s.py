@@ -81,6 +81,9 @@ class RealK8s:
         # has to start starts while the images build (they wait for the Debian base up.sh makes)
         starting = None
         if subprocess.run([str(self.kit / "status.sh")], capture_output=True, check=False).returncode != 0:
+            # a cluster whose processes died (a machine's session ended) leaves its network namespace and
+            # bridge behind, where up.sh's address check can fail: down.sh first clears them (state is kept)
+            subprocess.run([str(self.kit / "down.sh")], capture_output=True, check=False, timeout=120)
             up_started = time.monotonic()
             starting = subprocess.Popen([str(self.kit / "up.sh")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
