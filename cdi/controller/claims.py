@@ -11,6 +11,7 @@ from cdi.api import featuregates, groups, naming
 from cdi.api.quantity import parse_bytes
 from cdi.api.sizing import required_space, round_up, usable_space
 from cdi.api.views import dig
+from cdi.controller.rendering import ClusterStorage
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
@@ -104,3 +105,11 @@ async def delete_if_present(ctx: Context, gvr: groups.GVR, name: str, namespace:
         await ctx.client.delete(gvr, name, namespace, grace_period_seconds=grace_period_seconds)
     except NotFound:
         pass
+
+
+def cluster_storage(ctx: Context) -> ClusterStorage:
+    """What rendering a claim needs from the cluster, from the controller's caches: the StorageClasses,
+    the StorageProfiles by class, and CDIConfig's status."""
+    config = ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
+    profiles = {str(dig(p, "metadata", "name")): p for p in ctx.cached_list(groups.STORAGEPROFILES)}
+    return ClusterStorage(ctx.cached_list(groups.STORAGECLASSES), profiles, config.get("status") or {})

@@ -34,6 +34,7 @@ from cdi.api.upload import SYNC_PATHS, upload_service_name
 from cdi.api.views import DataVolumeView, dig
 from cdi.common import pki
 from cdi.controller import conditions
+from cdi.controller.claims import cluster_storage
 from cdi.controller.clone import planner
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
 from cdi.controller.progress import format_progress, scrape
@@ -170,11 +171,6 @@ class CloneReconciler(Reconciler):
     def lookup(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         return self.ctx.cached(gvr, name, namespace)
 
-    def cluster_storage(self) -> ClusterStorage:
-        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
-        profiles = {str(dig(p, "metadata", "name")): p for p in self.ctx.cached_list(groups.STORAGEPROFILES)}
-        return ClusterStorage(self.ctx.cached_list(groups.STORAGECLASSES), profiles, config.get("status") or {})
-
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
@@ -207,7 +203,7 @@ class CloneReconciler(Reconciler):
     async def _create_target(self, dv: Body) -> float | None:
         view = DataVolumeView(dv)
         try:
-            decided = plan_datavolume(dv, self.lookup, self.cluster_storage(), planner_cluster(self.ctx))
+            decided = plan_datavolume(dv, self.lookup, cluster_storage(self.ctx), planner_cluster(self.ctx))
         except ChainError as exc:
             return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending", requeue=POLL)
         except SourceMissing as exc:

@@ -17,10 +17,9 @@ from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions, staticvolumes
-from cdi.controller.claims import waits_for_first_consumer
+from cdi.controller.claims import cluster_storage, waits_for_first_consumer
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import (
-    ClusterStorage,
     NoStorageClass,
     RenderError,
     render_claim_spec,
@@ -88,11 +87,6 @@ class DataVolumeReconciler(Reconciler):
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
-
-    def cluster_storage(self) -> ClusterStorage:
-        config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
-        profiles = {str(dig(p, "metadata", "name")): p for p in self.ctx.cached_list(groups.STORAGEPROFILES)}
-        return ClusterStorage(self.ctx.cached_list(groups.STORAGECLASSES), profiles, config.get("status") or {})
 
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
@@ -196,7 +190,7 @@ class DataVolumeReconciler(Reconciler):
         view = DataVolumeView(dv)
         try:
             spec = unrendered_claim_spec(dv) if self._left_to_pvc_webhook(view) else \
-                render_claim_spec(dv, self.cluster_storage())
+                render_claim_spec(dv, cluster_storage(self.ctx))
         except NoStorageClass as exc:
             self._set_pending(view.key, True)
             return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")

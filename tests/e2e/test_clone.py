@@ -10,31 +10,10 @@ import subprocess
 import sys
 from typing import Any
 
-from tests.e2e.workloads import get, new_namespace, pod, pvc, run_to_completion
+from tests.e2e.workloads import BLOCK_DESCRIBE, DESCRIBE, SPARSE_WRITE, get, new_namespace, pod, pvc, run_to_completion
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
 MIB = 1024 * 1024
-
-# a sparse 64 MiB disk.img with three 4 KiB data blocks
-SPARSE_WRITE = """
-import os
-with open("/data/disk.img", "wb") as f:
-    f.truncate(64 * 1024 * 1024)
-    for offset in (0, 10 * 1024 * 1024, 64 * 1024 * 1024 - 4096):
-        f.seek(offset)
-        f.write(os.urandom(4096))
-    f.flush()
-    os.fsync(f.fileno())
-"""
-
-DESCRIBE = """
-import hashlib, json, os
-path = "/data/disk.img"
-digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
-st = os.stat(path)
-print(json.dumps({"sha256": digest, "size": st.st_size, "allocated": st.st_blocks * 512}))
-"""
-
 
 def describe(k: Kubectl, ns: str, claim: str, name: str) -> dict[str, Any]:
     out = run_to_completion(k, ns, pod(name, DESCRIBE, claim, python=True))
@@ -310,17 +289,6 @@ def test_fallback_and_validation_are_explained(shared_cdi_up: CdiUp, shared_kube
                      storage_class="local-nosnap", annotations={"cdi.kubevirt.io/permissiveClone": "true"}), "-n", ns)
     wait_for(lambda: get(k, "pvc", "small-ok", ns) is not None, 30, 0.2, message="permissive clone target")
 
-
-BLOCK_DESCRIBE = """
-import hashlib, json, os
-fd = os.open("/dev/cdi-block-volume", os.O_RDONLY)
-size = os.lseek(fd, 0, os.SEEK_END)
-h = hashlib.sha256()
-os.lseek(fd, 0, os.SEEK_SET)
-while chunk := os.read(fd, 1 << 20):
-    h.update(chunk)
-print(json.dumps({"sha256": h.hexdigest(), "size": size}))
-"""
 
 # sha256 of the first 64 MiB of disk.img, and whether the rest (a larger target) reads as zeros
 PREFIX_DESCRIBE = """

@@ -7,31 +7,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.workloads import get, new_namespace, pod, pvc, run_to_completion, wait_bound
+from tests.e2e.workloads import (
+    BLOCK_DESCRIBE,
+    DESCRIBE,
+    SPARSE_WRITE,
+    get,
+    new_namespace,
+    pod,
+    pvc,
+    run_to_completion,
+    wait_bound,
+)
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 
 MIB = 1024 * 1024
 
-# a sparse 64 MiB disk with three 4 KiB data blocks, then its checksum and allocated blocks
-SPARSE_WRITE = """
-import hashlib, os
-path = "/data/disk.img"
-with open(path, "wb") as f:
-    f.truncate(64 * 1024 * 1024)
-    for offset in (0, 10 * 1024 * 1024, 64 * 1024 * 1024 - 4096):
-        f.seek(offset)
-        f.write(os.urandom(4096))
-    f.flush()
-    os.fsync(f.fileno())
-"""
-
-DESCRIBE = """
-import hashlib, json, os
-path = "/data/disk.img"
-digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
-st = os.stat(path)
-print(json.dumps({"sha256": digest, "size": st.st_size, "allocated": st.st_blocks * 512}))
-"""
 
 BLOCK_WRITE = """
 import os
@@ -40,17 +30,6 @@ size = os.lseek(fd, 0, os.SEEK_END)
 os.pwrite(fd, b"block-data" * 400, 5 * 1024 * 1024)
 os.fsync(fd)
 print(size)
-"""
-
-BLOCK_DESCRIBE = """
-import hashlib, json, os
-fd = os.open("/dev/cdi-block-volume", os.O_RDONLY)
-size = os.lseek(fd, 0, os.SEEK_END)
-h = hashlib.sha256()
-os.lseek(fd, 0, os.SEEK_SET)
-while chunk := os.read(fd, 1 << 20):
-    h.update(chunk)
-print(json.dumps({"sha256": h.hexdigest(), "size": size}))
 """
 
 

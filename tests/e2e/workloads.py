@@ -105,3 +105,38 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline:
             found.append(f"{entry.name}: {cmdline}")
     return found
+
+
+# a sparse 64 MiB disk.img with three 4 KiB data blocks (Python, for `pod(..., python=True)`)
+SPARSE_WRITE = """
+import os
+path = "/data/disk.img"
+with open(path, "wb") as f:
+    f.truncate(64 * 1024 * 1024)
+    for offset in (0, 10 * 1024 * 1024, 64 * 1024 * 1024 - 4096):
+        f.seek(offset)
+        f.write(os.urandom(4096))
+    f.flush()
+    os.fsync(f.fileno())
+"""
+
+# the disk.img's sha256, size and allocated bytes, as one line of JSON
+DESCRIBE = """
+import hashlib, json, os
+path = "/data/disk.img"
+digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+st = os.stat(path)
+print(json.dumps({"sha256": digest, "size": st.st_size, "allocated": st.st_blocks * 512}))
+"""
+
+# a Block volume's sha256 and size, as one line of JSON
+BLOCK_DESCRIBE = """
+import hashlib, json, os
+fd = os.open("/dev/cdi-block-volume", os.O_RDONLY)
+size = os.lseek(fd, 0, os.SEEK_END)
+h = hashlib.sha256()
+os.lseek(fd, 0, os.SEEK_SET)
+while chunk := os.read(fd, 1 << 20):
+    h.update(chunk)
+print(json.dumps({"sha256": h.hexdigest(), "size": size}))
+"""
