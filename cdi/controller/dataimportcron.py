@@ -50,6 +50,7 @@ SOURCE_DESIRED_DIGEST = _P + "storage.import.sourceDesiredDigest"
 LAST_USE_TIME = _P + "storage.import.lastUseTime"
 REFRESH_NOW = _P + "refreshNow"
 NEXT_CRON, LAST_CRON = ann.NEXT_CRON_TIME, ann.LAST_CRON_TIME
+POLLER_RECHECK = 1.0  # seconds between looks at a poller pod that is running or going away
 ADVISED_RESTORE_SIZE = _P + "storage.import.advisedRestoreSize"
 SOURCE_VOLUME_MODE = _P + "storage.import.sourceVolumeMode"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -240,7 +241,9 @@ class DataImportCronReconciler(Reconciler):
     async def _poll_result(self, cron: Obj, pod: Body, schedule: str, now: datetime.datetime) -> float | None:
         phase = dig(pod, "status", "phase")
         if phase not in ("Succeeded", "Failed") or dig(pod, "metadata", "deletionTimestamp"):
-            return None
+            # look again soon: a poller whose result was taken is still going away, and a run that came due
+            # meanwhile (refreshNow, a missed slot) must not wait for an event that says it is gone
+            return POLLER_RECHECK
         _, result = termination(pod)
         changes: dict[str, str | None] = {REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now)}
         if schedule:

@@ -274,18 +274,22 @@ def test_no_provisioner_profile_takes_the_modes_of_its_volumes(shared_kubectl: K
 def test_claims_are_sized_as_cdis_code_sizes_them(shared_kubectl: Kubectl, classes: list[str]) -> None:
     """CDI's GetRequiredSpace (pkg/util/util.go, as fixed in CDI's PR #3779, and in CDI's source today):
     ceil(RoundUp(request, 1MiB) * (1 + overhead)). The reference once said `/ (1 - overhead)`; CDI's
-    source wins. 100Mi at 0.2 asks for 125829120 bytes, 1Gi at the default 0.06 for 1138166334."""
+    source wins. 100Mi at 0.2 asks for 125829120 bytes, 1Gi at 0.06 for 1138166334. Each class names its
+    overhead, so the test does not depend on the global one another test may be changing."""
     k = shared_kubectl
     ns = new_namespace(k, "sizing")
-    k.apply(storage_class("sizing-20", "local.storage.cdi.kubevirt.io"))
-    classes.append("sizing-20")
+    overheads = {"sizing-20": "0.2", "sizing-06": "0.06"}
+    for name in overheads:
+        k.apply(storage_class(name, "local.storage.cdi.kubevirt.io"))
+        classes.append(name)
     k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps(
-        {"spec": {"config": {"filesystemOverhead": {"storageClass": {"sizing-20": "0.2"}}}}}))
+        {"spec": {"config": {"filesystemOverhead": {"storageClass": overheads}}}}))
     try:
-        wait_for(lambda: (k.json("get", "cdiconfig", "config")["status"]["filesystemOverhead"]["storageClass"]
-                          .get("sizing-20")) == "0.2", 30, message="the class's overhead in CDIConfig")
+        wait_for(lambda: all(k.json("get", "cdiconfig", "config")["status"]["filesystemOverhead"]["storageClass"]
+                             .get(name) == value for name, value in overheads.items()), 30,
+                 message="the classes' overheads in CDIConfig")
         k.apply(datavolume("hundred", {"blank": {}}, "100Mi", storage_class="sizing-20"), "-n", ns)
-        k.apply(datavolume("gig", {"blank": {}}, "1Gi"), "-n", ns)
+        k.apply(datavolume("gig", {"blank": {}}, "1Gi", storage_class="sizing-06"), "-n", ns)
         for name, size in (("hundred", "125829120"), ("gig", "1138166334")):
             claim = wait_for(lambda n=name: k.exists("pvc", n, ns) and k.get("pvc", n, ns), 60,
                              message=f"claim of {name}")
