@@ -378,7 +378,9 @@ def test_a_new_default_storage_class_imports_again_onto_it(k: Kubectl, golden: G
     try:
         def moved() -> bool:
             c = k.get("dataimportcron", "moving")
+            # the claim on the new class, its DataVolume done (the cron's UpToDate may still be the old one's)
             return (maybe(k, "pvc", name).get("spec") or {}).get("storageClassName") == new_class and \
+                (maybe(k, "dv", name).get("status") or {}).get("phase") == "Succeeded" and \
                 condition(c, "UpToDate").get("status") == "True" and \
                 c["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.storageClass"] == new_class
         wait_for(moved, 120, interval=0.3, message=f"the image imported again onto {new_class}")
