@@ -34,9 +34,9 @@ from cdi.api import env, groups, naming
 from cdi.api.views import dig
 from cdi.controller import conditions
 from cdi.controller.claims import config_status
-from cdi.controller.datavolume import import_annotations
-from cdi.controller.importpod import DATA_VOLUME, ImportSource, WorkerSettings, importer_pod
-from cdi.controller.imports import termination
+from cdi.controller.datavolume.base import import_annotations
+from cdi.controller.datavolume.importpod import DATA_VOLUME, ImportSource, WorkerSettings, importer_pod
+from cdi.controller.datavolume.imports import termination
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key

@@ -37,7 +37,7 @@ from cdi.controller.claims import (
     scratch_name,
     waits_for_first_consumer,
 )
-from cdi.controller.importpod import (
+from cdi.controller.datavolume.importpod import (
     IMPORTER_CONTAINER,
     ImportSource,
     WorkerSettings,
@@ -45,7 +45,7 @@ from cdi.controller.importpod import (
     mounts_scratch,
     pod_name,
 )
-from cdi.controller.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
+from cdi.controller.datavolume.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key

@@ -47,9 +47,9 @@ from cdi.controller.claims import (
     scratch_name,
     waits_for_first_consumer,
 )
-from cdi.controller.imports import termination
+from cdi.controller.datavolume.imports import termination
+from cdi.controller.datavolume.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
 from cdi.controller.runtime import Context, Reconciler
-from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
 

@@ -37,11 +37,11 @@ from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage
 from cdi.controller.clone import planner
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.progress import format_progress, scrape
+from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.datavolume.uploadpki import UploadPki, ensure_upload_pki
+from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.controller.runtime import Context, Reconciler, write_status
-from cdi.controller.uploadpki import UploadPki, ensure_upload_pki
-from cdi.controller.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 

@@ -17,7 +17,7 @@ from cdi.api import annotations as ann
 from cdi.api import env, naming
 from cdi.api.views import dig
 from cdi.controller.claims import owner_reference
-from cdi.controller.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
+from cdi.controller.datavolume.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
 from cdi.controller.workerpod import PodSettings, worker_pod
 
 Body = Mapping[str, Any]

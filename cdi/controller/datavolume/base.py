@@ -16,9 +16,10 @@ from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
-from cdi.controller import conditions, staticvolumes
+from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage, waits_for_first_consumer
-from cdi.controller.progress import format_progress, scrape
+from cdi.controller.datavolume import staticvolumes
+from cdi.controller.datavolume.progress import format_progress, scrape
 from cdi.controller.rendering import (
     NoStorageClass,
     RenderError,
