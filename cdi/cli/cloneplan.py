@@ -12,12 +12,12 @@ from typing import Any
 import yaml
 
 from cdi.api import groups
+from cdi.api.rendering import ClusterStorage, RenderError
 from cdi.api.views import dig
 from cdi.common import aioloop
 from cdi.controller.clone import planner
 from cdi.controller.datasource import ChainError
 from cdi.controller.datavolume.clones import SourceMissing, plan_datavolume
-from cdi.controller.rendering import ClusterStorage, RenderError
 from cdi.kube import ApiError, KubeClient, NotFound
 
 Obj = dict[str, Any]

@@ -13,6 +13,13 @@ import aiohttp
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
+from cdi.api.rendering import (
+    NoStorageClass,
+    RenderError,
+    render_claim_spec,
+    unrendered_claim_spec,
+    webhook_rendering_enabled,
+)
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
@@ -20,13 +27,6 @@ from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
 from cdi.controller.datavolume.progress import format_progress, scrape
-from cdi.controller.rendering import (
-    NoStorageClass,
-    RenderError,
-    render_claim_spec,
-    unrendered_claim_spec,
-    webhook_rendering_enabled,
-)
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
