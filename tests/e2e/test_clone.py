@@ -10,6 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
+from cdi.api.sizing import required_space
 from tests.e2e.workloads import BLOCK_DESCRIBE, DESCRIBE, SPARSE_WRITE, get, new_namespace, pod, pvc, run_to_completion
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
@@ -179,7 +180,10 @@ def test_snapshot_and_csi_clone_keep_bytes_and_leave_nothing_behind(shared_kubec
     assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "snapshot"
     assert "cdi.kubevirt.io/cloneFallbackReason" not in target["metadata"]["annotations"]
     assert target["status"]["phase"] == "Bound"
-    assert target["status"]["capacity"]["storage"] == get(k, "pvc", "golden", ns)["status"]["capacity"]["storage"]
+    # no size: the source's capacity with the filesystem overhead on top (CDI's rule for a claim that does not
+    # say it holds a disk image), the restored volume grown to it
+    assert target["spec"]["resources"]["requests"]["storage"] == \
+        str(required_space(filesystem_overhead(k, "local"), 100 * MIB)) == target["status"]["capacity"]["storage"]
     reasons = [r for r, _ in events_of(k, ns, "smart")]
     for reason in ("CloneScheduled", "SnapshotForSmartCloneInProgress", "CloneFromSnapshotSourceInProgress",
                    "RebindInProgress", "CloneSucceeded"):
@@ -409,3 +413,81 @@ def test_cross_namespace_clone_needs_permission_in_the_source_namespace(shared_k
     wait_dv_phase(k, ns, "granted", "Succeeded")
     out = run_to_completion(k, ns, pod("read", "cat /data/disk.img", "granted"))
     assert out == "golden\n"
+
+
+# a raw disk image of 40 MiB with three allocated blocks, on a 64 MiB claim: its virtual size is what
+# CDI's size rules give a clone without a size, not the claim's capacity
+IMAGE_40M = SPARSE_WRITE.replace("64 * 1024 * 1024", "40 * 1024 * 1024")
+KUBEVIRT_CONTENT = {"cdi.kubevirt.io/storage.contentType": "kubevirt"}
+
+
+def disk_claim(name: str, size: str, storage_class: str | None = None) -> dict[str, Any]:
+    claim = pvc(name, size, storage_class=storage_class)
+    claim["metadata"]["annotations"] = dict(KUBEVIRT_CONTENT)
+    return claim
+
+
+def filesystem_overhead(k: Kubectl, storage_class: str) -> float:
+    overhead = (get(k, "cdiconfig", "config", "") or {}).get("status", {}).get("filesystemOverhead") or {}
+    return float((overhead.get("storageClass") or {}).get(storage_class) or overhead.get("global") or "0.06")
+
+
+def test_clone_without_size_takes_the_virtual_size_of_the_source_image(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "vsize")
+    k.apply(disk_claim("golden", "64Mi", "local-nosnap"), "-n", ns)
+    run_to_completion(k, ns, pod("fill", IMAGE_40M, "golden", python=True))
+    original = describe(k, ns, "golden", "describe-golden")
+    assert original["size"] == 40 * MIB and original["allocated"] < 40 * MIB
+
+    # Filesystem into Block, no size: a size-detection pod measures disk.img; the target is exactly the image
+    to_block = clone_dv("to-block", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap")
+    to_block["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(to_block, "-n", ns)
+    dv = wait_dv_phase(k, ns, "to-block", "Succeeded")
+    out = run_to_completion(k, ns, pod("describe-block", BLOCK_DESCRIBE, "to-block", block=True, python=True))
+    assert json.loads(out) == {"sha256": original["sha256"], "size": 40 * MIB}
+    assert get(k, "pvc", "to-block", ns)["spec"]["resources"]["requests"]["storage"] == str(40 * MIB)
+    source = get(k, "pvc", "golden", ns)["metadata"]["annotations"]
+    assert source["cdi.Kubervirt.io/virtualSize"] == str(40 * MIB)
+    assert source["cdi.Kubervirt.io/sourceCapacity"] == get(k, "pvc", "golden", ns)["status"]["capacity"]["storage"]
+    # the 64 MiB source is larger than the 40 MiB target: CDI marks such a clone permissive
+    assert dv["metadata"]["annotations"]["cdi.kubevirt.io/permissiveClone"] == "true"
+    reasons = [r for r, _ in events_of(k, ns, "to-block")]
+    assert "SizeDetectionPodCreated" in reasons and "CloneScheduled" in reasons, reasons
+    assert ("SizeDetectionPodCreated", "Size-detection pod created") in events_of(k, ns, "to-block")
+    assert [p["metadata"]["name"] for p in k.json("get", "pods", "-n", ns)["items"]
+            if p["metadata"]["name"].startswith("size-detection-")] == []
+
+    # Filesystem, no size: the virtual size inflated by the target class's filesystem overhead
+    k.apply(clone_dv("fs-copy", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"),
+            "-n", ns)
+    wait_dv_phase(k, ns, "fs-copy", "Succeeded")
+    assert get(k, "pvc", "fs-copy", ns)["spec"]["resources"]["requests"]["storage"] == \
+        str(required_space(filesystem_overhead(k, "local-nosnap"), 40 * MIB))
+    copied = describe(k, ns, "fs-copy", "describe-fs-copy")
+    assert (copied["sha256"], copied["size"]) == (original["sha256"], original["size"])
+
+    # a Block target smaller than the source claim but holding the image is permissive and succeeds ...
+    smaller = clone_dv("smaller", {"pvc": {"namespace": ns, "name": "golden"}}, size="48Mi",
+                       storage_class="local-nosnap")
+    smaller["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(smaller, "-n", ns)
+    assert wait_dv_phase(k, ns, "smaller", "Succeeded")["metadata"]["annotations"][
+        "cdi.kubevirt.io/permissiveClone"] == "true"
+    # ... one smaller than the image is refused with CDI's message
+    too_small = clone_dv("too-small", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi",
+                         storage_class="local-nosnap")
+    too_small["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(too_small, "-n", ns)
+    message = f"target resources requests storage size is smaller than the source {32 * MIB} < {64 * MIB}"
+
+    def refused() -> bool:
+        return ("ErrIncompatiblePVC", message) in events_of(k, ns, "too-small") and \
+            ("CloneValidationFailed", f"The clone doesn't meet the validation requirements: {message}") in \
+            events_of(k, ns, "too-small")
+
+    wait_for(refused, 60, 0.2, message="too-small refused")
+    assert get(k, "pvc", "too-small", ns) is None
+    assert "cdi.kubevirt.io/permissiveClone" not in (get(k, "datavolume", "too-small", ns)["metadata"].get(
+        "annotations") or {})
