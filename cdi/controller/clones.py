@@ -231,7 +231,7 @@ class CloneReconciler(Reconciler):
                                       phase="Pending", requeue=POLL)
         annotations: dict[str, str] = {
             ann.CREATED_FOR_DATAVOLUME: view.uid, ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: PENDING,
-            ann.CONTENT_TYPE: view.content_type,
+            ann.CONTENT_TYPE: view.content_type, ann.POD_RESTARTS: "0",
             CLONE_SOURCE_ANNOTATION: f"{source.kind}/{source.namespace}/{source.name}",
             ann.CLONE_REQUEST: f"{source.namespace}/{source.name}"}
         if plan.fallback_message:
@@ -373,6 +373,11 @@ class CloneReconciler(Reconciler):
                 pass
             return await self._set_phase(target, HOST_CLONE)
         temp_annotations: Mapping[str, str] = dig(temp, "metadata", "annotations") or {}
+        restarts = temp_annotations.get(ann.POD_RESTARTS)
+        if restarts and restarts != (dig(target, "metadata", "annotations") or {}).get(ann.POD_RESTARTS):
+            # the upload server's restarts are the DataVolume's restartCount, as CDI's populator copies them
+            await self.ctx.client.patch(groups.PVCS, str(dig(target, "metadata", "name")), {"metadata": {
+                "annotations": {ann.POD_RESTARTS: restarts}}}, str(dig(target, "metadata", "namespace")))
         pod_name = source_pod_name(temp)
         if temp_annotations.get(ann.POD_PHASE) == "Succeeded":
             for gvr in (groups.PODS, groups.SECRETS):
@@ -603,6 +608,9 @@ class CloneReconciler(Reconciler):
         elif pvc is not None:
             status["claimName"] = dig(pvc, "metadata", "name")
             clone_phase = (dig(pvc, "metadata", "annotations") or {}).get(ann.CLONE_PHASE, "")
+            restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
+            if restarts.isdigit():
+                status["restartCount"] = int(restarts)
             status["phase"] = PHASE_MAP.get(clone_phase, status.get("phase") or "CloneScheduled")
             if status["phase"] == "Succeeded":
                 status["progress"] = PROGRESS_COMPLETE

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from cdi.api.sizing import required_space
 from tests.e2e.workloads import BLOCK_DESCRIBE, DESCRIBE, SPARSE_WRITE, get, new_namespace, pod, pvc, run_to_completion
@@ -491,3 +495,102 @@ def test_clone_without_size_takes_the_virtual_size_of_the_source_image(shared_ku
     assert get(k, "pvc", "too-small", ns) is None
     assert "cdi.kubevirt.io/permissiveClone" not in (get(k, "datavolume", "too-small", ns)["metadata"].get(
         "annotations") or {})
+
+
+# 256 MiB of data (a byte pattern, never zeros, so every block is sent) in a 320 MiB disk.img filling its
+# claim: enough for
+# the test to find the clone source process and stop it part way
+LARGE_WRITE = """
+import os
+with open("/data/disk.img", "wb") as f:
+    f.truncate(320 * 1024 * 1024)
+    block = bytes(range(256)) * 4096
+    for i in range(256):
+        f.seek(i * 1024 * 1024 + (i % 7) * 4096)
+        f.write(block[i:] + block[:i])
+    f.flush()
+    os.fsync(f.fileno())
+"""
+
+
+def cloner_process(owner_uid: str) -> int | None:
+    """The pid of the clone source program sending for the DataVolume `owner_uid` (its OWNER_UID)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"python" not in argv[0] or b"cdi.cloner" not in argv:  # the program, not its sandbox
+                continue
+            if f"OWNER_UID={owner_uid}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def bytes_written(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def stop_mid_copy(owner_uid: str, past: int) -> int:
+    """Freeze the clone source program once it wrote `past` bytes (to the target's socket): its process
+    group is stopped as soon as it appears, then let go in short steps until it is past the mark."""
+    pid = wait_for(lambda: cloner_process(owner_uid), 120, 0.005, message="the clone source program")
+    group = os.getpgid(pid)
+    os.killpg(group, signal.SIGSTOP)
+    while bytes_written(pid) < past:
+        os.killpg(group, signal.SIGCONT)
+        wait_for(lambda: bytes_written(pid) >= past, 60, 0.001, message="the clone under way")
+        os.killpg(group, signal.SIGSTOP)
+    return pid
+
+
+def container_group(k: Kubectl, ns: str, name: str) -> int:
+    container = k.json("get", "pod", name, "-n", ns)["status"]["containerStatuses"][0]
+    return int(container["containerID"].removeprefix("bwrap://"))
+
+
+def restarts(k: Kubectl, ns: str, name: str) -> int:
+    statuses = ((get(k, "pod", name, ns) or {}).get("status") or {}).get("containerStatuses") or [{}]
+    return int(statuses[0].get("restartCount") or 0)
+
+
+@pytest.mark.parametrize("killed", ["source", "target"])
+def test_a_killed_clone_pod_restarts_and_the_bytes_end_identical(shared_kubectl: Kubectl, killed: str) -> None:
+    """Host-assisted copy: the clone source pod (or the target's upload server) is SIGKILLed part way; the
+    node restarts it, the stream starts over, and the target holds the source's bytes."""
+    k = shared_kubectl
+    ns = new_namespace(k, f"kill{killed}")
+    k.apply(pvc("golden", "320Mi", storage_class="local-nosnap"), "-n", ns)
+    run_to_completion(k, ns, pod("fill", LARGE_WRITE, "golden", python=True), timeout=120)
+    original = describe(k, ns, "golden", "describe-golden")
+    k.apply(clone_dv("copy", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"), "-n", ns)
+    uid = wait_for(lambda: (get(k, "datavolume", "copy", ns) or {}).get("metadata", {}).get("uid"), 30, 0.05,
+                   message="the DataVolume")
+    pid = stop_mid_copy(uid, 32 * MIB)
+    target_uid = get(k, "pvc", "copy", ns)["metadata"]["uid"]
+    temp = k.json("get", "pvc", "-n", ns, "-l", f"cdi.kubevirt.io/OwnedByUID={target_uid}")["items"]
+    assert len(temp) == 1, temp
+    source_pod = f"{temp[0]['metadata']['uid']}-source-pod"
+    upload_pod = f"cdi-upload-{temp[0]['metadata']['name']}"
+    assert get(k, "datavolume", "copy", ns)["status"]["phase"] == "CloneInProgress"
+    if killed == "source":
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        wait_for(lambda: restarts(k, ns, source_pod) >= 1, 120, 0.2, message="the node to restart the source pod")
+    else:
+        os.killpg(container_group(k, ns, upload_pod), signal.SIGKILL)
+        wait_for(lambda: restarts(k, ns, upload_pod) >= 1, 120, 0.2, message="the node to restart the upload server")
+        os.killpg(os.getpgid(pid), signal.SIGCONT)  # its connection is gone: it fails, and is restarted
+    dv = wait_dv_phase(k, ns, "copy", "Succeeded", timeout=300)
+    copied = describe(k, ns, "copy", "describe-copy")
+    assert (copied["sha256"], copied["size"]) == (original["sha256"], original["size"])
+    # CDI counts the restarts of the target's pod (the upload server) in the DataVolume's restartCount
+    assert dv["status"]["restartCount"] == (1 if killed == "target" else 0)
+    assert dv["status"]["progress"] == "100.0%"
+    reasons = [r for r, _ in events_of(k, ns, "copy")]
+    assert reasons.count("CloneInProgress") == 1 and reasons[-1] == "CloneSucceeded", reasons
+    assert leftovers(k, ns) == []
