@@ -20,6 +20,7 @@ clonePhase (CDI's populator phase map), with CDI's events."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage
 from cdi.controller.clone import planner, sizedetection
 from cdi.controller.clone import size as clonesize
+from cdi.controller.clone import token as clonetoken
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
@@ -68,6 +70,7 @@ CLONE_SOURCE_IN_USE = "CloneSourceInUse"
 # CDI's /var/run/cdi/clone/source, where /var/run is the usual symlink (the embedded node's sandbox
 # cannot make a mount point through that symlink)
 CLONER_MOUNT_PATH = "/run/cdi/clone/source"
+SIGNING_KEY_SECRET = "cdi-api-signing-key"  # cdi-apiserver's, which signs and checks clone tokens
 CLONE_SOURCE_ANNOTATION = "cdi.kubevirt.io/storage.clone.source"  # ours: kind/namespace/name the target clones
 
 
@@ -158,6 +161,7 @@ class CloneReconciler(Reconciler):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._pki: UploadPki | None = None
+        self._signing_key: bytes | None = None
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -182,7 +186,7 @@ class CloneReconciler(Reconciler):
         if target is None:
             if view.phase == "Succeeded":
                 return await self._status(dv, None, reason="ClaimLost", message="PVC was deleted")
-            return await self._create_target(dv)
+            return await self._check_token(dv) or await self._create_target(dv)
         if dig(target, "metadata", "deletionTimestamp"):
             return None
         phase = (dig(target, "metadata", "annotations") or {}).get(ann.CLONE_PHASE, "")
@@ -259,6 +263,38 @@ class CloneReconciler(Reconciler):
             self.ctx.recorder.record(created, WARNING, plan.fallback_reason, plan.fallback_message)
         await self._status(dv, created, scheduled_why=plan.why)
         return POLL
+
+    async def _check_token(self, dv: Body) -> float | None:
+        """A clone from another namespace needs its clone token (`clone.token`): None when it holds one
+        for this source and target, else when to look again."""
+        view = DataVolumeView(dv)
+        try:
+            source = resolve_source_ref(dv, self.lookup)
+        except ChainError:
+            return None  # _create_target says why
+        if source.namespace == view.namespace:
+            return None
+        if self._signing_key is None:
+            secret = await self._get(groups.SECRETS, SIGNING_KEY_SECRET, self.ctx.settings.namespace)
+            data = (secret or {}).get("data") or {}
+            if "id_rsa" not in data:
+                return await self._status(dv, None, reason="Pending", message="waiting for cdi-apiserver's signing key",
+                                          phase="Pending", requeue=POLL)
+            self._signing_key = base64.b64decode(data["id_rsa"])
+        try:
+            extended = clonetoken.verified(view.annotations, self._signing_key, source.kind, source.namespace,
+                                           source.name, view.namespace, view.name, view.uid)
+        except clonetoken.TokenInvalid as exc:
+            message = str(exc)
+            if (conditions.find(list(view.status.get("conditions") or []), "Bound") or {}).get("message") != message:
+                self.ctx.recorder.record(dv, WARNING, clonetoken.INVALID, message)
+            return await self._status(dv, None, reason=clonetoken.INVALID, message=message, phase="Pending",
+                                      requeue=30.0)
+        if extended is None:
+            return None
+        await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
+            clonetoken.EXTENDED_CLONE_TOKEN: extended}}}, view.namespace)
+        return 0.2
 
     async def _detect_size(self, dv: Body) -> float | None:
         """The source's disk image is measured by a size-detection pod (CDI's getSizeFromPod); its

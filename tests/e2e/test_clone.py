@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 
 from cdi.api.sizing import required_space
@@ -414,9 +415,39 @@ def test_cross_namespace_clone_needs_permission_in_the_source_namespace(shared_k
              "--as", "alice").stdout.strip() == "yes"
     manifest["metadata"]["name"] = "granted"
     k("create", "-f", "-", "-n", ns, "--as", "alice", input=json.dumps(manifest))
-    wait_dv_phase(k, ns, "granted", "Succeeded")
+    granted = wait_dv_phase(k, ns, "granted", "Succeeded")
     out = run_to_completion(k, ns, pod("read", "cat /data/disk.img", "granted"))
     assert out == "golden\n"
+
+    # CDI's DataVolume mutating webhook did the check and signed a clone token for this source and target,
+    # which the controller traded for a long-lived one bound to the DataVolume
+    hooks = k.json("get", "mutatingwebhookconfiguration", "cdi-api-datavolume-mutate")["webhooks"]
+    assert [(h["name"], h["clientConfig"]["service"]["path"]) for h in hooks] == \
+        [("datavolume-mutate.cdi.kubevirt.io", "/datavolume-mutate")]
+    annotations = granted["metadata"]["annotations"]
+    short = jwt.decode(annotations["cdi.kubevirt.io/storage.clone.token"], options={"verify_signature": False})
+    assert (short["iss"], short["operation"], short["namespace"], short["name"], short["resource"]["resource"],
+            short["params"], short["exp"] - short["iat"]) == (
+        "cdi-apiserver", "Clone", src_ns, "golden", "persistentvolumeclaims",
+        {"targetNamespace": ns, "targetName": "granted"}, 300)
+    extended = jwt.decode(annotations["cdi.kubevirt.io/storage.extended.clone.token"],
+                          options={"verify_signature": False})
+    assert (extended["iss"], extended["params"]["uid"]) == ("cdi-deployment", granted["metadata"]["uid"])
+
+    # a token taken from another DataVolume is worth nothing: the clone does not start
+    manifest["metadata"]["name"] = "granted"
+    manifest["metadata"]["annotations"] = {
+        "cdi.kubevirt.io/storage.extended.clone.token": annotations["cdi.kubevirt.io/storage.extended.clone.token"]}
+    k("delete", "datavolume", "granted", "-n", ns)
+    wait_for(lambda: get(k, "pvc", "granted", ns) is None, 60, 0.2, message="the first granted claim gone")
+    k.apply(manifest, "-n", ns)
+
+    def refused() -> bool:
+        return ("CloneTokenInvalid", "invalid token") in events_of(k, ns, "granted")
+
+    wait_for(refused, 60, 0.2, message="the copied token refused")
+    assert get(k, "datavolume", "granted", ns)["status"]["phase"] == "Pending"
+    assert get(k, "pvc", "granted", ns) is None
 
 
 # a raw disk image of 40 MiB with three allocated blocks, on a 64 MiB claim: its virtual size is what
