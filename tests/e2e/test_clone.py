@@ -151,6 +151,12 @@ def leftovers(k: Kubectl, ns: str) -> list[str]:
     """Temporary clone objects still in `ns`."""
     names = [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]]
     names += [s["metadata"]["name"] for s in k.json("get", "volumesnapshot", "-n", ns)["items"]]
+    # and what they were bound to: a temporary snapshot's content, a temporary claim's volume not handed on
+    names += [(c["spec"].get("volumeSnapshotRef") or {}).get("name", "")
+              for c in k.json("get", "volumesnapshotcontent")["items"]
+              if (c["spec"].get("volumeSnapshotRef") or {}).get("namespace") == ns]
+    names += [(v["spec"].get("claimRef") or {}).get("name", "") for v in k.json("get", "pv")["items"]
+              if (v["spec"].get("claimRef") or {}).get("namespace") == ns]
     return [n for n in names if n.startswith(("tmp-pvc-", "tmp-snapshot-"))]
 
 
@@ -625,3 +631,66 @@ def test_a_killed_clone_pod_restarts_and_the_bytes_end_identical(shared_kubectl:
     reasons = [r for r, _ in events_of(k, ns, "copy")]
     assert reasons.count("CloneInProgress") == 1 and reasons[-1] == "CloneSucceeded", reasons
     assert leftovers(k, ns) == []
+
+
+BLOCK_WRITE = """
+import os
+fd = os.open("/dev/cdi-block-volume", os.O_WRONLY)
+for offset in (0, 5 * 1024 * 1024, 32 * 1024 * 1024 - 8192):
+    os.pwrite(fd, os.urandom(8192), offset)
+os.fsync(fd)
+"""
+
+
+def test_block_to_filesystem_and_back_in_one_class_is_a_forced_copy(shared_kubectl: Kubectl) -> None:
+    """Storage class `local` can snapshot and CSI-clone, but not across volume modes: Block to Filesystem
+    and back fall back to host-assisted copy with CDI's reason, each phase announced, the bytes kept,
+    nothing temporary left."""
+    k = shared_kubectl
+    ns = new_namespace(k, "modes")
+    k.apply(pvc("golden", "32Mi", storage_class="local", block=True), "-n", ns)
+    run_to_completion(k, ns, pod("fill", BLOCK_WRITE, "golden", block=True, python=True))
+    original = json.loads(run_to_completion(k, ns, pod("describe-golden", BLOCK_DESCRIBE, "golden", block=True,
+                                                       python=True)))
+    assert original["size"] == 32 * MIB
+
+    # Block into Filesystem, no size: the source's capacity plus the filesystem overhead
+    k.apply(clone_dv("to-fs", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local"), "-n", ns)
+    dv = wait_dv_phase(k, ns, "to-fs", "Succeeded")
+    target = get(k, "pvc", "to-fs", ns)
+    assert target["spec"]["volumeMode"] == "Filesystem"
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
+        "The volume modes of source and target are incompatible"
+    assert target["spec"]["resources"]["requests"]["storage"] == \
+        str(required_space(filesystem_overhead(k, "local"), 32 * MIB))
+    copied = describe(k, ns, "to-fs", "describe-to-fs")
+    assert (copied["sha256"], copied["size"]) == (original["sha256"], original["size"])
+    assert (dv["status"]["progress"], dv["status"].get("restartCount", 0)) == ("100.0%", 0)
+
+    # and back into Block: the clone's claim holds a disk image, so its virtual size is the size
+    back = clone_dv("back", {"pvc": {"namespace": ns, "name": "to-fs"}}, storage_class="local")
+    back["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(back, "-n", ns)
+    wait_dv_phase(k, ns, "back", "Succeeded")
+    assert get(k, "pvc", "back", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
+        "The volume modes of source and target are incompatible"
+    out = run_to_completion(k, ns, pod("describe-back", BLOCK_DESCRIBE, "back", block=True, python=True))
+    assert json.loads(out) == original
+
+    for name, source in (("to-fs", "golden"), ("back", "to-fs")):
+        events = events_of(k, ns, name)
+        reasons = [r for r, _ in events]
+        assert ("IncompatibleVolumeModes", "The volume modes of source and target are incompatible") in events
+        # each phase of the copy path once, in order
+        phases = [r for r in reasons if r in ("CloneScheduled", "CloneInProgress", "RebindInProgress",
+                                              "CloneSucceeded")]
+        assert phases == ["CloneScheduled", "CloneInProgress", "RebindInProgress", "CloneSucceeded"], reasons
+        assert dict(events)["CloneScheduled"].startswith(
+            f"Cloning from {ns}/{source} into {ns}/{name} scheduled: host-assisted copy: The volume modes of "
+            "source and target are incompatible")
+    assert leftovers(k, ns) == []
+    names = [p["metadata"]["name"] for p in k.json("get", "pods", "-n", ns)["items"]]
+    assert [p for p in names if p.endswith("-source-pod") or p.startswith(("cdi-upload-", "size-detection-"))] == []
+    secrets = [x["metadata"]["name"] for x in k.json("get", "secrets", "-n", ns)["items"]]
+    assert [x for x in secrets if x.endswith("-source-pod") or x.startswith("cdi-upload-")] == []
