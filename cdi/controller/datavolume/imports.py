@@ -25,6 +25,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.importrequest import ImportRequest
 from cdi.api.views import dig
 from cdi.controller import conditions
 from cdi.controller.claims import (
@@ -39,7 +40,6 @@ from cdi.controller.claims import (
 )
 from cdi.controller.datavolume.importpod import (
     IMPORTER_CONTAINER,
-    ImportSource,
     WorkerSettings,
     importer_pod,
     mounts_scratch,
@@ -182,9 +182,9 @@ class ImportReconciler(Reconciler):
             self.ctx.recorder.record(dv or pvc, NORMAL, "ImportTargetInUse",
                                      f"pod {in_use} is using PVC {name}; waiting for it to finish")
             return 5.0
-        source = ImportSource.from_pvc(pvc)
+        source = ImportRequest.from_annotations(annotations)
         if source.source == "none":
-            source = ImportSource(**{**source.__dict__, "source": "blank"})
+            source = source.with_source("blank")
         # scratch only once an importer asked for it (or a user's annotation did): never from a look at the source
         scratch = annotations.get(ann.REQUIRES_SCRATCH) == "true"
         try:
