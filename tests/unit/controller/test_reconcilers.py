@@ -262,6 +262,42 @@ async def test_a_permanent_failure_is_fatal_without_retries(kube: FakeKube, ctx:
         await events_of(ctx, "disk")
 
 
+async def test_a_deleted_claim_stops_its_importer_at_once(kube: FakeKube, ctx: Context) -> None:
+    await import_claim(kube, ctx)
+    reconciler = ImportReconciler(ctx)
+    await reconciler.reconcile(f"{NAMESPACE}/disk")
+    assert kube.object(groups.PODS, "importer-disk", NAMESPACE) is not None
+    pvc = kube.object(groups.PVCS, "disk", NAMESPACE)
+    assert pvc is not None
+    pvc["metadata"].update(finalizers=["kubernetes.io/pvc-protection"], deletionTimestamp="2026-01-01T00:00:00Z")
+    kube.add(groups.PVCS, pvc)  # what deleting the DataVolume does to its claim: held by pvc-protection
+
+    await reconciler.reconcile(f"{NAMESPACE}/disk")
+    assert kube.object(groups.PODS, "importer-disk", NAMESPACE) is None
+    assert [(w.verb, w.name) for w in kube.writes if w.gvr == groups.PODS] == [
+        ("create", "importer-disk"), ("delete", "importer-disk")]
+
+
+async def test_wait_for_first_consumer_is_honoured_when_the_gate_says_so(kube: FakeKube, ctx: Context) -> None:
+    storage_class = kube.object(groups.STORAGECLASSES, STORAGE_CLASS)
+    config = kube.object(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
+    assert storage_class is not None and config is not None
+    kube.add(groups.STORAGECLASSES, {**storage_class, "volumeBindingMode": "WaitForFirstConsumer"})
+    kube.add(groups.CDICONFIGS, {**config, "spec": {"featureGates": ["HonorWaitForFirstConsumer"]}})
+    kube.add(groups.DATAVOLUMES, datavolume("disk", HTTP_SOURCE))
+    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
+    pvc = kube.object(groups.PVCS, "disk", NAMESPACE)
+    assert pvc is not None
+    assert A + "bind.immediate.requested" not in pvc["metadata"]["annotations"]
+
+    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
+    dv = kube.object(groups.DATAVOLUMES, "disk", NAMESPACE)
+    assert dv is not None
+    assert dv["status"]["phase"] == "WaitForFirstConsumer"
+    await ImportReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
+    assert kube.created(groups.PODS) == []  # the first consumer binds the claim, then the importer runs
+
+
 # -- the upload reconciler: the claim's upload server -------------------------------------------------
 
 async def test_an_upload_datavolume_gets_an_upload_server_and_its_service(kube: FakeKube, ctx: Context) -> None:
