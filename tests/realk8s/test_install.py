@@ -160,6 +160,17 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
         assert k8s.get("clusterrole", role) is not None, role
     controller_args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
     assert controller_args[controller_args.index("--pull-policy") + 1] == "IfNotPresent"  # cdi-cr.yaml's policy
+    assert controller["spec"]["template"]["spec"]["tolerations"] == [{"key": "CriticalAddonsOnly",
+                                                                     "operator": "Exists"}]  # spec.infra
+
+    # spec.config reaches the CDIConfig, and from there what clients read
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge",
+                "-p", '{"spec":{"config":{"uploadProxyURLOverride":"uploads.example.org"}}}')
+    wait_for(lambda: (k8s.get("cdiconfig", "config") or {}).get("status", {}).get("uploadProxyURL")
+             == "uploads.example.org", timeout=60, interval=1.0, message="CDIConfig follows spec.config")
+    assert k8s.get("cdiconfig", "config")["spec"]["featureGates"] == ["HonorWaitForFirstConsumer"]
+    k8s.kubectl("patch", "cdi", "cdi", "--type=json",
+                "-p", '[{"op":"remove","path":"/spec/config/uploadProxyURLOverride"}]')
 
     # -- observability: the Prometheus operator's kinds appear, the operator adds CDI's rule and monitor ------
     assert k8s.kubectl("get", "crd", "prometheusrules.monitoring.coreos.com", check=False).returncode != 0
@@ -251,6 +262,10 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
             assert dv["status"]["progress"] == "100.0%"
             assert read_back(k8s, name, block, images["size"]) == images["sha256"], f"{name}: wrong bytes"
         timings[f"{len(cases)} imports + read back"] = round(time.monotonic() - t0, 1)
+        importer = k8s.get("pod", "importer-raw-fs", NS)
+        if importer is not None:  # spec.workload and imagePullPolicy reach worker pods
+            assert importer["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+            assert importer["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
 
         # -- golden images: a DataImportCron imports from the HTTP server, its DataSource becomes Ready ------
         t0 = time.monotonic()
@@ -322,10 +337,18 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     assert blocked.returncode != 0, blocked.stdout
     assert re.search(r"rejecting the uninstall request, since there are still \d+ DataVolumes present", blocked.stderr)
     assert k8s.get("cdi", "cdi")["status"]["phase"] == "Deployed"
-    k8s.kubectl("delete", "namespace", NS, "--wait=true", timeout=300)
+    # RemoveWorkloads (CDI's default): the uninstall goes ahead and takes the worker pods with the controller;
+    # the DataVolumes stay until CDI's CRDs are deleted
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", '{"spec":{"uninstallStrategy":"RemoveWorkloads"}}')
+    workers = "cdi.kubevirt.io in (importer, cdi-upload-server, cdi-clone-source)"
+    print("realk8s: worker pods before the uninstall:", len(json.loads(k8s.kubectl(
+        "get", "pods", "-n", NS, "-l", workers, "-o", "json").stdout)["items"]))
     t0 = time.monotonic()
     k8s.kubectl("delete", "cdi", "cdi", "--wait=true", timeout=300)
     timings["uninstall"] = round(time.monotonic() - t0, 1)
+    assert json.loads(k8s.kubectl("get", "pods", "-n", NS, "-l", workers, "-o", "json").stdout)["items"] == []
+    assert k8s.get("datavolume", "raw-fs", NS) is not None
+    k8s.kubectl("delete", "namespace", NS, "--wait=true", timeout=300)
     gone = [("deployment", "cdi-deployment", "cdi"), ("deployment", "cdi-apiserver", "cdi"),
             ("deployment", "cdi-uploadproxy", "cdi"), ("service", "cdi-api", "cdi"),
             ("service", "cdi-uploadproxy", "cdi"), ("serviceaccount", "cdi-sa", "cdi"),
