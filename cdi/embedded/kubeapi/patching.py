@@ -11,7 +11,7 @@ from typing import Any
 import jsonpatch
 
 from cdi.common.patches import merge_patch, strategic_merge_patch
-from cdi.embedded.apiserver.errors import StatusError, bad_request
+from cdi.embedded.kubeapi.errors import StatusError, bad_request
 
 __all__ = ["APPLY", "JSON", "MERGE", "STRATEGIC", "apply_patch", "json_patch", "merge_patch", "strategic_merge_patch"]
 
