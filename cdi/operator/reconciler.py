@@ -107,13 +107,20 @@ class Operator:
         self.deployments = Informer(client, DEPLOYMENTS, namespace)
         for informer in (self.cdis, self.deployments):
             informer.add_handler(self._poke, self._poke, self._poke)
+        # the Prometheus operator's CRDs arriving (or going) changes what is installed: a pass then, not at resync
+        self.crds = Informer(client, groups.CRDS)
+        self.crds.add_handler(self._poke_for_crd, self._poke_for_crd, self._poke_for_crd)
         self.passes = 0
 
     def _poke(self, *_: Any) -> None:
         self.wake.set()
 
+    def _poke_for_crd(self, *objs: Any) -> None:
+        if any(isinstance(o, Mapping) and (o.get("metadata") or {}).get("name") in monitoring.CRD_NAMES for o in objs):
+            self.wake.set()
+
     async def run(self, stop: asyncio.Event) -> None:
-        for informer in (self.cdis, self.deployments):
+        for informer in (self.cdis, self.deployments, self.crds):
             informer.start()
         try:
             while not stop.is_set():
@@ -139,7 +146,7 @@ class Operator:
                             for task in waits:
                                 task.cancel()
         finally:
-            for informer in (self.cdis, self.deployments):
+            for informer in (self.cdis, self.deployments, self.crds):
                 await informer.stop()
 
     # -- one pass --------------------------------------------------------------------------------------
