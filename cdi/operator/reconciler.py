@@ -275,7 +275,8 @@ class Operator:
         for gvr, names in COMPONENT_CREATED.items():
             for name in names:
                 await self._delete(gvr, name, self.namespace)
-        await self._delete(groups.MUTATING_WEBHOOKS, "cdi-api-pvc-mutate", None)  # cdi-apiserver's own
+        for own in ("cdi-api-pvc-mutate", "cdi-api-datavolume-mutate"):  # cdi-apiserver registers these itself
+            await self._delete(groups.MUTATING_WEBHOOKS, own, None)
         await self._delete(groups.CDICONFIGS, groups.CDI_CONFIG_NAME, None)
         for profile in (await self.client.list(groups.STORAGEPROFILES)).items:
             await self._delete(groups.STORAGEPROFILES, profile["metadata"]["name"], None)

@@ -103,7 +103,9 @@ CONTROLLER_NAMESPACE_RULES = [
 APISERVER_CLUSTER_RULES = [
     _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
     _rule([""], ["persistentvolumeclaims"], READ),
-    _rule([groups.CDI_GROUP], ["datavolumes", "cdis", "cdiconfigs", "storageprofiles", "dataimportcrons"], READ),
+    # datasources: the DataVolume mutating webhook resolves a sourceRef to the volume a clone token names
+    _rule([groups.CDI_GROUP], ["datavolumes", "cdis", "cdiconfigs", "storageprofiles", "dataimportcrons",
+                               "datasources"], READ),
     _rule(["storage.k8s.io"], ["storageclasses"], READ),
     # it registers its own webhooks and APIService (and drops the PVC-rendering webhook when it is disabled)
     _rule(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
