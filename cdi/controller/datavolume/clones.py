@@ -43,7 +43,7 @@ from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
 from cdi.controller.datavolume.progress import format_progress, scrape
-from cdi.controller.datavolume.uploadpki import UploadPki, ensure_upload_pki
+from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.workerpod import pod_settings, worker_pod
@@ -479,7 +479,9 @@ class CloneReconciler(Reconciler):
         pod_name = source_pod_name(temp)
         pki_ = await self.pki()
         client_name = (dig(temp, "metadata", "annotations") or {}).get(UPLOAD_CLIENT_NAME, "")
-        pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True)
+        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
+        pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True,
+                         days=cert_days(cdi, "client"))
         owner = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": temp_name,
                   "uid": dig(temp, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: SOURCE_CONTAINER,
