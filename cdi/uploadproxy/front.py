@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import h11
 
 from cdi.api import upload as names
-from cdi.common import sockfill, sockhttp, threadfront
+from cdi.common import sockfill, sockhttp, threadfront, tlsfront
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,11 @@ class ClientGone(Exception):
 class Front:
     """The proxy's listening socket (`cdi.common.threadfront`): POSTs to upload paths served here."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext | None, plan: Plan,
+    def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS | None, plan: Plan,
                  adopt: threadfront.Adopt) -> None:
         self.loop = loop
         self.plan = plan
-        self._front = threadfront.ThreadFront(loop, context, self._serve, adopt, name="uploadproxy")
+        self._front = threadfront.ThreadFront(loop, tls, self._serve, adopt, name="uploadproxy")
 
     def start(self, host: str, port: int) -> int:
         return self._front.start(host, port)
@@ -95,7 +95,7 @@ class Front:
     async def closed(self) -> None:
         await self._front.closed()
 
-    def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
+    def _serve(self, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> bool:
         path = request.target.decode("latin-1").partition("?")[0]
         if request.method != b"POST" or path not in _UPLOAD_PATHS:
             return False
@@ -106,7 +106,7 @@ class Front:
 class _Upload:
     """A `POST` to an upload path: authorise, route, pump the body, relay the answer."""
 
-    def __init__(self, front: Front, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> None:
+    def __init__(self, front: Front, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> None:
         self.front = front
         self.sock = sock
         self.conn = conn

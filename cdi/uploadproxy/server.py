@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from cdi.api import upload as names
+from cdi.common import tlsfront
 from cdi.kube import KubeClient
 from cdi.uploadproxy.auth import Denied, PublicKey, authorize
 from cdi.uploadproxy.front import Answer, Forward, Front
@@ -73,7 +74,7 @@ class UploadProxy:
             app.router.add_route("*", path, self.handle)
         return app
 
-    async def start(self, host: str, port: int, context: ssl.SSLContext | None) -> None:
+    async def start(self, host: str, port: int, tls: tlsfront.ServerTLS | None) -> None:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(force_close=True, limit=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
@@ -82,7 +83,7 @@ class UploadProxy:
         self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
                                      handler_cancellation=False, lingering_time=1.0)
         await self._runner.setup()
-        self._front = Front(asyncio.get_running_loop(), context, self.plan, self._adopt)
+        self._front = Front(asyncio.get_running_loop(), tls, self.plan, self._adopt)
         self.port = self._front.start(host, port)
 
     async def _adopt(self, sock: socket.socket, _peer: object) -> None:

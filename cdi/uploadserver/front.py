@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import socket
-import ssl
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -30,7 +28,8 @@ from typing import Any
 import h11
 
 from cdi.api import upload as names
-from cdi.common import sockfill, sockhttp, threadfront
+from cdi.common import sockfill, sockhttp, threadfront, tlsfront
+from cdi.common.threadfront import Conn
 from cdi.uploadserver.feed import Chunk, FedStream
 from cdi.uploadserver.session import Outcome
 
@@ -105,12 +104,13 @@ class BodyBridge:
 
 
 class Front:
-    def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext, server: Any,
-                 end_to_end: ssl.SSLContext | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS, server: Any,
+                 end_to_end: tlsfront.ServerTLS | None = None) -> None:
         self.loop = loop
         self.server = server  # UploadServer: admit_raw, receive_raw, authorized_peer, request_done
-        self.end_to_end = end_to_end  # the server side of end-to-end TLS with a client (no client certificate)
-        self._front = threadfront.ThreadFront(loop, context, self._serve, server.adopt, name="uploadserver")
+        # the server side of end-to-end TLS with a client (no client certificate)
+        self.end_to_end = end_to_end.acceptor() if end_to_end is not None else None
+        self._front = threadfront.ThreadFront(loop, tls, self._serve, server.adopt, name="uploadserver")
 
     def start(self, host: str, port: int) -> int:
         return self._front.start(host, port, backlog=16)
@@ -121,7 +121,7 @@ class Front:
     async def closed(self) -> None:
         await self._front.closed()
 
-    def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
+    def _serve(self, sock: Conn, conn: h11.Connection, request: h11.Request) -> bool:
         path = request.target.decode("latin-1").partition("?")[0]
         headers = sockhttp.headers(request)
         if request.method == b"POST" and sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
@@ -131,14 +131,14 @@ class Front:
                 or "transfer-encoding" in headers \
                 or names.CONTENT_TYPE_HEADER in headers:  # chunked or ambiguous, or a clone: aiohttp's to read
             return False
-        peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
+        peer = tlsfront.peer_cert(sock)
         self._serve_raw(sock, conn, path, headers, self.server.authorized_peer(peer))
         return True
 
-    def _end_to_end(self, sock: socket.socket, conn: h11.Connection, path: str, headers: dict[str, str]) -> None:
+    def _end_to_end(self, sock: Conn, conn: h11.Connection, path: str, headers: dict[str, str]) -> None:
         """The proxy's upgrade: answer 101, end its TLS session, and serve the one upload of the client's new
         TLS session that carries the nonce the proxy gave (`cdi.api.upload`)."""
-        peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
+        peer = tlsfront.peer_cert(sock)
         nonce = headers.get(names.NONCE_HEADER.lower(), "")
         refusal = None
         if not self.server.authorized_peer(peer):
@@ -155,13 +155,12 @@ class Front:
             return
         assert self.end_to_end is not None
         plain = sockhttp.switch(sock, conn, [(b"Connection", b"Upgrade"), (b"Upgrade", names.TLS_UPGRADE.encode())])
-        with plain:
-            plain.settimeout(sockhttp.HEAD_TIMEOUT)
-            try:
-                client = self.end_to_end.wrap_socket(plain, server_side=True)
-            except (OSError, ValueError) as exc:
-                log.warning("the end-to-end TLS handshake with a client failed: %s", exc)
-                return
+        try:
+            client = self.end_to_end.accept(plain, sockhttp.HEAD_TIMEOUT)
+        except (OSError, ValueError) as exc:
+            plain.close()
+            log.warning("the end-to-end TLS handshake with a client failed: %s", exc)
+            return
         with client:
             inner = h11.Connection(h11.SERVER, max_incomplete_event_size=sockhttp.MAX_HEAD)
             try:
@@ -185,7 +184,7 @@ class Front:
                 return
             self._serve_raw(client, inner, path, inner_headers, True)  # at the path the proxy named
 
-    def _serve_raw(self, sock: socket.socket, conn: h11.Connection, path: str, headers: dict[str, str],
+    def _serve_raw(self, sock: Conn, conn: h11.Connection, path: str, headers: dict[str, str],
                    authorized: bool) -> None:
         archive, wait = _RAW[path]
         if conn.they_are_waiting_for_100_continue:  # as aiohttp does, before the handler
@@ -250,7 +249,7 @@ class ReceiveBuffers:
             self._free.append(chunk)
 
 
-def _read_body(sock: socket.socket, conn: h11.Connection, bridge: BodyBridge, length: int) -> bool:
+def _read_body(sock: Conn, conn: h11.Connection, bridge: BodyBridge, length: int) -> bool:
     """The body into the bridge; True when all of it was read."""
     remaining = length
     while True:  # what h11 already holds of the body

@@ -37,12 +37,13 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from aiohttp import BodyPartReader, web
 
 from cdi.api import upload as names
-from cdi.common import clonestream, sockfill
+from cdi.common import clonestream, tlsfront
 from cdi.uploadserver import clonesink
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.front import BodyBridge, Front
@@ -56,20 +57,16 @@ LINGER_SECONDS = 1.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def ssl_context(config: UploadServerConfig, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = minimum
-    context.load_cert_chain(config.cert_file, config.key_file)
-    if config.client_ca_file is not None:
-        context.verify_mode = ssl.CERT_OPTIONAL
-        context.load_verify_locations(cafile=str(config.client_ca_file))
-    return context
+def server_tls(config: UploadServerConfig, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> tlsfront.ServerTLS:
+    return tlsfront.ServerTLS.from_files(Path(config.cert_file), Path(config.key_file),
+                                         None if config.client_ca_file is None else Path(config.client_ca_file),
+                                         minimum)
 
 
-def end_to_end_context(config: UploadServerConfig) -> ssl.SSLContext:
+def end_to_end_tls(config: UploadServerConfig) -> tlsfront.ServerTLS:
     """The server side of end-to-end TLS with a client the proxy switched over (`cdi.api.upload`): the same
     certificate, no client certificate (the client is authorised by the nonce the proxy gave)."""
-    return ssl_context(replace(config, client_ca_file=None), ssl.TLSVersion.TLSv1_3)
+    return server_tls(replace(config, client_ca_file=None), ssl.TLSVersion.TLSv1_3)
 
 
 class UploadServer:
@@ -130,10 +127,10 @@ class UploadServer:
         self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
                                      handler_cancellation=False, lingering_time=LINGER_SECONDS)
         await self._runner.setup()
-        self._front = Front(asyncio.get_running_loop(), ssl_context(self.config), self, end_to_end_context(self.config))
+        self._front = Front(asyncio.get_running_loop(), server_tls(self.config), self, end_to_end_tls(self.config))
         self.port = self._front.start(self.config.listen_host, self.config.listen_port)
         log.info("upload server listening on https://%s:%d (TLS bodies read %s)", self.config.listen_host, self.port,
-                 sockfill.HOW)
+                 tlsfront.how())
 
     async def stop(self) -> None:
         """Stop serving; answers being written still reach their clients (`ThreadFront.stop`)."""
