@@ -28,8 +28,9 @@ from typing import Any
 import h11
 
 from cdi.api import upload as names
-from cdi.common import sockfill, sockhttp, threadfront, tlsfront
+from cdi.common import clonestream, sockfill, sockhttp, threadfront, tlsfront
 from cdi.common.threadfront import Conn
+from cdi.uploadserver import clonesink
 from cdi.uploadserver.feed import Chunk, FedStream
 from cdi.uploadserver.session import Outcome
 
@@ -42,6 +43,8 @@ _END = object()
 _SERVER = b"cdi-uploadserver"
 _RAW = {**{p: (False, True) for p in names.SYNC_PATHS}, **{p: (False, False) for p in names.ASYNC_PATHS},
         **{p: (True, True) for p in names.ARCHIVE_PATHS}}  # path -> (archive, wait for durable)
+_ALL = {*_RAW, *names.FORM_SYNC_PATHS, *names.FORM_ASYNC_PATHS}  # a clone stream may come to any
+CLONE_IDLE_SECONDS = 60.0  # a clone source that sends nothing for this long is gone
 
 
 class BodyBridge:
@@ -127,13 +130,45 @@ class Front:
         if request.method == b"POST" and sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
             self._end_to_end(sock, conn, path, headers)
             return True
-        if request.method != b"POST" or path not in _RAW or "content-length" not in headers \
-                or "transfer-encoding" in headers \
-                or names.CONTENT_TYPE_HEADER in headers:  # chunked or ambiguous, or a clone: aiohttp's to read
+        if request.method != b"POST" or path not in _ALL or "content-length" not in headers \
+                or "transfer-encoding" in headers:  # chunked or ambiguous: aiohttp's to read (and refuse)
+            return False
+        if headers.get(names.CONTENT_TYPE_HEADER) in clonestream.CONTENT_TYPES:
+            self._serve_clone(sock, conn, headers)
+            return True
+        if path not in _RAW or names.CONTENT_TYPE_HEADER in headers:  # forms; an unknown content type: aiohttp's
             return False
         peer = tlsfront.peer_cert(sock)
         self._serve_raw(sock, conn, path, headers, self.server.authorized_peer(peer))
         return True
+
+    def _serve_clone(self, sock: Conn, conn: h11.Connection, headers: dict[str, str]) -> None:
+        """A host-assisted clone stream (`cdi.uploadserver.clonesink`), read and written in this thread."""
+        if conn.they_are_waiting_for_100_continue:
+            sock.sendall(sockhttp.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
+        authorized = self.server.authorized_peer(tlsfront.peer_cert(sock))
+        body_done = False
+        try:
+            outcome = self._call(lambda: self.server.admit_clone(authorized))
+            if outcome is None:
+                head = bytearray()
+                while isinstance(event := conn.next_event(), h11.Data):  # what h11 already holds of the body
+                    head += event.data
+                filler = sockfill.Filler(sock)
+                reader = clonesink.Reader(lambda view: filler.fill(view, CLONE_IDLE_SECONDS, PAUSE_SECONDS),
+                                          bytes(head))
+                result: clonesink.CloneResult | BaseException
+                try:
+                    result = clonesink.receive(reader, self.server.config)
+                    body_done = reader.received == int(headers["content-length"])
+                except (clonesink.CloneRefused, clonesink.StreamCut, OSError) as exc:
+                    result = exc
+                outcome = self._call(lambda: self.server.clone_finished(result))
+            sockhttp.text_answer(sock, conn, outcome.status, outcome.message, server=_SERVER)
+        finally:
+            self.loop.call_soon_threadsafe(self.server.request_done)
+        if not body_done:
+            sockhttp.linger(sock)
 
     def _end_to_end(self, sock: Conn, conn: h11.Connection, path: str, headers: dict[str, str]) -> None:
         """The proxy's upgrade: answer 101, end its TLS session, and serve the one upload of the client's new
