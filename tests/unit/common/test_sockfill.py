@@ -12,6 +12,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -191,3 +192,12 @@ def test_bytes_trickling_into_an_unfinished_record_do_not_extend_the_wait(contex
             assert time.monotonic() - started < 10  # the drip would go on for minutes
         finally:
             stop.set()
+
+
+def test_no_code_reads_cpythons_private_ssl_structures() -> None:
+    """Issue 20: the native path owns its OpenSSL objects; nothing under cdi/ reaches into the `ssl`
+    module's (its `_sslobj`, or the layout of `_ssl._SSLSocket` from C)."""
+    root = Path(__file__).resolve().parents[3] / "cdi"
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*") if p.suffix in (".py", ".c")
+                 and any(word in p.read_text(errors="replace") for word in ("_sslobj", "_SSLSocket", "import _ssl"))]
+    assert offenders == []
