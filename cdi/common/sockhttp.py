@@ -134,16 +134,18 @@ def send(conn: h11.Connection, event: h11.Event) -> bytes:
 
 
 def text_answer(sock: Conn, conn: h11.Connection, status: int, text: str,
-                headers: list[tuple[bytes, bytes]] | None = None, *, server: bytes = b"cdi") -> None:
-    """A plain-text answer, as aiohttp's `web.Response(text=...)`, on a connection that closes after it."""
+                headers: list[tuple[bytes, bytes]] | None = None, *, server: bytes = b"cdi",
+                head: bool = False) -> None:
+    """A plain-text answer, as aiohttp's `web.Response(text=...)`, on a connection that closes after it
+    (`head`: the answer to a `HEAD`, its headers without the body)."""
     body = text.encode()
-    head = [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", str(len(body)).encode()),
+    fields = [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", str(len(body)).encode()),
             (b"Date", formatdate(usegmt=True).encode()), (b"Server", server), *(headers or []),
             (b"Connection", b"close")]
     try:
         sock.settimeout(None)
-        sock.sendall(send(conn, h11.Response(status_code=status, headers=head)) + send(conn, h11.Data(data=body)) +
-                     send(conn, h11.EndOfMessage()))
+        sock.sendall(send(conn, h11.Response(status_code=status, headers=fields)) +
+                     (b"" if head or not body else send(conn, h11.Data(data=body))) + send(conn, h11.EndOfMessage()))
     except OSError as exc:
         log.debug("the client went away before its answer: %s", exc)
 

@@ -1,20 +1,21 @@
-"""The proxy's front door (`cdi.common.threadfront`): the bytes of uploads in a thread per connection,
+"""The proxy's one HTTP server (`cdi.common.threadfront`): every request in a thread per connection,
 with blocking TLS sockets.
 
 Every byte of an upload crosses TLS twice in the proxy (decrypted from the client, encrypted again for
 the upload server with the proxy's client certificate): about 2.7 CPU-seconds per GiB through asyncio
 streams here, about 1.8 with blocking `ssl` sockets in a thread.
 
-A `POST` to an upload path (the only requests that carry an image) is authorised and routed exactly as
-before, by the proxy's coroutine on the event loop (`plan`), and then handled here: a refusal is
+A request to an upload path (a `POST` carries an image; a `HEAD` is the capability probe) is authorised
+and routed by the proxy's coroutine on the event loop (`plan`), and then handled here: a refusal is
 answered (`text/plain`, CORS headers for a browser) and the connection lingers briefly, as aiohttp's
 does; otherwise the thread connects to the upload server over mutual TLS, sends the request head, pumps
 the body (a reusable buffer filled by `sockfill`, then one `sendall`; chunked bodies are re-chunked), and
 relays the answer (which may come early, before the whole body: then the client's body is drained
 briefly and the connection closed). A client that goes away aborts the upstream connection at once,
 which is what lets the upload server keep the bytes for a resumed upload. `Expect: 100-continue` is
-answered here, before the token is checked, as aiohttp does. Every other request (healthz, CORS
-preflight, `HEAD` probes, 404s) goes to the proxy's aiohttp application, unchanged.
+answered here, before the token is checked, as aiohttp does. `GET /healthz`, CORS preflights (for any
+path) and the 404s of other paths are answered here too; every answer to a request with an `Origin`
+carries the CORS headers (`proxying.CORS`).
 
 A connection that carried an upload is closed after its answer (`Connection: close`). Memory per
 connection is one buffer of `BUFFER` bytes."""
@@ -77,11 +78,10 @@ Plan = Callable[[str, "str | None", "str | None"], Awaitable["Forward | Answer"]
 class Front:
     """The proxy's listening socket (`cdi.common.threadfront`): POSTs to upload paths served here."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS | None, plan: Plan,
-                 adopt: threadfront.Adopt) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS | None, plan: Plan) -> None:
         self.loop = loop
         self.plan = plan
-        self._front = threadfront.ThreadFront(loop, tls, self._serve, adopt, name="uploadproxy")
+        self._front = threadfront.ThreadFront(loop, tls, self._serve, name="uploadproxy", server=_SERVER)
 
     def start(self, host: str, port: int) -> int:
         return self._front.start(host, port)
@@ -92,16 +92,27 @@ class Front:
     async def closed(self) -> None:
         await self._front.closed()
 
-    def _serve(self, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> bool:
+    def _serve(self, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> None:
         path = request.target.decode("latin-1").partition("?")[0]
-        if request.method != b"POST" or path not in _UPLOAD_PATHS:
-            return False
-        _Upload(self, sock, conn, request).run()
-        return True
+        upload = _Upload(self, sock, conn, request)
+        method = request.method
+        preflight = upload.headers.get("access-control-request-method")
+        if method == b"OPTIONS" and upload.origin and preflight:
+            answer = proxying.preflight(preflight, upload.headers.get("access-control-request-headers"))
+            sockhttp.text_answer(sock, conn, 204, "", [(k.encode(), v.encode()) for k, v in answer.items()],
+                                 server=_SERVER)
+        elif path in _UPLOAD_PATHS:
+            upload.run()
+        elif path == names.HEALTHZ_PATH and method in (b"GET", b"HEAD"):
+            upload.answer(200, "OK")
+        elif path == names.HEALTHZ_PATH:
+            upload.answer(405, "405: Method Not Allowed", [(b"Allow", b"GET,HEAD")])
+        else:
+            upload.answer(404, "404: Not Found")
 
 
 class _Upload:
-    """A `POST` to an upload path: authorise, route, pump the body, relay the answer."""
+    """A request to an upload path: authorise, route, pump the body (a `POST`'s), relay the answer."""
 
     def __init__(self, front: Front, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> None:
         self.front = front
@@ -110,18 +121,19 @@ class _Upload:
         self.request = request
         self.headers = sockhttp.headers(request)
         self.origin = self.headers.get("origin")
+        self.head = request.method == b"HEAD"
         self.body_done = False  # the client's whole body was read
         self.upstream: socket.socket | None = None
 
     def run(self) -> None:
-        upgrade = sockhttp.asks_upgrade(self.request, names.TLS_UPGRADE)
+        upgrade = self.request.method == b"POST" and sockhttp.asks_upgrade(self.request, names.TLS_UPGRADE)
         if self.conn.they_are_waiting_for_100_continue and not upgrade:  # as aiohttp does, before the handler
             self.sock.sendall(self._send(h11.InformationalResponse(status_code=100, headers=[])))
         target = self.request.target.decode("latin-1")
         path, _, query = target.partition("?")
         if "transfer-encoding" in self.headers and "content-length" in self.headers:
             # which one frames the body is exactly what a request smuggler plays on: refused, as aiohttp does
-            self._answer(400, "a request with both Transfer-Encoding and Content-Length is ambiguous")
+            self.answer(400, "a request with both Transfer-Encoding and Content-Length is ambiguous")
             self._linger()
             return
         plan = asyncio.run_coroutine_threadsafe(
@@ -129,7 +141,7 @@ class _Upload:
             self.front.loop).result()
         try:
             if isinstance(plan, Answer):
-                self._answer(plan.status, plan.text)
+                self.answer(plan.status, plan.text)
             elif upgrade:
                 self._pass_through(plan, path, query)
             else:
@@ -146,7 +158,7 @@ class _Upload:
         only splices TCP bytes."""
         if path not in names.RAW_PROXY_PATHS or self.headers.get("content-length", "0") != "0" \
                 or "transfer-encoding" in self.headers:
-            self._answer(400, f"only a raw upload without a body ({', '.join(names.RAW_PROXY_PATHS)}) can be "
+            self.answer(400, f"only a raw upload without a body ({', '.join(names.RAW_PROXY_PATHS)}) can be "
                               f"upgraded to {names.TLS_UPGRADE}")
             return
         self.conn.next_event()  # the end of the (empty) request: h11 lets the connection switch after it
@@ -172,7 +184,7 @@ class _Upload:
         except (OSError, h11.ProtocolError) as exc:
             log.warning("switching an upload to %s to end-to-end TLS failed: %s", plan.server_hostname, exc)
             if self.conn.our_state is h11.SEND_RESPONSE:
-                self._answer(502, f"error in upload-proxy: {exc}")
+                self.answer(502, f"error in upload-proxy: {exc}")
             return
         ca = "".join(ssl.DER_cert_to_PEM_cert(der) for der in plan.context.get_ca_certs(binary_form=True))
         self.body_done = True
@@ -205,7 +217,7 @@ class _Upload:
                 raise
         except (OSError, ssl.SSLError) as exc:
             log.warning("forwarding to %s failed: %s", plan.server_hostname, exc)
-            self._answer(502, f"error in upload-proxy: {exc}")
+            self.answer(502, f"error in upload-proxy: {exc}")
             return None
         upstream.settimeout(None)
         self.upstream = upstream
@@ -233,7 +245,7 @@ class _Upload:
         broken: OSError | None = None
         early = False
         try:
-            upstream.sendall(up.send(h11.Request(method=b"POST", target=target, headers=headers)))
+            upstream.sendall(up.send(h11.Request(method=self.request.method, target=target, headers=headers)))
             early = self._pump(upstream, up, chunked)
         except ClientGone as exc:
             log.info("the client went away during an upload to %s (%s); the upload server was told",
@@ -249,7 +261,7 @@ class _Upload:
             if self.conn.our_state is h11.SEND_RESPONSE:
                 cause = broken or exc
                 log.warning("forwarding to %s failed: %s", plan.server_hostname, cause)
-                self._answer(502, f"error in upload-proxy: {cause}")
+                self.answer(502, f"error in upload-proxy: {cause}")
             else:
                 log.warning("relaying the answer of %s failed: %s", plan.server_hostname, exc)
 
@@ -338,13 +350,16 @@ class _Upload:
             raise h11.RemoteProtocolError(f"the upload server sent {response!r} instead of an answer")
         if early and 200 <= response.status_code < 300:
             log.error("the upload server answered %d before the whole body was sent to it", response.status_code)
-            self._answer(502, f"error in upload-proxy: the upload server answered {response.status_code} before "
+            self.answer(502, f"error in upload-proxy: the upload server answered {response.status_code} before "
                               "the whole body was sent to it; the upload did not complete")
             return
         headers = [(k, v) for k, v in response.headers.raw_items() if k.lower() not in _HOP_BY_HOP]
         length = next((v for k, v in response.headers.raw_items() if k.lower() == b"content-length"), None)
         if length is not None:
             headers.append((b"Content-Length", length))
+        if self.head and response.status_code == 200 and \
+                self.request.target.decode("latin-1").partition("?")[0] in names.RAW_PROXY_PATHS:
+            headers.append((b"Upgrade", names.TLS_UPGRADE.encode()))  # end-to-end TLS on offer (cdi.api.upload)
         self.sock.settimeout(None)
         self.sock.sendall(self._send(h11.Response(status_code=response.status_code, reason=response.reason,
                                                   headers=self._finish_headers(headers))))
@@ -359,8 +374,9 @@ class _Upload:
                 raise h11.RemoteProtocolError(f"the upload server's answer ended with {event!r}")
 
     # -- answering ----------------------------------------------------------------------------------------
-    def _answer(self, status: int, text: str) -> None:
-        sockhttp.text_answer(self.sock, self.conn, status, text, self._finish_headers([])[:-1], server=_SERVER)
+    def answer(self, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        sockhttp.text_answer(self.sock, self.conn, status, text, self._finish_headers(headers or [])[:-1],
+                             server=_SERVER, head=self.head)
 
     def _finish_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         if self.origin:

@@ -1,7 +1,6 @@
-"""What the upload proxy's two request paths share (the threaded front for upload bodies,
-`cdi.uploadproxy.front`, and the aiohttp application for everything else, `cdi.uploadproxy.server`):
-which headers are not forwarded, the CORS headers of an answer to a browser, and how a client that went
-away mid-body is told apart from an upstream failure. Written once, so that both paths answer alike."""
+"""The upload proxy's rules as a proxy (`cdi.uploadproxy.front` applies them): which headers are not
+forwarded, the CORS headers of an answer to a browser, and how a client that went away mid-body is
+told apart from an upstream failure."""
 
 from __future__ import annotations
 

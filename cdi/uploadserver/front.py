@@ -1,5 +1,5 @@
-"""The upload server's listening socket (`cdi.common.threadfront`): the bodies of raw uploads are read in
-a thread per connection from a blocking TLS socket.
+"""The upload server's one HTTP server (`cdi.common.threadfront`): every request is read and answered
+in a thread per connection, on a blocking TLS socket.
 
 Receiving through asyncio (uvloop) streams costs about 1.5 CPU-seconds per GiB in TLS and transport
 code before the importer sees a byte; a blocking TLS connection read into 1 MiB buffers about 1.2, with
@@ -10,14 +10,15 @@ less again, and no wait for the GIL between records.
 Host-assisted clone streams (`x-cdi-content-type: filesystem-clone` / `blockdevice-clone`, with a
 `Content-Length`) are read here too, in 4 MiB buffers, and written in place (`cdi.uploadserver.clonesink`).
 
-A `POST` with a `Content-Length` to a raw upload path (sync, async, archive) is served here: the request
-is checked and admitted by the same code as before (`UploadServer.admit_raw`, on the event loop), the
-body is read in 1 MiB chunks and put by the reading thread straight into the importer's queue of the
-session (`UploadSession.receive`; `BodyBridge`), and the session's answer is written back. The client's
-certificate is checked as before (`getpeercert`). Everything else (healthz, HEAD, forms, chunked bodies,
-other methods) goes to the aiohttp application with the client's verified certificate. A connection
-that carried an upload is closed after its answer; when the answer comes before the whole body (a
-refusal, the importer gave up), the rest is drained briefly first, as aiohttp does."""
+An upload `POST` is checked and admitted by the server (`UploadServer.admit`, on the event loop); its
+body is read by the connection's thread and put straight into the importer's queue of the session
+(`UploadSession.receive`; `BodyBridge`), and the session's answer is written back. A body with a
+`Content-Length` is read in 1 MiB buffers; a chunked one (trailers allowed) through h11; a form
+(multipart, `multipart.PushMultipartParser`, streaming) has its part `file` fed, the parts before it
+skipped, as CDI does. `GET /healthz`, the `HEAD` probe and the 404s of other methods are answered here
+too. The client's certificate is checked on every upload request (`getpeercert`). A connection is
+closed after its answer; when the answer comes before the whole body (a refusal, the importer gave up),
+the rest is drained briefly first, as Go's server does."""
 
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ import hmac
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import h11
+import multipart
 
 from cdi.api import upload as names
 from cdi.common import clonestream, sockfill, sockhttp, threadfront, tlsfront
@@ -117,7 +119,7 @@ class Front:
         self.server = server  # UploadServer: admit_raw, receive_raw, authorized_peer, request_done
         # the server side of end-to-end TLS with a client (no client certificate)
         self.end_to_end = end_to_end.acceptor() if end_to_end is not None else None
-        self._front = threadfront.ThreadFront(loop, tls, self._serve, server.adopt, name="uploadserver")
+        self._front = threadfront.ThreadFront(loop, tls, self._serve, name="uploadserver", server=_SERVER)
 
     def start(self, host: str, port: int) -> int:
         return self._front.start(host, port, backlog=16)
@@ -128,23 +130,46 @@ class Front:
     async def closed(self) -> None:
         await self._front.closed()
 
-    def _serve(self, sock: Conn, conn: h11.Connection, request: h11.Request) -> bool:
+    def _serve(self, sock: Conn, conn: h11.Connection, request: h11.Request) -> None:
         path = request.target.decode("latin-1").partition("?")[0]
         headers = sockhttp.headers(request)
-        if request.method == b"POST" and sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
+        method = request.method
+        if path == names.HEALTHZ_PATH:
+            if method in (b"GET", b"HEAD"):
+                _answer(sock, conn, 200, "OK", head=method == b"HEAD")
+            else:
+                _answer(sock, conn, 405, "405: Method Not Allowed", [(b"Allow", b"GET,HEAD")])
+            return
+        if path not in _ALL:
+            _answer(sock, conn, 404, "404: Not Found", head=method == b"HEAD")
+            return
+        if method == b"HEAD":
+            authorized = self.server.authorized_peer(tlsfront.peer_cert(sock))
+            described = self._call(self.server.describe) if authorized else {}
+            _answer(sock, conn, 200 if authorized else 401, "", _encoded(described), head=True)
+            return
+        if method != b"POST":
+            _answer(sock, conn, 404, "")
+            return
+        if method == b"POST" and sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
             self._end_to_end(sock, conn, path, headers)
-            return True
-        if request.method != b"POST" or path not in _ALL or "content-length" not in headers \
-                or "transfer-encoding" in headers:  # chunked or ambiguous: aiohttp's to read (and refuse)
-            return False
+            return
+        if "transfer-encoding" in headers and "content-length" in headers:
+            _answer(sock, conn, 400, "a request with both Transfer-Encoding and Content-Length is ambiguous")
+            sockhttp.linger(sock)
+            return
         if headers.get(names.CONTENT_TYPE_HEADER) in clonestream.CONTENT_TYPES:
-            self._serve_clone(sock, conn, headers)
-            return True
-        if path not in _RAW or names.CONTENT_TYPE_HEADER in headers:  # forms; an unknown content type: aiohttp's
-            return False
-        peer = tlsfront.peer_cert(sock)
-        self._serve_raw(sock, conn, path, headers, self.server.authorized_peer(peer))
-        return True
+            if "content-length" in headers:
+                self._serve_clone(sock, conn, headers)
+            else:
+                _answer(sock, conn, 400, "a clone stream is a POST with a Content-Length")
+                sockhttp.linger(sock)
+            return
+        authorized = self.server.authorized_peer(tlsfront.peer_cert(sock))
+        if path in _RAW:
+            self._serve_raw(sock, conn, path, headers, authorized)
+        else:
+            self._serve_form(sock, conn, path in names.FORM_SYNC_PATHS, headers, authorized)
 
     def _serve_clone(self, sock: Conn, conn: h11.Connection, headers: dict[str, str]) -> None:
         """A host-assisted clone stream (`cdi.uploadserver.clonesink`), read and written in this thread."""
@@ -168,7 +193,7 @@ class Front:
                 except (clonesink.CloneRefused, clonesink.StreamCut, OSError) as exc:
                     result = exc
                 outcome = self._call(lambda: self.server.clone_finished(result))
-            sockhttp.text_answer(sock, conn, outcome.status, outcome.message, server=_SERVER)
+            _answer(sock, conn, outcome.status, outcome.message)
         finally:
             self.loop.call_soon_threadsafe(self.server.request_done)
         if not body_done:
@@ -190,7 +215,7 @@ class Front:
                             f"{names.NONCE_HEADER} of at least 32 characters")
         if refusal is not None:
             log.warning("refused an upgrade to end-to-end TLS: %s", refusal[1])
-            sockhttp.text_answer(sock, conn, *refusal, server=_SERVER)
+            _answer(sock, conn, *refusal)
             return
         assert self.end_to_end is not None
         plain = sockhttp.switch(sock, conn, [(b"Connection", b"Upgrade"), (b"Upgrade", names.TLS_UPGRADE.encode())])
@@ -205,7 +230,7 @@ class Front:
             try:
                 request = sockhttp.read_event(client, inner)
             except h11.RemoteProtocolError as exc:
-                sockhttp.text_answer(client, inner, 400, f"a broken request: {exc}", server=_SERVER)
+                _answer(client, inner, 400, f"a broken request: {exc}")
                 return
             if not isinstance(request, h11.Request):
                 return  # the client went away before its request
@@ -218,7 +243,7 @@ class Front:
                     or "transfer-encoding" in inner_headers:
                 refusal = 400, "an end-to-end TLS upload is a POST with a Content-Length"
             if refusal is not None:
-                sockhttp.text_answer(client, inner, *refusal, server=_SERVER)
+                _answer(client, inner, *refusal)
                 sockhttp.linger(client)  # the client may be sending its body: let it see the answer
                 return
             self._serve_raw(client, inner, path, inner_headers, True)  # at the path the proxy named
@@ -226,28 +251,76 @@ class Front:
     def _serve_raw(self, sock: Conn, conn: h11.Connection, path: str, headers: dict[str, str],
                    authorized: bool) -> None:
         archive, wait = _RAW[path]
-        if conn.they_are_waiting_for_100_continue:  # as aiohttp does, before the handler
+        if conn.they_are_waiting_for_100_continue:  # before the request is checked, as aiohttp and Go do
             sock.sendall(sockhttp.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
         body_done = False
         try:
-            admitted = self._call(lambda: self.server.admit_raw(authorized, headers, archive))
+            admitted = self._call(lambda: self.server.admit(authorized, headers, form=False, archive=archive))
             if isinstance(admitted, Outcome):
                 outcome = admitted
             else:
-                length = int(headers["content-length"])
+                length = int(headers["content-length"]) if "content-length" in headers else None
                 bridge = BodyBridge(self.loop)
                 future = asyncio.run_coroutine_threadsafe(
                     self.server.receive_raw(bridge, archive=archive, wait_for_durable=wait, offset=admitted,
                                             length=length), self.loop)
-                body_done = _read_body(sock, conn, bridge, length)
+                if length is None:
+                    body_done = _read_chunked(sock, conn, bridge)
+                else:
+                    body_done = _read_body(sock, conn, bridge, length)
                 outcome = future.result()
-            sockhttp.text_answer(sock, conn, outcome.status, outcome.message,
-                                    [(k.encode("latin-1"), v.encode("latin-1")) for k, v in outcome.headers.items()],
-                                    server=_SERVER)
+            _answer(sock, conn, outcome.status, outcome.message, _encoded(outcome.headers))
         finally:
             self.loop.call_soon_threadsafe(self.server.request_done)
         if not body_done:
             sockhttp.linger(sock)
+
+    def _serve_form(self, sock: Conn, conn: h11.Connection, wait: bool, headers: dict[str, str],
+                    authorized: bool) -> None:
+        """A multipart form: its part `file` is the image (parts before it are skipped, as CDI does)."""
+        if conn.they_are_waiting_for_100_continue:
+            sock.sendall(sockhttp.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
+        body = _Pieces(sock, conn)
+        try:
+            admitted = self._call(lambda: self.server.admit(authorized, headers, form=True, archive=False))
+            if isinstance(admitted, Outcome):
+                outcome = admitted
+            else:
+                outcome = self._receive_form(body, headers, wait)
+            _answer(sock, conn, outcome.status, outcome.message, _encoded(outcome.headers))
+        finally:
+            self.loop.call_soon_threadsafe(self.server.request_done)
+        if not body.done:
+            sockhttp.linger(sock)
+
+    def _receive_form(self, body: _Pieces, headers: dict[str, str], wait: bool) -> Outcome:
+        kind, options = multipart.parse_options_header(headers.get("content-type", ""))
+        parts = _FormParts(body, options.get("boundary", "")) \
+            if kind.lower().startswith("multipart/") and options.get("boundary") else None
+        try:
+            if parts is None:
+                raise ValueError(f"the request is not a multipart form: {headers.get('content-type')!r}")
+            parts.find(names.FORM_FIELD)
+        except (ValueError, multipart.MultipartError, OSError) as exc:
+            self._call(self.server.upload_abandoned)
+            message = str(exc) if isinstance(exc, ValueError) and not isinstance(exc, multipart.MultipartError) \
+                else f"the request is not a multipart form: {exc}"
+            return Outcome(400, message)
+        bridge = BodyBridge(self.loop)
+        future = asyncio.run_coroutine_threadsafe(
+            self.server.receive_raw(bridge, archive=False, wait_for_durable=wait, offset=0, length=None),
+            self.loop)
+        try:
+            for piece in parts.contents():
+                if not bridge.put(piece):
+                    break
+            else:
+                bridge.end()
+                parts.rest()
+        except (multipart.MultipartError, OSError) as exc:
+            bridge.end(ConnectionResetError(f"the form broke: {exc}"))
+        outcome: Outcome = future.result()
+        return outcome
 
     def _call(self, make: Callable[[], Any]) -> Any:
         async def call() -> Any:
@@ -327,3 +400,103 @@ def _read_body(sock: Conn, conn: h11.Connection, bridge: BodyBridge, length: int
     bridge.end()
     sock.settimeout(None)
     return True
+
+
+def _read_chunked(sock: Conn, conn: h11.Connection, bridge: BodyBridge) -> bool:
+    """A chunked body (its trailers dropped) into the bridge; True when all of it was read. A chunk's
+    boundary is no piece of the body's meaning: the data goes on as it arrives."""
+    try:
+        for piece in _Pieces(sock, conn, bridge.stopped):
+            if not bridge.put(piece):
+                return False
+    except h11.RemoteProtocolError as exc:
+        bridge.end(ConnectionResetError(f"a broken chunked body: {exc}"))
+        return False
+    except OSError as exc:
+        bridge.end(ConnectionResetError(f"the connection broke: {exc}"))
+        return False
+    bridge.end()
+    return True
+
+
+class _Pieces:
+    """A request body as h11 gives it (`Content-Length` or chunked), in the pieces the socket delivered.
+    Raises `ConnectionResetError` when the connection ends before the body, `h11.RemoteProtocolError`
+    on broken framing; ends quietly when `stopped` is set (the consumer is gone)."""
+
+    def __init__(self, sock: Conn, conn: h11.Connection, stopped: threading.Event | None = None) -> None:
+        self.sock = sock
+        self.conn = conn
+        self.stopped = stopped
+        self.done = False  # the whole body was read
+
+    def __iter__(self) -> Iterator[bytes]:
+        self.sock.settimeout(POLL_SECONDS)
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    data = self.sock.recv(CHUNK)
+                except TimeoutError:
+                    if self.stopped is not None and self.stopped.is_set():
+                        return
+                    continue
+                if not data:
+                    raise ConnectionResetError("the connection closed before the end of the body")
+                self.conn.receive_data(data)
+            elif isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                self.done = True
+                self.sock.settimeout(None)
+                return
+            else:
+                raise h11.RemoteProtocolError(f"unexpected {event!r} in a request body")
+
+
+class _FormParts:
+    """The parts of a multipart form, parsed as the body arrives (nothing is buffered whole)."""
+
+    def __init__(self, body: _Pieces, boundary: str) -> None:
+        self.parser = multipart.PushMultipartParser(boundary, max_header_count=16, strict=False)
+        self.events = self._events(body)
+
+    def _events(self, body: _Pieces) -> Iterator[multipart.MultipartSegment | bytes | None]:
+        with self.parser:
+            for piece in body:
+                yield from self.parser.parse(piece)
+            yield from self.parser.parse(b"")  # the end: a form cut short raises
+
+    def find(self, name: str) -> None:
+        """Up to the start of the part `name`; ValueError when the form has none."""
+        for event in self.events:
+            if isinstance(event, multipart.MultipartSegment):
+                if event.name == name:
+                    return
+                log.info("ignoring form part %r", event.name)
+        raise ValueError(f"the form has no part named {name!r}")
+
+    def contents(self) -> Iterator[bytes]:
+        """The contents of the part found, as they arrive."""
+        for event in self.events:
+            if event is None:
+                return
+            if isinstance(event, multipart.MultipartSegment):
+                raise multipart.MultipartError("a part began before the end of the previous one")
+            if event:
+                yield event
+        raise multipart.MultipartError("the form ended inside its part")
+
+    def rest(self) -> None:
+        """The parts after it, read and dropped."""
+        for _ in self.events:
+            pass
+
+
+def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def _answer(sock: Conn, conn: h11.Connection, status: int, text: str,
+            headers: list[tuple[bytes, bytes]] | None = None, *, head: bool = False) -> None:
+    sockhttp.text_answer(sock, conn, status, text, headers, server=_SERVER, head=head)

@@ -23,8 +23,10 @@ at the TLS layer (the kubelet's readiness probe has none) and, when presented, m
 `CLIENT_CERT_FILE`; upload requests then require one whose CN is `CLIENT_NAME` (CDI's
 `VerifyClientCertIfGiven` plus its CN check).
 
-Form uploads read the multipart body part by part (`request.multipart()`) and stream the part named
-`file`; nothing is buffered whole. A `POST` with `x-cdi-content-type: filesystem-clone` or
+Every request is read and answered by the threaded front (`cdi.uploadserver.front`), the server's only
+HTTP stack; this class holds what it asks on the event loop (admission, the session, the answers).
+Form uploads read the multipart body part by part as it arrives and stream the part named `file`;
+nothing is buffered whole. A `POST` with `x-cdi-content-type: filesystem-clone` or
 `blockdevice-clone` is a host-assisted clone stream (`cdi.uploadserver.clonesink`) from the clone
 source pod (with a Content-Length), whose client certificate must carry `CLIENT_NAME`; 200 once its
 bytes are durable, and the server then exits as after an upload; 500 when the stream is cut short."""
@@ -33,17 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from aiohttp import BodyPartReader, web
-
 from cdi.api import upload as names
-from cdi.common import clonestream, tlsfront
+from cdi.common import tlsfront
 from cdi.uploadserver import clonesink
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.front import BodyBridge, Front
@@ -51,10 +50,6 @@ from cdi.uploadserver.session import Outcome, Refusal, UploadSession
 
 log = logging.getLogger(__name__)
 
-READ_BUFSIZE = 4 << 20  # aiohttp buffers up to twice this per connection before pausing the socket
-FORM_CHUNK = 1 << 20
-LINGER_SECONDS = 1.0
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def server_tls(config: UploadServerConfig, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> tlsfront.ServerTLS:
@@ -76,34 +71,11 @@ class UploadServer:
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._runner: web.AppRunner | None = None
         self._front: Front | None = None
-        self._peers: dict[asyncio.BaseTransport, dict[str, Any]] = {}  # connections the front handed over
         self.port = 0
         self.clone_result: clonesink.CloneResult | None = None
         self.clone_done = asyncio.Event()
         self._cloning = False
-
-    # -- app ------------------------------------------------------------------------------------------
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._track], client_max_size=1 << 20)
-        app.router.add_get(names.HEALTHZ_PATH, self.healthz)
-        for paths, form, archive, wait in ((names.SYNC_PATHS, False, False, True),
-                                           (names.ASYNC_PATHS, False, False, False),
-                                           (names.FORM_SYNC_PATHS, True, False, True),
-                                           (names.FORM_ASYNC_PATHS, True, False, False),
-                                           (names.ARCHIVE_PATHS, False, True, True)):
-            for path in paths:
-                app.router.add_route("*", path, self._upload_handler(form, archive, wait))
-        return app
-
-    @web.middleware
-    async def _track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        self._request_started()
-        try:
-            return await handler(request)
-        finally:
-            self.request_done()
 
     def _request_started(self) -> None:
         self.in_flight += 1
@@ -122,87 +94,32 @@ class UploadServer:
             log.warning("requests still in flight after %.0fs; exiting anyway", timeout)
 
     async def start(self) -> None:
-        # lingering: after refusing a request (503, 409, 400) keep reading its body only briefly, so that
-        # the client sees the answer, then close the connection, as Go's server does
-        self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
-                                     handler_cancellation=False, lingering_time=LINGER_SECONDS)
-        await self._runner.setup()
         self._front = Front(asyncio.get_running_loop(), server_tls(self.config), self, end_to_end_tls(self.config))
         self.port = self._front.start(self.config.listen_host, self.config.listen_port)
         log.info("upload server listening on https://%s:%d (TLS bodies read %s)", self.config.listen_host, self.port,
                  tlsfront.how())
 
     async def stop(self) -> None:
-        """Stop serving; answers being written still reach their clients (`ThreadFront.stop`)."""
-        if self._front is not None:
-            self._front.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        """Stop serving (callers wait until no request is in flight first: `wait_idle`)."""
         if self._front is not None:
             await self._front.closed()
 
-    async def adopt(self, sock: socket.socket, peer: dict[str, Any] | None) -> None:
-        """A connection the front hands over (all but raw upload bodies), with the client's certificate."""
-        assert self._runner is not None and self._runner.server is not None
-        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(self._runner.server, sock)
-        for gone in [t for t in self._peers if t.is_closing()]:
-            del self._peers[gone]
-        if peer:
-            self._peers[transport] = peer
+    # -- what the front asks (on the event loop) --------------------------------------------------------
+    def describe(self) -> dict[str, str]:
+        """The answer's headers to the `HEAD` probe of an upload path (`Upload-Offset`, `Upload-State`)."""
+        return self.session.describe()
 
-    # -- handlers -------------------------------------------------------------------------------------
-    async def healthz(self, _: web.Request) -> web.Response:
-        return web.Response(text="OK")
-
-    def _authorized(self, request: web.Request) -> bool:
-        transport = request.transport
-        peer: Any = (transport.get_extra_info("peercert") or self._peers.get(transport)) if transport else None
-        return self.authorized_peer(peer)
+    def upload_abandoned(self) -> None:
+        """An admitted upload whose body turned out unusable (a form without its part): the session is
+        free again."""
+        if self.session.state == "uploading":
+            self.session.state = "idle"
 
     def authorized_peer(self, peer: Mapping[str, Any] | None) -> bool:
         if not peer:
             return False
         subject = dict(item[0] for item in peer.get("subject", ()))
         return bool(subject.get("commonName") == self.config.client_name)
-
-    def _upload_handler(self, form: bool, archive: bool, wait: bool) -> Handler:
-        async def handle(request: web.Request) -> web.StreamResponse:
-            return await self.upload(request, form=form, archive=archive, wait_for_durable=wait)
-        return handle
-
-    async def upload(self, request: web.Request, *, form: bool, archive: bool,
-                     wait_for_durable: bool) -> web.StreamResponse:
-        if request.method == "HEAD":
-            if not self._authorized(request):
-                return web.Response(status=401)
-            return web.Response(status=200, headers=self.session.describe())
-        if request.method != "POST":
-            return web.Response(status=404)
-        if request.headers.get(names.CONTENT_TYPE_HEADER) in clonestream.CONTENT_TYPES:  # the front reads them
-            return web.Response(status=400, text="a clone stream is a POST with a Content-Length")
-        admitted = self._admit(self._authorized(request), request.headers, form=form, archive=archive)
-        if isinstance(admitted, Outcome):
-            return _response(admitted)
-        offset = admitted
-        try:
-            if form:
-                try:
-                    part = await _form_file(request)
-                except ValueError as exc:
-                    self.session.state = "idle"
-                    return web.Response(status=400, text=str(exc))
-                chunks: AsyncIterator[bytes] = _part_chunks(part)
-                length = None
-            else:
-                chunks = _as_received(request)
-                length = request.content_length
-            outcome = await self.session.receive(chunks, archive=archive, wait_for_durable=wait_for_durable,
-                                                 offset=offset, length=length)
-        except BaseException:
-            if self.session.state == "uploading":
-                self.session.state = "idle"
-            raise
-        return _response(outcome)
 
     def admit_clone(self, authorized: bool) -> Outcome | None:
         """Whether the front may read a host-assisted clone stream (None), or its refusal: one at a time;
@@ -255,15 +172,15 @@ class UploadServer:
             return Outcome(refusal.status, refusal.message, refusal.headers)
         return offset
 
-    # -- the front's raw uploads (called on the event loop; the answer is written by the front) ---------
-    def admit_raw(self, authorized: bool, headers: Mapping[str, str], archive: bool) -> Outcome | int:
+    # -- the front's uploads (called on the event loop; the answer is written by the front) --------------
+    def admit(self, authorized: bool, headers: Mapping[str, str], *, form: bool, archive: bool) -> Outcome | int:
         """As `_admit`; the request counts as in flight until the front calls `request_done`."""
         self._request_started()
         lowered = {k.lower(): v for k, v in headers.items()}
-        return self._admit(authorized, _Lower(lowered), form=False, archive=archive)
+        return self._admit(authorized, _Lower(lowered), form=form, archive=archive)
 
     async def receive_raw(self, chunks: BodyBridge, *, archive: bool, wait_for_durable: bool, offset: int,
-                          length: int) -> Outcome:
+                          length: int | None) -> Outcome:
         try:
             return await self.session.receive(chunks, archive=archive, wait_for_durable=wait_for_durable,
                                               offset=offset, length=length)
@@ -283,41 +200,3 @@ class _Lower(dict[str, str]):
 
     def __getitem__(self, key: str) -> str:
         return super().__getitem__(key.lower())
-
-
-def _response(outcome: Outcome) -> web.Response:
-    return web.Response(status=outcome.status, text=outcome.message, headers=outcome.headers)
-
-
-async def _as_received(request: web.Request) -> AsyncIterator[bytes]:
-    """The body in the pieces the connection delivered them (no joining copy, unlike `iter_any`).
-    `iter_chunks` yields an empty piece at the end of each chunk of a chunked body; it is not the end."""
-    async for chunk, _ in request.content.iter_chunks():
-        if chunk:
-            yield chunk
-
-
-async def _form_file(request: web.Request) -> BodyPartReader:
-    """The multipart part named `file` (parts before it are skipped, as CDI does)."""
-    try:
-        reader = await request.multipart()
-        while True:
-            part = await reader.next()
-            if part is None:
-                raise ValueError(f"the form has no part named {names.FORM_FIELD!r}")
-            if isinstance(part, BodyPartReader) and part.name == names.FORM_FIELD:
-                return part
-            log.info("ignoring form part %r", getattr(part, "name", None))
-            if isinstance(part, BodyPartReader):
-                await part.release()
-    except (AssertionError, KeyError, RuntimeError) as exc:
-        raise ValueError(f"the request is not a multipart form: {exc}") from None
-
-
-async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
-    """The part's contents, streamed."""
-    while True:
-        chunk = await part.read_chunk(FORM_CHUNK)
-        if not chunk:
-            return
-        yield chunk

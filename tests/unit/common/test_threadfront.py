@@ -1,35 +1,21 @@
-"""The threaded front: plain requests it declines reach the asyncio server; its threads are capped."""
+"""The threaded front: it answers every request itself (a broken one 400); its threads are capped."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 from pathlib import Path
 
+import h11
 import pytest
 
-from cdi.common import pki, threadfront, tlsfront
+from cdi.common import pki, sockhttp, threadfront, tlsfront
 from tests.support.cluster import async_wait_for
 
 
 async def _front(monkeypatch: pytest.MonkeyPatch, limit: int) -> tuple[threadfront.ThreadFront, int]:
     monkeypatch.setattr(threadfront, "MAX_CONNECTIONS", limit)
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def adopt(sock: socket.socket, peer: object) -> None:
-        async def answer() -> None:
-            reader, writer = await asyncio.open_connection(sock=sock)
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-            await writer.drain()
-            writer.close()
-
-        task = asyncio.ensure_future(answer())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, lambda *_: False, adopt)
+    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, _ok)
     return front, front.start("127.0.0.1", 0)
 
 
@@ -42,10 +28,28 @@ async def _get(port: int) -> bytes:
     return data
 
 
-async def test_a_declined_request_is_answered_by_the_asyncio_server(monkeypatch: pytest.MonkeyPatch) -> None:
+def _ok(sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> None:
+    sockhttp.text_answer(sock, conn, 200, "ok")
+
+
+async def test_a_request_is_answered_by_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     front, port = await _front(monkeypatch, 8)
     try:
         assert (await _get(port)).endswith(b"\r\n\r\nok")
+    finally:
+        front.stop()
+
+
+async def test_a_request_h11_cannot_parse_is_answered_400(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No other server behind the front says what is wrong with a broken request: the front does."""
+    front, port = await _front(monkeypatch, 8)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nbroken header\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"Bad Request" in answer
     finally:
         front.stop()
 
@@ -77,7 +81,7 @@ async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.Monkey
     ca = pki.make_ca("test-ca")
     pki.server_context(pki.issue(ca, "front", ["127.0.0.1"]), tmp_path)
     tls = tlsfront.ServerTLS.from_files(tmp_path / "tls.crt", tmp_path / "tls.key")
-    front = threadfront.ThreadFront(asyncio.get_running_loop(), tls, lambda *_: False, _never_adopted)
+    front = threadfront.ThreadFront(asyncio.get_running_loop(), tls, _ok)
     assert (front.acceptor is not None and front.acceptor.native is not None) == native
     port = front.start("127.0.0.1", 0)
     client = ssl.create_default_context(cadata=ca.cert_pem.decode())
@@ -97,73 +101,5 @@ async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.Monkey
         front.stop()
 
 
-async def _never_adopted(sock: socket.socket, peer: object) -> None:
-    raise AssertionError("nothing is delegated in this test")
-
-
-async def _handed_over_request(adopt: threadfront.Adopt) -> tuple[threadfront.ThreadFront, asyncio.StreamReader,
-                                                                 asyncio.StreamWriter]:
-    """A front, and a client whose GET it has handed over to `adopt`."""
-    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, lambda *_: False, adopt)
-    port = front.start("127.0.0.1", 0)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    await writer.drain()
-    await async_wait_for(lambda: front._handed_over, 5.0, message="the connection handed over")
-    return front, reader, writer
-
-
 async def _threads_end(front: threadfront.ThreadFront) -> None:
     await async_wait_for(lambda: not front._threads, 5.0, message="the connection threads to end")
-
-
-async def test_an_answer_written_while_stopping_still_reaches_the_client() -> None:
-    """The asyncio server answers after `stop` (its shutdown lets handlers finish): the client gets the
-    answer, not a connection closed without one (which the upload proxy reported as 502)."""
-    release = asyncio.Event()
-    request_ended = asyncio.Event()
-
-    async def adopt(sock: socket.socket, peer: object) -> None:
-        async def answer() -> None:
-            reader, writer = await asyncio.open_connection(sock=sock)
-            await reader.readuntil(b"\r\n\r\n")
-            if await reader.read() == b"":  # stopping ends the request's bytes, not the connection
-                request_ended.set()
-            await release.wait()
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-            await writer.drain()
-            writer.close()
-
-        tasks.add(asyncio.ensure_future(answer()))
-
-    tasks: set[asyncio.Future[None]] = set()
-    front, reader, writer = await _handed_over_request(adopt)
-    try:
-        front.stop()
-        await asyncio.wait_for(request_ended.wait(), 10)
-        release.set()
-        await asyncio.gather(*tasks)
-        await front.closed(10)
-        assert (await asyncio.wait_for(reader.read(), 10)).endswith(b"\r\n\r\nok")
-        assert front._threads == 0
-    finally:
-        writer.close()
-        front.stop()
-
-
-async def test_closed_cuts_a_handed_over_connection_the_asyncio_server_keeps_open() -> None:
-    kept: list[socket.socket] = []
-
-    async def adopt(sock: socket.socket, peer: object) -> None:
-        kept.append(sock)  # never answered, never closed
-
-    front, reader, writer = await _handed_over_request(adopt)
-    try:
-        front.stop()
-        await front.closed(0.2)
-        assert await asyncio.wait_for(reader.read(), 10) == b""
-        await _threads_end(front)
-    finally:
-        writer.close()
-        for sock in kept:
-            sock.close()

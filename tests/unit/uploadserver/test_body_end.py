@@ -1,20 +1,20 @@
 """The end of an upload body is said once, by whoever saw it end, never by an empty piece of it
-(issue #14): aiohttp yields an empty piece at every chunk boundary of a chunked body, and the importer
-reads an empty read as the end of its stream."""
+(issue #14): a reader that yields an empty piece at a chunk boundary of a chunked body ends the
+importer's stream early, since the importer reads an empty read as the end of its stream."""
 
 from __future__ import annotations
 
 import asyncio
-from unittest import mock
+import socket
 
+import h11
 import pytest
-from aiohttp import streams
 
 from cdi.importer import ImporterError
 from cdi.importer.source import StreamOrigin
 from cdi.importer.streams import BytesStream
 from cdi.uploadserver.feed import FedStream
-from cdi.uploadserver.server import _as_received
+from cdi.uploadserver.front import _Pieces
 
 
 async def test_an_empty_chunk_is_not_the_end_of_the_body() -> None:
@@ -26,20 +26,18 @@ async def test_an_empty_chunk_is_not_the_end_of_the_body() -> None:
     assert read == b"abcdef"
 
 
-async def test_chunk_boundaries_of_a_chunked_body_are_not_pieces_of_it() -> None:
-    protocol = mock.Mock(_reading_paused=False)
-    reader = streams.StreamReader(protocol, limit=1 << 16, loop=asyncio.get_running_loop())
-    reader.begin_http_chunk_receiving()
-    reader.feed_data(b"first")
-    request = mock.Mock(content=reader)
-    pieces = _as_received(request)
-    assert await pieces.__anext__() == b"first"
-    reader.end_http_chunk_receiving()  # the chunk's end, parsed after its data was read: aiohttp yields b""
-    reader.begin_http_chunk_receiving()
-    reader.feed_data(b"second")
-    reader.end_http_chunk_receiving()
-    reader.feed_eof()
-    assert [piece async for piece in pieces] == [b"second"]
+def test_chunk_boundaries_of_a_chunked_body_are_not_pieces_of_it() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(b"POST /v1beta1/upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"5\r\nfirst\r\n0000\r\n")  # a last chunk written as 0000 is the end, nothing empty before
+        conn = h11.Connection(h11.SERVER)
+        conn.receive_data(ours.recv(65536))
+        assert isinstance(conn.next_event(), h11.Request)
+        pieces = iter(_Pieces(ours, conn))
+        assert next(pieces) == b"first"
+        theirs.sendall(b"Trailer-Field: x\r\n\r\n")
+        assert list(pieces) == []
 
 
 def test_a_stream_origin_checks_that_its_body_ended_at_its_size() -> None:
