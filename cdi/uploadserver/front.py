@@ -151,7 +151,7 @@ class Front:
         if method != b"POST":
             _answer(sock, conn, 404, "")
             return
-        if method == b"POST" and sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
+        if sockhttp.asks_upgrade(request, names.TLS_UPGRADE):
             self._end_to_end(sock, conn, path, headers)
             return
         if "transfer-encoding" in headers and "content-length" in headers:
@@ -307,6 +307,7 @@ class Front:
                 else f"the request is not a multipart form: {exc}"
             return Outcome(400, message)
         bridge = BodyBridge(self.loop)
+        body.stopped = bridge.stopped  # a quiet client: the reading thread looks whether the importer gave up
         future = asyncio.run_coroutine_threadsafe(
             self.server.receive_raw(bridge, archive=False, wait_for_durable=wait, offset=0, length=None),
             self.loop)
@@ -315,12 +316,13 @@ class Front:
                 if not bridge.put(piece):
                     break
             else:
+                if bridge.stopped.is_set():  # the importer gave up while the client was quiet
+                    return _result(future)
                 bridge.end()
                 parts.rest()
         except (multipart.MultipartError, OSError) as exc:
             bridge.end(ConnectionResetError(f"the form broke: {exc}"))
-        outcome: Outcome = future.result()
-        return outcome
+        return _result(future)
 
     def _call(self, make: Callable[[], Any]) -> Any:
         async def call() -> Any:
@@ -405,8 +407,9 @@ def _read_body(sock: Conn, conn: h11.Connection, bridge: BodyBridge, length: int
 def _read_chunked(sock: Conn, conn: h11.Connection, bridge: BodyBridge) -> bool:
     """A chunked body (its trailers dropped) into the bridge; True when all of it was read. A chunk's
     boundary is no piece of the body's meaning: the data goes on as it arrives."""
+    pieces = _Pieces(sock, conn, bridge.stopped)
     try:
-        for piece in _Pieces(sock, conn, bridge.stopped):
+        for piece in pieces:
             if not bridge.put(piece):
                 return False
     except h11.RemoteProtocolError as exc:
@@ -414,6 +417,8 @@ def _read_chunked(sock: Conn, conn: h11.Connection, bridge: BodyBridge) -> bool:
         return False
     except OSError as exc:
         bridge.end(ConnectionResetError(f"the connection broke: {exc}"))
+        return False
+    if not pieces.done:  # the consumer stopped
         return False
     bridge.end()
     return True
@@ -491,6 +496,11 @@ class _FormParts:
         """The parts after it, read and dropped."""
         for _ in self.events:
             pass
+
+
+def _result(future: Any) -> Outcome:
+    outcome: Outcome = future.result()
+    return outcome
 
 
 def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
