@@ -1,4 +1,4 @@
-"""The upload server in-process (its aiohttp app on a loopback port, the importer in a thread), with
+"""The upload server in-process (its threaded front on a loopback port, the importer in a thread), with
 the proxy's client certificate: CDI's endpoints and status codes, the formats through the importer's
 data path, and the refusals."""
 
@@ -383,3 +383,33 @@ async def test_a_kept_offset_the_volume_does_not_back_is_not_offered(upload_pki:
     finally:
         await second.session.close()
         await second.server.stop()
+
+
+async def test_a_cut_form_upload_fails_and_the_next_one_is_taken(upload_server: Running,
+                                                                 images: dict[str, Image]) -> None:
+    """A form whose connection drops inside its `file` part is not taken as complete (a form streams into
+    the importer part by part, so the cut is seen there), and the server takes a new upload."""
+    image = images[file_name("raw")]
+    data = image.path.read_bytes()
+    head = (b"--cut\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.img\"\r\n"
+            b"Content-Type: application/octet-stream\r\n\r\n")
+    whole = head + data + b"\r\n--cut--\r\n"
+    before = upload_server.server.session.bytes_received
+
+    async def body() -> AsyncIterator[bytes]:
+        yield whole[:len(head) + len(data) // 2]
+        raise ClientGaveUp()
+
+    with pytest.raises((aiohttp.ClientError, ClientGaveUp)):
+        async with upload_server.session.post(upload_server.url + "/v1beta1/upload-form", data=body(), headers={
+                "Content-Length": str(len(whole)), "Content-Type": "multipart/form-data; boundary=cut"}) as resp:
+            await resp.read()
+    await async_wait_for(lambda: upload_server.server.session.bytes_received > before, 30.0, 0.01,
+                         message="the upload server to see the cut form")
+    await offset_when_idle(upload_server)
+    assert upload_server.server.session.result is None
+    form = aiohttp.FormData()
+    form.add_field("file", file_body(image.path), filename=image.name, content_type="application/octet-stream")
+    async with upload_server.session.post(upload_server.url + "/v1beta1/upload-form", data=form) as resp:
+        assert resp.status == 200, await resp.text()
+    assert sha256_file(upload_server.volumes.image, image.virtual_size) == image.sha256
