@@ -1,0 +1,125 @@
+"""Volume populators end to end (issue #19) on `cdi up`: the populator kinds are served, a PVC's
+`dataSourceRef` is kept as kube-apiserver keeps it, and a plain PVC naming a `VolumeImportSource`
+is filled by CDI through a prime claim, ends Bound with the image's bytes, and leaves no prime claim
+behind, also when the import failed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.e2e.importing import read_back
+from tests.e2e.workloads import get, new_namespace
+from tests.support.cluster import Kubectl, wait_for
+from tests.support.images import Image
+from tests.support.servers import FileServer
+
+PRIME_ANNOTATION = "cdi.kubevirt.io/storage.populator.pvcPrime"
+PROGRESS_ANNOTATION = "cdi.kubevirt.io/storage.populator.progress"
+
+
+def claim(name: str, kind: str, source: str, size: str = "64Mi", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}},
+                     "dataSourceRef": {"apiGroup": "cdi.kubevirt.io", "kind": kind, "name": source}, **spec}}
+
+
+def import_source(name: str, source: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeImportSource", "metadata": {"name": name},
+            "spec": {"source": source, **spec}}
+
+
+def events_of(k: Kubectl, ns: str, name: str) -> list[tuple[str, str]]:
+    items = k.json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [(e["reason"], e["message"]) for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
+
+
+def primes(k: Kubectl, ns: str) -> list[str]:
+    return [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]
+            if p["metadata"]["name"].startswith("prime-")]
+
+
+def test_populator_kinds_are_served_with_cdis_schema(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "popkinds")
+    k.apply(import_source("imp", {"blank": {}}, preallocation=True), "-n", ns)
+    k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeUploadSource", "metadata": {"name": "up"},
+             "spec": {"contentType": "kubevirt"}}, "-n", ns)
+    k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeCloneSource", "metadata": {"name": "cl"},
+             "spec": {"source": {"kind": "PersistentVolumeClaim", "name": "src"}}}, "-n", ns)
+    assert get(k, "volumeimportsource", "imp", ns)["spec"] == {"source": {"blank": {}}, "preallocation": True}
+    assert get(k, "volumeuploadsources.cdi.kubevirt.io", "up", ns)["spec"] == {"contentType": "kubevirt"}
+    assert get(k, "volumeclonesource", "cl", ns)["spec"]["source"]["name"] == "src"
+    refused = k("apply", "-n", ns, "-f", "-", check=False, input=json.dumps(
+        {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeCloneSource", "metadata": {"name": "bad"},
+         "spec": {"source": {"kind": "PersistentVolumeClaim"}}}))
+    assert refused.returncode != 0 and "spec.source.name: Required value" in refused.stderr
+
+
+def test_data_source_and_ref_are_kept_as_kube_apiserver_keeps_them(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "popref")
+    k.apply(claim("by-ref", "VolumeUploadSource", "nowhere"), "-n", ns)
+    spec = get(k, "pvc", "by-ref", ns)["spec"]
+    assert spec["dataSource"] == {"apiGroup": "cdi.kubevirt.io", "kind": "VolumeUploadSource", "name": "nowhere"}
+    old_style = claim("by-source", "VolumeUploadSource", "nowhere")
+    old_style["spec"]["dataSource"] = old_style["spec"].pop("dataSourceRef")
+    k.apply(old_style, "-n", ns)
+    assert get(k, "pvc", "by-source", ns)["spec"]["dataSourceRef"] == old_style["spec"]["dataSource"]
+    # no populator for that name: the claim waits, as on a real cluster
+    assert get(k, "pvc", "by-ref", ns)["status"]["phase"] == "Pending"
+    mismatch = claim("mismatch", "VolumeUploadSource", "a")
+    mismatch["spec"]["dataSource"] = {"apiGroup": "cdi.kubevirt.io", "kind": "VolumeUploadSource", "name": "b"}
+    refused = k("apply", "-n", ns, "-f", "-", check=False, input=json.dumps(mismatch))
+    assert refused.returncode != 0 and "must match dataSourceRef" in refused.stderr
+    core = claim("core", "Pod", "x")
+    core["spec"]["dataSourceRef"].pop("apiGroup")
+    refused = k("apply", "-n", ns, "-f", "-", check=False, input=json.dumps(core))
+    assert refused.returncode != 0
+    assert ('spec.dataSourceRef: Invalid value: "Pod": must be \'PersistentVolumeClaim\' when referencing the '
+            "default apiGroup") in refused.stderr
+
+
+def test_import_populator_fills_a_plain_claim_and_leaves_no_prime(
+        shared_kubectl: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "popimport")
+    image = images["qcow2.qcow2"]
+    k.apply(import_source("disk", {"http": {"url": f"{range_server.url}/{image.name}",
+                                            "checksum": f"sha256:{image.file_sha256}"}}), "-n", ns)
+    k.apply(claim("target", "VolumeImportSource", "disk"), "-n", ns)
+    uid = get(k, "pvc", "target", ns)["metadata"]["uid"]
+
+    def bound() -> Any:
+        pvc = get(k, "pvc", "target", ns)
+        return pvc if pvc["status"].get("phase") == "Bound" else None
+
+    pvc = wait_for(bound, 120, 0.2, message="the populated claim bound")
+    annotations = pvc["metadata"]["annotations"]
+    assert annotations[PRIME_ANNOTATION] == f"prime-{uid}"
+    assert annotations[PROGRESS_ANNOTATION] == "100.0%"
+    assert annotations["cdi.kubevirt.io/storage.pod.phase"] == "Succeeded"
+    reasons = [r for r, _ in events_of(k, ns, "target")]
+    assert "CreatedPVCPrimeSuccessfully" in reasons
+    assert ("importSucceeded", "Successfully imported into target") in events_of(k, ns, "target")
+    pv = get(k, "pv", pvc["spec"]["volumeName"], "")
+    assert pv["spec"]["claimRef"]["uid"] == uid
+    wait_for(lambda: not primes(k, ns), 60, 0.2, message="the prime claim deleted")
+    assert read_back(k, "target", image.virtual_size, namespace=ns) == image.sha256
+
+
+def test_a_failed_import_leaves_the_claim_pending_and_no_prime_once_deleted(
+        shared_kubectl: Kubectl, range_server: FileServer) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "popfail")
+    k.apply(import_source("gone", {"http": {"url": f"{range_server.url}/no-such-file.img"}}), "-n", ns)
+    k.apply(claim("target", "VolumeImportSource", "gone"), "-n", ns)
+    wait_for(lambda: ("importFailed", "import into target failed") in events_of(k, ns, "target"), 120, 0.2,
+             message="the importFailed event")
+    pvc = get(k, "pvc", "target", ns)
+    assert pvc["status"]["phase"] == "Pending"
+    assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.fatalError"] == "true"
+    assert primes(k, ns) == [f"prime-{pvc['metadata']['uid']}"]
+    k("delete", "pvc", "target", "-n", ns, "--wait=false")
+    wait_for(lambda: not primes(k, ns) and not get(k, "pvc", "target", ns), 60, 0.2,
+             message="the claim and its prime deleted")
