@@ -1,7 +1,7 @@
 """Volume populators end to end (issue #19) on `cdi up`: the populator kinds are served, a PVC's
 `dataSourceRef` is kept as kube-apiserver keeps it, and a plain PVC naming a `VolumeImportSource`
-is filled by CDI through a prime claim, ends Bound with the image's bytes, and leaves no prime claim
-behind, also when the import failed."""
+or a `VolumeUploadSource` is filled by CDI through a prime claim, ends Bound with the image's bytes,
+and leaves no prime claim behind, also when the import failed."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import json
 from typing import Any
 
 from tests.e2e.importing import read_back
+from tests.e2e.uploading import curl, token
 from tests.e2e.workloads import get, new_namespace
-from tests.support.cluster import Kubectl, wait_for
+from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.servers import FileServer
 
@@ -123,3 +124,30 @@ def test_a_failed_import_leaves_the_claim_pending_and_no_prime_once_deleted(
     k("delete", "pvc", "target", "-n", ns, "--wait=false")
     wait_for(lambda: not primes(k, ns) and not get(k, "pvc", "target", ns), 60, 0.2,
              message="the claim and its prime deleted")
+
+
+def test_upload_populator_takes_an_upload_through_the_proxy(
+        shared_cdi_up: CdiUp, shared_kubectl: Kubectl, images: dict[str, Image]) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "popupload")
+    image = images["qcow2.qcow2"]
+    k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeUploadSource", "metadata": {"name": "up"},
+             "spec": {"contentType": "kubevirt"}}, "-n", ns)
+    k.apply(claim("target", "VolumeUploadSource", "up"), "-n", ns)
+    uid = get(k, "pvc", "target", ns)["metadata"]["uid"]
+    wait_for(lambda: (get(k, "pvc", "target", ns)["metadata"].get("annotations") or {})
+             .get("cdi.kubevirt.io/storage.pod.ready") == "true", 90, 0.2, message="the upload server ready")
+    assert get(k, "pvc", "target", ns)["metadata"]["annotations"][PRIME_ANNOTATION] == f"prime-{uid}"
+    status, body, _ = curl(shared_cdi_up, k, "/v1beta1/upload", "--data-binary", f"@{image.path}",
+                           bearer=token(k, "target", ns))
+    assert status == 200, body
+
+    def bound() -> Any:
+        pvc = get(k, "pvc", "target", ns)
+        return pvc if pvc["status"].get("phase") == "Bound" else None
+
+    pvc = wait_for(bound, 120, 0.2, message="the uploaded claim bound")
+    assert PRIME_ANNOTATION not in pvc["metadata"]["annotations"]
+    assert ("UploadSucceeded", "Successfully uploaded into target") in events_of(k, ns, "target")
+    wait_for(lambda: not primes(k, ns), 60, 0.2, message="the prime claim deleted")
+    assert read_back(k, "target", image.virtual_size, namespace=ns) == image.sha256
