@@ -23,6 +23,7 @@ from cdi.controller.datavolume import DataVolumeReconciler
 from cdi.controller.imports import ImportReconciler, is_import_claim
 from cdi.controller.metrics import ControllerMetrics
 from cdi.controller.populators.base import PopulatorReconciler
+from cdi.controller.populators.clones import ClonePopulator
 from cdi.controller.populators.imports import ImportPopulator
 from cdi.controller.populators.uploads import UploadPopulator
 from cdi.controller.runtime import Context, Reconciler, Settings, owner_keys
@@ -36,7 +37,7 @@ Obj = dict[str, Any]
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
            groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
            groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS, groups.DATAIMPORTCRONS,
-           groups.VOLUMEIMPORTSOURCES, groups.VOLUMEUPLOADSOURCES)
+           groups.VOLUMEIMPORTSOURCES, groups.VOLUMEUPLOADSOURCES, groups.VOLUMECLONESOURCES)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 
@@ -54,7 +55,8 @@ class Manager:
         self.clones = CloneReconciler(self.ctx)
         self.crons = DataImportCronReconciler(self.ctx)
         self.import_populator = ImportPopulator(self.ctx)
-        self.populators: list[PopulatorReconciler] = [self.import_populator, UploadPopulator(self.ctx)]
+        self.populators: list[PopulatorReconciler] = [self.import_populator, UploadPopulator(self.ctx),
+                                                      ClonePopulator(self.ctx, self.clones)]
         self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.uploads, self.profiles,
                                               self.config, self.datasources, self.clones, self.crons,
                                               *self.populators]

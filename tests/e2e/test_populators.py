@@ -1,7 +1,8 @@
 """Volume populators end to end (issue #19) on `cdi up`: the populator kinds are served, a PVC's
-`dataSourceRef` is kept as kube-apiserver keeps it, and a plain PVC naming a `VolumeImportSource`
-or a `VolumeUploadSource` is filled by CDI through a prime claim, ends Bound with the image's bytes,
-and leaves no prime claim behind, also when the import failed."""
+`dataSourceRef` is kept as kube-apiserver keeps it, and a plain PVC naming a `VolumeImportSource`,
+`VolumeUploadSource` or `VolumeCloneSource` is filled by CDI (through a prime claim, or the clone
+strategies' temporary claims), ends Bound with the right bytes, and leaves no prime claim behind,
+also when the import failed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from tests.e2e.importing import read_back
 from tests.e2e.uploading import curl, token
-from tests.e2e.workloads import get, new_namespace
+from tests.e2e.workloads import DESCRIBE, SPARSE_WRITE, get, new_namespace, pod, pvc, run_to_completion
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.servers import FileServer
@@ -151,3 +152,37 @@ def test_upload_populator_takes_an_upload_through_the_proxy(
     assert ("UploadSucceeded", "Successfully uploaded into target") in events_of(k, ns, "target")
     wait_for(lambda: not primes(k, ns), 60, 0.2, message="the prime claim deleted")
     assert read_back(k, "target", image.virtual_size, namespace=ns) == image.sha256
+
+
+def describe(k: Kubectl, ns: str, claim_name: str, pod_name: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(run_to_completion(k, ns, pod(pod_name, DESCRIBE, claim_name, python=True)))
+    return result
+
+
+def test_clone_populator_clones_with_the_planned_strategy(shared_kubectl: Kubectl) -> None:
+    """csi-clone on the capable class, host-assisted copy where the driver cannot clone: both end
+    Bound with the source's bytes, and no temporary claim is left."""
+    k = shared_kubectl
+    ns = new_namespace(k, "popclone")
+    for class_name, strategy in (("local", "csi-clone"), ("local-nosnap", "copy")):
+        golden = f"golden-{class_name}"
+        k.apply(pvc(golden, "64Mi", storage_class=class_name), "-n", ns)
+        run_to_completion(k, ns, pod(f"fill-{class_name}", SPARSE_WRITE, golden, python=True))
+        original = describe(k, ns, golden, f"describe-{golden}")
+        k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeCloneSource",
+                 "metadata": {"name": f"from-{class_name}"},
+                 "spec": {"source": {"kind": "PersistentVolumeClaim", "name": golden}}}, "-n", ns)
+        target = f"copy-{class_name}"
+        k.apply(claim(target, "VolumeCloneSource", f"from-{class_name}", storageClassName=class_name), "-n", ns)
+
+        def done(name: str = target) -> Any:
+            obj = get(k, "pvc", name, ns)
+            phase = (obj["metadata"].get("annotations") or {}).get("cdi.kubevirt.io/clonePhase")
+            return obj if obj["status"].get("phase") == "Bound" and phase == "Succeeded" else None
+
+        obj = wait_for(done, 120, 0.2, message=f"the {strategy} clone done")
+        assert obj["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == strategy
+        assert describe(k, ns, target, f"describe-{target}")["sha256"] == original["sha256"]
+    wait_for(lambda: not [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]
+                          if p["metadata"]["name"].startswith("tmp-pvc-")], 60, 0.2,
+             message="the temporary claims deleted")
