@@ -18,6 +18,13 @@ from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import DataVolumeView, dig
 from cdi.controller import conditions, staticvolumes
 from cdi.controller.claims import cluster_storage, waits_for_first_consumer
+from cdi.controller.populators.datavolumes import (
+    claim_uses_populator,
+    delete_volume_source,
+    ensure_volume_source,
+    pending_population,
+    uses_populator,
+)
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import (
     NoStorageClass,
@@ -128,7 +135,11 @@ class DataVolumeReconciler(Reconciler):
                 ann.PRE_POPULATED: str(dig(pvc, "metadata", "name"))}}}, namespace)
         await self._delayed_annotations(view, pvc)
         self._set_pending(key, False)
-        return await self._update_status(dv, pvc, requires_work=requires_work)
+        requeue = await self._update_status(dv, pvc, requires_work=requires_work)
+        if claim_uses_populator(pvc) and dig(pvc, "status", "phase") == "Bound" and \
+                (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_PHASE) == "Succeeded":
+            await delete_volume_source(self.ctx, dv)
+        return requeue
 
     async def _static_claim(self, dv: Body, pvc: Body) -> float | None:
         """CDI's handleStaticVolume once the claim exists: Pending until bound; bound to one of the volumes
@@ -201,7 +212,18 @@ class DataVolumeReconciler(Reconciler):
         annotations = {k: v for k, v in view.annotations.items() if k in _PASSED_ANNOTATIONS}
         static = staticvolumes.available_for(self.ctx.cached_list(groups.PVS), view.namespace, view.name, spec) \
             if ann.CHECK_STATIC_VOLUME in view.annotations else []
-        if static:
+        populate = False
+        if not static and view.source_kind is not None:
+            # as CDI: CSI storage is filled through a populator, unless the DataVolume says otherwise;
+            # the DataVolume remembers the choice
+            populate = uses_populator(self.ctx, dv, spec)
+            if view.annotations.get(ann.USE_POPULATOR) is None:
+                await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
+                    ann.USE_POPULATOR: "true" if populate else "false"}}}, view.namespace)
+        if populate:
+            spec["dataSourceRef"] = await ensure_volume_source(self.ctx, dv)
+            annotations[ann.USE_POPULATOR] = "true"
+        elif static:
             # as CDI: a claim for the pre-bound volume(s) that holds the data already, with nothing to fill
             annotations[ann.PERSISTENT_VOLUME_LIST] = json.dumps(static)
         elif view.source_kind == "upload":
@@ -325,13 +347,19 @@ class DataVolumeReconciler(Reconciler):
         name = str(dig(pvc, "metadata", "name"))
         claim_phase = dig(pvc, "status", "phase")
         pod_phase = annotations.get(ann.POD_PHASE, "")
-        upload = ann.UPLOAD_TARGET in annotations
+        upload = ann.UPLOAD_TARGET in annotations or view.source_kind == "upload"
+        populating = claim_uses_populator(pvc)
         if pod_phase == "Succeeded":
             status["phase"], status["progress"] = "Succeeded", PROGRESS_COMPLETE
             what = "Upload" if upload else "Import"
             message = f"Successfully {'uploaded' if upload else 'imported'} into PVC {name}"
             return (NORMAL, f"{what}Succeeded", message), None
-        if claim_phase == "Pending":
+        if claim_phase == "Pending" and populating:
+            # the claim binds only once the prime's volume is handed over: the phase follows the pod
+            if pending_population(self.ctx, pvc):
+                status["phase"] = "PendingPopulation"
+                return None, None
+        elif claim_phase == "Pending":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
             if wffc and waits_for_first_consumer(self.ctx, pvc):
@@ -376,6 +404,10 @@ class DataVolumeReconciler(Reconciler):
         """Read the importer's progress into `status`; returns the Running condition's message: what the
         importer is retrying ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the
         pod could not be asked, to keep what the condition says."""
+        if claim_uses_populator(pvc):  # the import populator keeps the progress on the claim
+            status["progress"] = (dig(pvc, "metadata", "annotations") or {}).get(ann.POPULATOR_PROGRESS,
+                                                                                PROGRESS_UNKNOWN)
+            return None
         pod_name = (dig(pvc, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
         pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
         pod_ip = dig(pod, "status", "podIP") if pod else None

@@ -37,7 +37,7 @@ Obj = dict[str, Any]
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
            groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
            groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS, groups.DATAIMPORTCRONS,
-           groups.VOLUMEIMPORTSOURCES, groups.VOLUMEUPLOADSOURCES, groups.VOLUMECLONESOURCES)
+           groups.VOLUMEIMPORTSOURCES, groups.VOLUMEUPLOADSOURCES, groups.VOLUMECLONESOURCES, groups.CSIDRIVERS)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 

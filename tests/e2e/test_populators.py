@@ -186,3 +186,73 @@ def test_clone_populator_clones_with_the_planned_strategy(shared_kubectl: Kubect
     wait_for(lambda: not [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]
                           if p["metadata"]["name"].startswith("tmp-pvc-")], 60, 0.2,
              message="the temporary claims deleted")
+
+
+def import_dv(name: str, url: str, storage_class: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "annotations": annotations or {}}
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": meta,
+            "spec": {"source": {"http": {"url": url}},
+                     "storage": {"storageClassName": storage_class, "resources": {"requests": {"storage": "64Mi"}}}}}
+
+
+def wait_dv(k: Kubectl, ns: str, name: str, phase: str, timeout: float = 120) -> dict[str, Any]:
+    def reached() -> Any:
+        dv = get(k, "dv", name, ns) or {}
+        current = (dv.get("status") or {}).get("phase")
+        if current == "Failed" and phase != "Failed":
+            raise AssertionError(f"DataVolume {name} failed: {dv['status']}")
+        return dv if current == phase else None
+
+    result: dict[str, Any] = wait_for(reached, timeout, 0.2, message=f"DataVolume {ns}/{name} {phase}")
+    return result
+
+
+def outcome(dv: dict[str, Any]) -> tuple[Any, ...]:
+    """What a user sees of a finished DataVolume, whichever path filled it."""
+    conds = sorted((c["type"], c["status"], c.get("reason", "")) for c in dv["status"]["conditions"])
+    return dv["status"]["phase"], dv["status"]["progress"], dv["status"].get("restartCount", 0), tuple(conds)
+
+
+def test_datavolumes_use_the_populator_on_csi_storage_unless_told_not_to(
+        shared_kubectl: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "popdv")
+    image = images["qcow2.qcow2"]
+    url = f"{range_server.url}/{image.name}"
+    k.apply(import_dv("modern", url, "local"), "-n", ns)
+    k.apply(import_dv("legacy", url, "local", {"cdi.kubevirt.io/storage.usePopulator": "false"}), "-n", ns)
+    modern, legacy = wait_dv(k, ns, "modern", "Succeeded"), wait_dv(k, ns, "legacy", "Succeeded")
+    assert outcome(modern) == outcome(legacy)
+    assert modern["metadata"]["annotations"]["cdi.kubevirt.io/storage.usePopulator"] == "true"
+    assert legacy["metadata"]["annotations"]["cdi.kubevirt.io/storage.usePopulator"] == "false"
+    modern_claim = wait_for(lambda: (c := get(k, "pvc", "modern", ns)) and c["status"]["phase"] == "Bound" and c,
+                            60, 0.2, message="the populated claim bound")
+    assert modern_claim["spec"]["dataSourceRef"] == {
+        "apiGroup": "cdi.kubevirt.io", "kind": "VolumeImportSource",
+        "name": f"volume-import-source-{modern['metadata']['uid']}"}
+    assert "dataSourceRef" not in get(k, "pvc", "legacy", ns)["spec"]
+    for name in ("modern", "legacy"):
+        reasons = {r for r, _ in events_of(k, ns, name)}
+        assert {"ImportScheduled", "ImportSucceeded"} <= reasons, (name, reasons)
+        assert read_back(k, name, image.virtual_size, namespace=ns) == image.sha256
+    wait_for(lambda: not primes(k, ns) and not k.json("get", "volumeimportsources", "-n", ns)["items"], 60, 0.2,
+             message="no prime claim and no VolumeImportSource left")
+    # the class without a CSIDriver object goes the legacy way
+    k.apply(import_dv("nocsi", url, "local-nosnap"), "-n", ns)
+    nocsi = wait_dv(k, ns, "nocsi", "Succeeded")
+    assert nocsi["metadata"]["annotations"]["cdi.kubevirt.io/storage.usePopulator"] == "false"
+    assert outcome(nocsi) == outcome(legacy)
+
+
+def test_wait_for_first_consumer_shows_pending_population_until_a_consumer_exists(
+        shared_kubectl: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "popwffc")
+    image = images["qcow2.qcow2"]
+    k.apply(import_dv("late", f"{range_server.url}/{image.name}", "local-wffc"), "-n", ns)
+    wait_dv(k, ns, "late", "PendingPopulation", 60)
+    assert not primes(k, ns)
+    assert get(k, "pvc", "late", ns)["status"]["phase"] == "Pending"
+    assert read_back(k, "late", image.virtual_size, namespace=ns) == image.sha256  # the consumer
+    assert wait_dv(k, ns, "late", "Succeeded")["status"]["progress"] == "100.0%"
+    wait_for(lambda: not primes(k, ns), 60, 0.2, message="the prime claim deleted")
