@@ -12,6 +12,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import dig
 from cdi.controller.claims import annotate, owner_reference
 from cdi.controller.runtime import Context, Reconciler
@@ -37,7 +38,7 @@ MIGRATED_TO = "pv.kubernetes.io/migrated-to"
 MIRRORED_ANNOTATIONS = (
     ann.POD_PHASE, ann.POD_READY, ann.POD_RESTARTS, ann.PREALLOCATION_REQUESTED, ann.PREALLOCATION_APPLIED,
     ann.CONDITION_RUNNING, ann.CONDITION_RUNNING_MESSAGE, ann.CONDITION_RUNNING_REASON, ann.POD_SCHEDULABLE,
-    ann.IMPORT_FATAL_ERROR, ann.IMPORT_REASON, ann.IMPORT_RETRIES, ann.IMPORT_CHECKSUM_RESULT,
+    ann.IMPORT_FATAL_ERROR, ann.IMPORT_REASON, ann.IMPORT_RETRIES, ann.IMPORT_CHECKSUM_RESULT, ann.REQUIRES_SCRATCH,
 )
 
 
@@ -169,7 +170,8 @@ class PopulatorReconciler(Reconciler):
             annotations[ann.SELECTED_NODE] = node
         if ann.RETAIN_AFTER_COMPLETION in claim_annotations:
             annotations[ann.RETAIN_AFTER_COMPLETION] = claim_annotations[ann.RETAIN_AFTER_COMPLETION]
-        for key in (ann.MULTUS_NETWORKS, ann.MULTUS_DEFAULT_NETWORK, ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT):
+        for key in (ann.MULTUS_NETWORKS, ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT,
+                    ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION):
             if claim_annotations.get(key):
                 annotations[key] = claim_annotations[key]
         annotations.update(self.prime_annotations(pvc, source))
