@@ -309,10 +309,11 @@ class DataVolumeReconciler(Reconciler):
             self.ctx.recorder.record(dv, *event)
         if error_event is not None:
             self.ctx.recorder.record(dv, *error_event)
-        self._condition_events(dv, old_conditions, status["conditions"], error_event)
+        self._condition_events(dv, old_conditions, status["conditions"], error_event, str(status.get("phase", "")))
         return requeue
 
-    def _condition_events(self, dv: Body, before: list[Obj], after: list[Obj], error_event: Event | None) -> None:
+    def _condition_events(self, dv: Body, before: list[Obj], after: list[Obj], error_event: Event | None,
+                          phase: str = "") -> None:
         bound, was_bound = conditions.find(after, "Bound"), conditions.find(before, "Bound")
         told = error_event is not None and bound is not None and \
             (bound.get("reason"), bound.get("message")) == error_event[1:]
@@ -321,8 +322,11 @@ class DataVolumeReconciler(Reconciler):
             self.ctx.recorder.record(dv, NORMAL, str(bound["reason"]), str(bound.get("message", "")))
         ready, running = conditions.find(after, "Ready"), conditions.find(after, "Running")
         was_running = conditions.find(before, "Running")
+        # CDI's dvBoundOrPopulationInProgress: a populated claim binds only at the end
+        populating = DataVolumeView(dv).annotations.get(ann.USE_POPULATOR) == "true" and \
+            phase not in ("Pending", "PendingPopulation")
         if ready and running and bound and ready.get("status") == "False" and running.get("status") == "False" \
-                and bound.get("status") == "True" and running.get("message") and \
+                and (bound.get("status") == "True" or populating) and running.get("message") and \
                 running.get("message") != conditions.SCRATCH_REQUIRED_MESSAGE and \
                 (was_running is None or was_running.get("message") != running.get("message")):
             self.ctx.recorder.record(dv, WARNING, str(running.get("reason", "")), str(running["message"]))

@@ -96,8 +96,9 @@ async def wait_until_ready(client: KubeClient, namespace: str, name: str, *,
             raise NotReady(f"rejecting Upload Request for PVC {name} that doesn't exist") from None
         except ApiError as exc:
             raise NotReady(f"cannot read PVC {namespace}/{name}: {exc}") from None
-        if _names_upload_source(pvc) and _annotations(pvc).get(ann.POD_PHASE) != "Succeeded":
-            # the upload populator: the upload goes to its prime claim
+        if _names_upload_source(pvc):  # the upload populator: the upload goes to its prime claim
+            if _annotations(pvc).get(ann.POD_PHASE) == "Succeeded":  # mirrored from the prime, now gone
+                raise AlreadyDone(f"rejecting Upload Request for PVC {name} that already finished uploading")
             prime = await _prime_of(client, namespace, pvc)
             if prime is None:
                 if time.monotonic() >= deadline:
