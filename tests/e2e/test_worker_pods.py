@@ -65,7 +65,8 @@ def test_trusted_ca_proxy_is_copied_into_the_import_namespace_and_trusted(
     try:
         set_import_proxy(k, {"HTTPSProxy": proxy.url, "trustedCAProxy": bundle})
         source = {"http": {"url": f"{https_server.url}/{image.name}", "secretRef": "creds"}}
-        k.apply({**datavolume(name, source, "64Mi"), "metadata": {"name": name, "namespace": ns}})
+        k.apply({**datavolume(name, source, "64Mi"),
+                 "metadata": {"name": name, "namespace": ns, "annotations": LEGACY}})
         wait_for(lambda: proxy.tunnels, 90, message="the importer's CONNECT at the proxy")
         assert proxy.tunnels[0] == https_server.url.removeprefix("https://")
         copied = k.get("configmap", copy, ns)
