@@ -408,24 +408,29 @@ class DataVolumeReconciler(Reconciler):
         """Read the importer's progress into `status`; returns the Running condition's message: what the
         importer is retrying ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the
         pod could not be asked, to keep what the condition says."""
-        if claim_uses_populator(pvc):  # the import populator keeps the progress on the claim
-            status["progress"] = (dig(pvc, "metadata", "annotations") or {}).get(ann.POPULATOR_PROGRESS,
-                                                                                PROGRESS_UNKNOWN)
-            return None
-        pod_name = (dig(pvc, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        populated = claim_uses_populator(pvc)
+        worker_claim, owner_uid = pvc, view.uid
+        if populated:
+            # the import populator keeps the progress on the claim (CDI); what the importer retries is
+            # read from the prime claim's pod, which reports for the user's claim
+            status["progress"] = annotations.get(ann.POPULATOR_PROGRESS, PROGRESS_UNKNOWN)
+            worker_claim = self.ctx.cached(groups.PVCS, annotations.get(ann.PVC_PRIME_NAME, ""), view.namespace) \
+                or {}
+            owner_uid = str(dig(pvc, "metadata", "uid"))
+        pod_name = (dig(worker_claim, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
         pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
         pod_ip = dig(pod, "status", "podIP") if pod else None
         if not pod_ip:
             return None
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, str(pod_ip), view.uid)
+        report = await scrape(self._session, str(pod_ip), owner_uid)
         if report is None:
             running = conditions.find(status.get("conditions") or [], "Running")
             return str(running.get("message", "")) if running and running.get("status") == "True" else None
-        if report.progress is not None:
+        if report.progress is not None and not populated:
             # 100 is held back until the importer's result is in: conversion may still be running
             status["progress"] = format_progress(min(report.progress, 99.99))
             self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
-        return report.retry.describe() if report.retry else \
-            (dig(pvc, "metadata", "annotations") or {}).get(ann.CONDITION_RUNNING_MESSAGE, "")
+        return report.retry.describe() if report.retry else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
