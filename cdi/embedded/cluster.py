@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdi.embedded.apiserver.server import ApiServer, ServerConfig
 from cdi.embedded.control import LocalApi
+from cdi.embedded.kubeapi.server import ApiServer, ServerConfig
 from cdi.embedded.node.node import LocalNode, node_name
 from cdi.embedded.storage.local import LocalStorage
 

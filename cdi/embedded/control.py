@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from cdi.api.groups import GVR
-from cdi.embedded.apiserver.errors import StatusError
-from cdi.embedded.apiserver.objects import DeleteOptions, Objects, RequestContext
-from cdi.embedded.apiserver.resources import ResourceType
+from cdi.embedded.kubeapi.errors import StatusError
+from cdi.embedded.kubeapi.objects import DeleteOptions, Objects, RequestContext
+from cdi.embedded.kubeapi.resources import ResourceType
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.groups import CONFIGMAPS, PODS, PVCS, PVS, SECRETS
-from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.control import LocalApi
+from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.node.environment import ConfigError, build_env, expand_args
 from cdi.embedded.node.images import ImagePullError, entrypoint, is_oci_image, oci_argv
 from cdi.embedded.node.logs import TERMINATED, ContainerLogs, NodeLogs, keep_terminated, tail_text

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdi.embedded.apiserver import errors
+from cdi.embedded.kubeapi import errors
 
 TERMINATED = "terminated"
 KEEP_TERMINATED = 50  # pods whose logs are kept after their removal

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.groups import LEASES, NODES
-from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.control import LocalApi
+from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.node.kubelet import HOST_IP, Kubelet, KubeletConfig
 from cdi.embedded.node.logs import NodeLogs
 from cdi.embedded.node.podips import PodIPs

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cdi.api.groups import ENDPOINTS, PODS, SERVICES
-from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.control import Controller, Key, LocalApi
+from cdi.embedded.kubeapi.errors import StatusError
 
 log = logging.getLogger(__name__)
 

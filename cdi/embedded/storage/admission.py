@@ -10,9 +10,9 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api.groups import PVCS, PVS, STORAGECLASSES
 from cdi.api.quantity import QuantityError, parse_bytes
-from cdi.embedded.apiserver.errors import StatusError
-from cdi.embedded.apiserver.objects import AdmissionRequest
 from cdi.embedded.control import LocalApi
+from cdi.embedded.kubeapi.errors import StatusError
+from cdi.embedded.kubeapi.objects import AdmissionRequest
 from cdi.embedded.storage.claims import PV_PROTECTION, PVC_PROTECTION
 
 Obj = dict[str, Any]

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.groups import CSIDRIVERS, GVR, STORAGECLASSES, VOLUMESNAPSHOTCLASSES
-from cdi.embedded.apiserver.errors import StatusError
 from cdi.embedded.control import LocalApi
+from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.storage.admission import StorageAdmission
 from cdi.embedded.storage.backend import BLOCK, LocalVolumes, StorageError
 from cdi.embedded.storage.claims import ClaimController, VolumeController, pv_handle

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdi.embedded.apiserver.server import ApiServer, ServerConfig
+from cdi.embedded.kubeapi.server import ApiServer, ServerConfig
 from cdi.kube import KubeClient
 from tests.support.tcpproxy import TcpProxy
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from cdi.api.groups import CONFIGMAPS, DATAVOLUMES, NAMESPACES, PVCS
-from cdi.embedded.apiserver.objects import UserInfo
+from cdi.embedded.kubeapi.objects import UserInfo
 from cdi.kube import (
     AlreadyExists,
     ApiError,

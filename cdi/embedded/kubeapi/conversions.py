@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdi.embedded.apiserver.resources import ResourceType
+from cdi.embedded.kubeapi.resources import ResourceType
 
 Obj = dict[str, Any]
 

@@ -17,10 +17,10 @@ import aiohttp
 from aiohttp import web
 
 from cdi.common import pki
-from cdi.embedded.apiserver import services
-from cdi.embedded.apiserver.errors import StatusError
-from cdi.embedded.apiserver.objects import UserInfo
-from cdi.embedded.apiserver.store import Store
+from cdi.embedded.kubeapi import services
+from cdi.embedded.kubeapi.errors import StatusError
+from cdi.embedded.kubeapi.objects import UserInfo
+from cdi.embedded.kubeapi.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from cdi.embedded.apiserver import bodies, discovery, errors, fieldlabels
-from cdi.embedded.apiserver.aggregator import Aggregator
-from cdi.embedded.apiserver.authz import Attributes, RbacAuthorizer
-from cdi.embedded.apiserver.errors import StatusError
-from cdi.embedded.apiserver.objects import DeleteOptions, Objects, RequestContext, UserInfo, WatchEvent
-from cdi.embedded.apiserver.resources import ResourceType
-from cdi.embedded.apiserver.selectors import FieldSelector, parse_field_selector, parse_label_selector
-from cdi.embedded.apiserver.tables import table
+from cdi.embedded.kubeapi import bodies, discovery, errors, fieldlabels
+from cdi.embedded.kubeapi.aggregator import Aggregator
+from cdi.embedded.kubeapi.authz import Attributes, RbacAuthorizer
+from cdi.embedded.kubeapi.errors import StatusError
+from cdi.embedded.kubeapi.objects import DeleteOptions, Objects, RequestContext, UserInfo, WatchEvent
+from cdi.embedded.kubeapi.resources import ResourceType
+from cdi.embedded.kubeapi.selectors import FieldSelector, parse_field_selector, parse_label_selector
+from cdi.embedded.kubeapi.tables import table
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.embedded.apiserver.errors import bad_request
+from cdi.embedded.kubeapi.errors import bad_request
 
 Labels = Mapping[str, str]
 

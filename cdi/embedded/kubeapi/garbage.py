@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
-from cdi.embedded.apiserver.errors import StatusError
-from cdi.embedded.apiserver.objects import FOREGROUND, ORPHAN, DeleteOptions, Objects, RequestContext
-from cdi.embedded.apiserver.resources import ResourceType
-from cdi.embedded.apiserver.store import DELETED, Change, Entry
+from cdi.embedded.kubeapi.errors import StatusError
+from cdi.embedded.kubeapi.objects import FOREGROUND, ORPHAN, DeleteOptions, Objects, RequestContext
+from cdi.embedded.kubeapi.resources import ResourceType
+from cdi.embedded.kubeapi.store import DELETED, Change, Entry
 
 log = logging.getLogger(__name__)
 

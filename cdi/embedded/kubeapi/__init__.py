@@ -1,4 +1,5 @@
-"""A Kubernetes-compatible API server: the kinds, semantics and wire formats that CDI, kubectl and
+"""The embedded imitation of kube-apiserver (named `kubeapi` so it is never confused with CDI's own
+`cdi.apiserver`, the cdi-apiserver component): the kinds, semantics and wire formats that CDI, kubectl and
 the official client rely on, over an in-memory index persisted to SQLite.
 
 Layers, bottom up: `errors` (Status bodies), `selectors`, `jsonpath`, `patching`, `schema`

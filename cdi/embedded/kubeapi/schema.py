@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from cdi.embedded.apiserver.errors import Cause
+from cdi.embedded.kubeapi.errors import Cause
 
 Schema = Mapping[str, Any]
 

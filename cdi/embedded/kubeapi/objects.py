@@ -19,16 +19,16 @@ from typing import Any, Protocol
 
 import orjson
 
-from cdi.embedded.apiserver import errors
-from cdi.embedded.apiserver.bodies import MAX_DEPTH, too_deep
-from cdi.embedded.apiserver.conversions import from_storage, needs_conversion, to_storage
-from cdi.embedded.apiserver.errors import Cause, StatusError
-from cdi.embedded.apiserver.patching import apply_patch
-from cdi.embedded.apiserver.resources import Registry, ResourceType, spec_fields
-from cdi.embedded.apiserver.schema import validate as validate_schema
-from cdi.embedded.apiserver.selectors import FieldSelector, LabelSelector
-from cdi.embedded.apiserver.store import ADDED, DELETED, MODIFIED, Change, Entry, Store, TooOld
-from cdi.embedded.apiserver.strategies import Strategies, validate_name
+from cdi.embedded.kubeapi import errors
+from cdi.embedded.kubeapi.bodies import MAX_DEPTH, too_deep
+from cdi.embedded.kubeapi.conversions import from_storage, needs_conversion, to_storage
+from cdi.embedded.kubeapi.errors import Cause, StatusError
+from cdi.embedded.kubeapi.patching import apply_patch
+from cdi.embedded.kubeapi.resources import Registry, ResourceType, spec_fields
+from cdi.embedded.kubeapi.schema import validate as validate_schema
+from cdi.embedded.kubeapi.selectors import FieldSelector, LabelSelector
+from cdi.embedded.kubeapi.store import ADDED, DELETED, MODIFIED, Change, Entry, Store, TooOld
+from cdi.embedded.kubeapi.strategies import Strategies, validate_name
 
 log = logging.getLogger(__name__)
 

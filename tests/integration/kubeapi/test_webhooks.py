@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from cdi.common import pki
-from tests.integration.apiserver.conftest import DV, Api, datavolume
+from tests.integration.kubeapi.conftest import DV, Api, datavolume
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ import aiohttp
 import jsonpatch
 import orjson
 
-from cdi.embedded.apiserver import services
-from cdi.embedded.apiserver.errors import StatusError
-from cdi.embedded.apiserver.objects import AdmissionRequest, Obj
-from cdi.embedded.apiserver.selectors import label_selector_from_object
-from cdi.embedded.apiserver.store import Store
+from cdi.embedded.kubeapi import services
+from cdi.embedded.kubeapi.errors import StatusError
+from cdi.embedded.kubeapi.objects import AdmissionRequest, Obj
+from cdi.embedded.kubeapi.selectors import label_selector_from_object
+from cdi.embedded.kubeapi.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cdi.embedded.apiserver.errors import StatusError, bad_request
-from cdi.embedded.apiserver.resources import ResourceType
-from cdi.embedded.apiserver.selectors import FieldRequirement, FieldSelector
+from cdi.embedded.kubeapi.errors import StatusError, bad_request
+from cdi.embedded.kubeapi.resources import ResourceType
+from cdi.embedded.kubeapi.selectors import FieldRequirement, FieldSelector
 
 _META = ("metadata.name", "metadata.namespace")
 

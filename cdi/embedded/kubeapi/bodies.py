@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import yaml
 
-from cdi.embedded.apiserver import errors, protobuf
+from cdi.embedded.kubeapi import errors, protobuf
 
 MAX_DEPTH = 200
 """Most levels of nested objects and arrays a body may have (the outermost object is level 1)."""

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cdi.embedded.apiserver.server import ApiServer, ServerConfig
+from cdi.embedded.kubeapi.server import ApiServer, ServerConfig
 
 
 @dataclass

@@ -11,7 +11,7 @@ import base64
 import datetime
 from typing import Any
 
-from cdi.embedded.apiserver.errors import StatusError
+from cdi.embedded.kubeapi.errors import StatusError
 
 MAGIC = b"k8s\x00"
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from tests.integration.apiserver.conftest import CM, Api, configmap
+from tests.integration.kubeapi.conftest import CM, Api, configmap
 
 MERGE = {"content_type": "application/merge-patch+json"}
 

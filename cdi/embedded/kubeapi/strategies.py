@@ -10,8 +10,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cdi.embedded.apiserver.errors import Cause, StatusError
-from cdi.embedded.apiserver.resources import ResourceType
+from cdi.embedded.kubeapi.errors import Cause, StatusError
+from cdi.embedded.kubeapi.resources import ResourceType
 from cdi.embedded.ranges import SERVICE_NETWORK, AddressPool, Network
 
 Obj = dict[str, Any]

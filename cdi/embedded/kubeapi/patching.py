@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonpatch
 
-from cdi.embedded.apiserver.errors import StatusError, bad_request
+from cdi.embedded.kubeapi.errors import StatusError, bad_request
 
 MERGE = "application/merge-patch+json"
 JSON = "application/json-patch+json"

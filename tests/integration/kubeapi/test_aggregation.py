@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from cdi.common import pki
-from tests.integration.apiserver.conftest import Api, make_api
+from tests.integration.kubeapi.conftest import Api, make_api
 
 GROUP = "/apis/upload.cdi.kubevirt.io/v1beta1"
 

@@ -18,17 +18,17 @@ from aiohttp import web
 from cdi.api.crds import all_crds
 from cdi.common import pki
 from cdi.embedded import datadir
-from cdi.embedded.apiserver import bodies
-from cdi.embedded.apiserver.aggregator import Aggregator
-from cdi.embedded.apiserver.authz import RbacAuthorizer, bootstrap_policy
-from cdi.embedded.apiserver.errors import StatusError
-from cdi.embedded.apiserver.garbage import GarbageCollector
-from cdi.embedded.apiserver.handlers import ApiHandlers, Authenticator
-from cdi.embedded.apiserver.objects import Objects, RequestContext, UserInfo
-from cdi.embedded.apiserver.resources import Registry
-from cdi.embedded.apiserver.store import ADDED, Store
-from cdi.embedded.apiserver.strategies import ServiceIPs, Strategies
-from cdi.embedded.apiserver.webhooks import WebhookAdmission
+from cdi.embedded.kubeapi import bodies
+from cdi.embedded.kubeapi.aggregator import Aggregator
+from cdi.embedded.kubeapi.authz import RbacAuthorizer, bootstrap_policy
+from cdi.embedded.kubeapi.errors import StatusError
+from cdi.embedded.kubeapi.garbage import GarbageCollector
+from cdi.embedded.kubeapi.handlers import ApiHandlers, Authenticator
+from cdi.embedded.kubeapi.objects import Objects, RequestContext, UserInfo
+from cdi.embedded.kubeapi.resources import Registry
+from cdi.embedded.kubeapi.store import ADDED, Store
+from cdi.embedded.kubeapi.strategies import ServiceIPs, Strategies
+from cdi.embedded.kubeapi.webhooks import WebhookAdmission
 from cdi.embedded.ranges import SERVICE_NETWORK, claim_range
 
 log = logging.getLogger(__name__)

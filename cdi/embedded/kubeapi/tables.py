@@ -7,8 +7,8 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cdi.embedded.apiserver import jsonpath
-from cdi.embedded.apiserver.resources import ResourceType
+from cdi.embedded.kubeapi import jsonpath
+from cdi.embedded.kubeapi.resources import ResourceType
 
 Obj = Mapping[str, Any]
 Column = tuple[str, str, str, int, Callable[[Obj], Any]]  # name, type, format, priority, getter

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.apiserver.conftest import DV, Api, datavolume, make_api
+from tests.integration.kubeapi.conftest import DV, Api, datavolume, make_api
 
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 

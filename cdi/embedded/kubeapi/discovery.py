@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from cdi.embedded.apiserver.resources import Registry, ResourceType
+from cdi.embedded.kubeapi.resources import Registry, ResourceType
 
 KUBERNETES_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-cdi", "gitCommit": "cdi",
                       "gitTreeState": "clean", "buildDate": "2026-11-21T00:00:00Z", "goVersion": "python",

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdi.embedded.apiserver.objects import UserInfo
-from cdi.embedded.apiserver.selectors import label_selector_from_object
-from cdi.embedded.apiserver.store import Store
+from cdi.embedded.kubeapi.objects import UserInfo
+from cdi.embedded.kubeapi.selectors import label_selector_from_object
+from cdi.embedded.kubeapi.store import Store
 
 CLUSTER_ROLES = "rbac.authorization.k8s.io/clusterroles"
 CLUSTER_ROLE_BINDINGS = "rbac.authorization.k8s.io/clusterrolebindings"

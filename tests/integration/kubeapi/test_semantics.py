@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from tests.integration.apiserver.conftest import CM, DV, PODS, Api, configmap, datavolume
+from tests.integration.kubeapi.conftest import CM, DV, PODS, Api, configmap, datavolume
 
 
 async def test_requests_without_a_valid_token_get_401(api: Api) -> None:

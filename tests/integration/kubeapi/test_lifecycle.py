@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.apiserver.conftest import CM, DV, Api, configmap, datavolume, make_api, owner_ref
+from tests.integration.kubeapi.conftest import CM, DV, Api, configmap, datavolume, make_api, owner_ref
 from tests.support.cluster import async_wait_for
 
 MERGE = {"content_type": "application/merge-patch+json"}

@@ -3,7 +3,7 @@ when there is one (as --enable-aggregator-routing does), else its cluster IP."""
 
 from __future__ import annotations
 
-from cdi.embedded.apiserver.store import Store
+from cdi.embedded.kubeapi.store import Store
 
 
 def resolve(store: Store, namespace: str, name: str, port: int = 443) -> tuple[str, int]:
