@@ -429,8 +429,9 @@ class DataVolumeReconciler(Reconciler):
         if report is None:
             running = conditions.find(status.get("conditions") or [], "Running")
             return str(running.get("message", "")) if running and running.get("status") == "True" else None
-        if report.progress is not None and not populated:
-            # 100 is held back until the importer's result is in: conversion may still be running
-            status["progress"] = format_progress(min(report.progress, 99.99))
+        if report.progress is not None:
+            if not populated:
+                # 100 is held back until the importer's result is in: conversion may still be running
+                status["progress"] = format_progress(min(report.progress, 99.99))
             self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
         return report.retry.describe() if report.retry else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
