@@ -87,7 +87,8 @@ CONTROLLER_CLUSTER_RULES = [
     _rule([""], ["persistentvolumeclaims/finalizers", "pods/finalizers"], ["update"]),
     _rule([""], ["pods", "services", "secrets"], ("get", "list", "watch", "create", "delete")),
     _rule([""], ["configmaps"], ("get", "list", "watch", "create")),
-    _rule([""], ["persistentvolumes", "nodes"], READ),
+    _rule([""], ["persistentvolumes"], (*READ, "update")),  # populators and clones hand volumes over
+    _rule([""], ["nodes"], READ),
     _rule([""], ["events"], ("create", "patch", "update")),
     _rule(["storage.k8s.io"], ["storageclasses", "csidrivers"], READ),
     _rule([groups.SNAPSHOT_GROUP], ["volumesnapshotclasses", "volumesnapshotcontents"], READ),

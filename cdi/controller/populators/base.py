@@ -92,10 +92,12 @@ async def rebind(ctx: Context, source: Body, target: Body) -> None:
         return
     if ref.get("uid") != dig(source, "metadata", "uid"):
         raise RuntimeError(f"PV {pv_name} bound to unexpected claim {ref.get('name')}")
-    await ctx.client.patch(groups.PVS, pv_name, {"spec": {"claimRef": {
+    # an update carrying the PV's resourceVersion (CDI's controller may update PVs, not patch them)
+    pv["spec"]["claimRef"] = {
         "kind": "PersistentVolumeClaim", "apiVersion": "v1",
         "namespace": dig(target, "metadata", "namespace"), "name": dig(target, "metadata", "name"),
-        "uid": dig(target, "metadata", "uid"), "resourceVersion": dig(target, "metadata", "resourceVersion")}}})
+        "uid": dig(target, "metadata", "uid"), "resourceVersion": dig(target, "metadata", "resourceVersion")}
+    await ctx.client.replace(groups.PVS, pv)
 
 
 class PopulatorReconciler(Reconciler):
