@@ -353,6 +353,10 @@ class DataVolumeReconciler(Reconciler):
         pod_phase = annotations.get(ann.POD_PHASE, "")
         upload = ann.UPLOAD_TARGET in annotations or view.source_kind == "upload"
         populating = claim_uses_populator(pvc)
+        if pod_phase == "Succeeded" and populating and claim_phase != "Bound":
+            # filled, and the volume on its way to the claim: Succeeded once the claim can be used
+            # (CDI says Succeeded a moment earlier, while its claim is still Pending)
+            return None, 0.5
         if pod_phase == "Succeeded":
             status["phase"], status["progress"] = "Succeeded", PROGRESS_COMPLETE
             what = "Upload" if upload else "Import"
