@@ -20,7 +20,7 @@ from aiohttp import web
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.apiserver import pvcmutate
+from cdi.apiserver import dvmutate, pvcmutate
 from cdi.apiserver.admission import Admission
 from cdi.apiserver.frontproxy import RequestHeaderConfig
 from cdi.apiserver.signingkey import ensure_signing_key
@@ -50,6 +50,7 @@ class CdiApiServer:
         self._signing_key: bytes | None = None
         self.request_headers = RequestHeaderConfig()
         self.tokens = UploadTokenApi(client, self.signing_key, self._request_header_config)
+        self.dv_mutation = dvmutate.DataVolumeMutation(client, self.signing_key)
 
     def signing_key(self) -> bytes:
         assert self._signing_key is not None, "start() loads the signing key"
@@ -62,6 +63,7 @@ class CdiApiServer:
         app = web.Application()
         app.add_routes(self.admission.routes())
         app.add_routes(self.pvc_mutation.routes())
+        app.add_routes(self.dv_mutation.routes())
         app.add_routes(self.tokens.routes())
         app.router.add_get("/healthz", _healthz)
         return app
@@ -129,6 +131,8 @@ class CdiApiServer:
                 self.namespace)
         bundle = base64.b64encode(self.ca.cert_pem).decode()
         await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
+        await self._apply(groups.MUTATING_WEBHOOKS, dvmutate.mutating_configuration(self.namespace, SERVICE_NAME,
+                                                                                  bundle))
         await self._apply(groups.VALIDATING_WEBHOOKS, cdi_validating_configuration(self.namespace, bundle))
         await self._apply(groups.VALIDATING_WEBHOOKS, dataimportcron_validating_configuration(self.namespace, bundle))
         await self._apply(groups.APISERVICES, upload_apiservice(self.namespace, bundle))
