@@ -95,7 +95,9 @@ def test_two_instances_keep_their_addresses_and_uploads_apart_across_restarts(
         image = tmp_path / f"image-{index}.raw"
         image.write_bytes(random.Random(index).randbytes(IMAGE_SIZE))
         images.append(image)
-        k.apply(upload_dv("disk"))
+        disk = upload_dv("disk")  # the legacy path: its upload server and Service are named after the claim
+        disk["metadata"]["annotations"] = {"cdi.kubevirt.io/storage.usePopulator": "false"}
+        k.apply(disk)
     for _, k in pair:
         wait_ready(k, "disk")
 
