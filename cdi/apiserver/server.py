@@ -76,6 +76,9 @@ class CdiApiServer:
         else:
             self.ca = pki.make_ca("cdi-apiserver-ca")
             self.ca.write(ca_crt, ca_key)
+        leaf_crt, leaf_key = self.dir / "tls.crt", self.dir / "tls.key"
+        if leaf_crt.exists() and leaf_key.exists():  # cdi-operator's `cdi-apiserver-server-cert` (certConfig)
+            return pki.KeyPair.read(leaf_crt, leaf_key)
         return pki.issue(self.ca, f"{SERVICE_NAME}.{self.namespace}.svc", hosts)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:

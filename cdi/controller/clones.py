@@ -44,7 +44,7 @@ from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_s
 from cdi.controller.progress import format_progress, scrape
 from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.controller.runtime import Context, Reconciler, write_status
-from cdi.controller.uploadpki import UploadPki, ensure_upload_pki
+from cdi.controller.uploadpki import UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
@@ -479,7 +479,9 @@ class CloneReconciler(Reconciler):
         pod_name = source_pod_name(temp)
         pki_ = await self.pki()
         client_name = (dig(temp, "metadata", "annotations") or {}).get(UPLOAD_CLIENT_NAME, "")
-        pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True)
+        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
+        pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True,
+                         days=cert_days(cdi, "client"))
         owner = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": temp_name,
                   "uid": dig(temp, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: SOURCE_CONTAINER,

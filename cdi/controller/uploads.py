@@ -49,7 +49,7 @@ from cdi.controller.claims import (
 )
 from cdi.controller.imports import termination
 from cdi.controller.runtime import Context, Reconciler
-from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
+from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
 
@@ -132,7 +132,8 @@ class UploadReconciler(Reconciler):
         owner = [owner_reference(pvc)]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "cdi-upload-server"}
         pki_ = await self.pki()
-        pair = pki_.server_certificate(service, namespace)
+        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
+        pair = pki_.server_certificate(service, namespace, cert_days(cdi, "server"))
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                   "metadata": {"name": resource, "namespace": namespace, "labels": labels, "ownerReferences": owner},
                   "data": {"tls.crt": base64.b64encode(pair.cert_pem).decode(),
