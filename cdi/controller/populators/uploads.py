@@ -39,10 +39,11 @@ class UploadPopulator(PopulatorReconciler):
         name = str(dig(pvc, "metadata", "name"))
         if phase == "Failed":
             self.ctx.recorder.record(pvc, WARNING, UPLOAD_FAILED, f"Upload into {name} failed")
+        # once uploaded, the claim no longer sends uploads to the prime (CDI's updateUploadAnnotations);
+        # the annotations are final before the volume moves, so a bound claim shows the finished upload
+        await self.mirror(pvc, prime, {ann.PVC_PRIME_NAME: None} if is_complete(prime) else None)
         if is_complete(prime) and not is_bound(pvc):
             await self.hand_over(pvc, prime)
-        # once uploaded, the claim no longer sends uploads to the prime (CDI's updateUploadAnnotations)
-        await self.mirror(pvc, prime, {ann.PVC_PRIME_NAME: None} if is_complete(prime) else None)
         if is_complete(prime):
             self.ctx.recorder.record(pvc, NORMAL, UPLOAD_SUCCEEDED, f"Successfully uploaded into {name}")
         return None
