@@ -20,13 +20,13 @@ from aiohttp import web
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.rendering import webhook_rendering_enabled
 from cdi.apiserver import dvmutate, pvcmutate
 from cdi.apiserver.admission import Admission
 from cdi.apiserver.frontproxy import RequestHeaderConfig
 from cdi.apiserver.signingkey import ensure_signing_key
 from cdi.apiserver.uploadtokens import UploadTokenApi
 from cdi.common import pki
-from cdi.controller.rendering import webhook_rendering_enabled
 from cdi.kube import AlreadyExists, ApiError, Backoff, Informer, KubeClient, NotFound
 
 log = logging.getLogger(__name__)

@@ -12,13 +12,13 @@ from typing import Any
 import yaml
 
 from cdi.api import groups
+from cdi.api.rendering import ClusterStorage, RenderError
 from cdi.api.views import dig
 from cdi.common import aioloop
 from cdi.controller.clone import planner
 from cdi.controller.clone import size as clonesize
-from cdi.controller.clones import SourceMissing, plan_datavolume
 from cdi.controller.datasource import ChainError
-from cdi.controller.rendering import ClusterStorage, RenderError
+from cdi.controller.datavolume.clones import SourceMissing, plan_datavolume
 from cdi.kube import ApiError, KubeClient, NotFound
 
 Obj = dict[str, Any]

@@ -24,9 +24,9 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api.quantity import QuantityError, parse_bytes
+from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space
 from cdi.api.views import dig
-from cdi.controller.rendering import ClusterStorage
 
 Body = Mapping[str, Any]
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import dig
-from cdi.controller import clones
 from cdi.controller.claims import annotate
 from cdi.controller.clone import planner
+from cdi.controller.datavolume import clones
 from cdi.controller.populators.base import Body, PopulatorReconciler, source_namespace
 from cdi.controller.runtime import Context
 from cdi.kube import WARNING, split_key

@@ -12,12 +12,12 @@ import aiohttp
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.views import dig
 from cdi.controller.claims import config_status
-from cdi.controller.datavolume import import_annotations
+from cdi.controller.datavolume.progress import format_progress, scrape
 from cdi.controller.populators.base import Body, PopulatorReconciler, is_bound, is_complete
-from cdi.controller.progress import format_progress, scrape
 from cdi.kube import NORMAL, WARNING
 
 Obj = dict[str, Any]
@@ -53,7 +53,7 @@ class ImportPopulator(PopulatorReconciler):
         sources: Body = {k: v for k, v in (spec.get("source") or {}).items() if v is not None}
         out: dict[str, str] = {ann.POPULATOR_KIND: VOLUME_IMPORT_SOURCE}
         if sources:
-            out.update(import_annotations({"spec": {"source": sources, "contentType": spec.get("contentType")}}))
+            out.update(ImportRequest.from_source(sources, str(spec.get("contentType") or "kubevirt")).to_annotations())
         else:
             out.update({ann.IMPORT_SOURCE: "none", ann.CONTENT_TYPE: str(spec.get("contentType") or "kubevirt")})
         preallocation = spec.get("preallocation")

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space
 from cdi.controller.clone.size import CloneSize, NeedsVirtualSize, pvc_clone_size, snapshot_clone_size
-from cdi.controller.rendering import ClusterStorage
 
 MIB = 1024 * 1024
 STORAGE = ClusterStorage([], {}, {"filesystemOverhead": {"global": "0.06", "storageClass": {"thin": "0.1"}}})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 
 from cdi.common import pki
-from cdi.controller.uploadpki import UploadPki, cert_days
+from cdi.controller.datavolume.uploadpki import UploadPki, cert_days
 
 
 def test_upload_server_and_clone_client_certificates_follow_cert_config() -> None:

@@ -32,6 +32,7 @@ from cdi.api import annotations as ann
 from cdi.api import env, groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.quantity import QuantityError, parse_bytes
+from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.upload import SYNC_PATHS, upload_service_name
 from cdi.api.views import DataVolumeView, dig
 from cdi.common import pki
@@ -41,11 +42,10 @@ from cdi.controller.clone import planner, sizedetection
 from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.progress import format_progress, scrape
-from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
+from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
+from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.runtime import Context, Reconciler, write_status
-from cdi.controller.uploadpki import UploadPki, cert_days, ensure_upload_pki
-from cdi.controller.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 from cdi.kube.events import EventType
