@@ -193,8 +193,8 @@ class DataVolumeReconciler(Reconciler):
             # as CDI: CSI storage is filled through a populator, unless the DataVolume says otherwise;
             # the DataVolume remembers the choice
             populate = uses_populator(self.ctx, dv, spec)
-            if view.annotations.get(ann.USE_POPULATOR) is None:
-                await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
+            if view.annotations.get(ann.USE_POPULATOR) is None:  # the status below is written on this version
+                dv = await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
                     ann.USE_POPULATOR: "true" if populate else "false"}}}, view.namespace)
         if populate:
             spec["dataSourceRef"] = await ensure_volume_source(self.ctx, dv)
