@@ -1,5 +1,5 @@
-"""A listening socket whose connections are served by threads with blocking (TLS) sockets, for the
-bulk byte paths of uploads (the upload proxy and the upload server).
+"""A listening socket whose connections are served by threads with blocking (TLS) sockets: the one HTTP
+server of the upload proxy and of the upload server.
 
 Why: every byte of an upload crosses TLS several times, and on a small machine the chain is CPU-bound.
 Through asyncio (uvloop) streams a TLS byte costs 1.5 to 2.5 CPU-seconds per GiB received; a blocking
@@ -50,7 +50,6 @@ class ThreadFront:
         self._open: set[Conn] = set()
         self._lock = threading.Lock()
         self._threads = 0
-        self._stopping = False
         self._ended = asyncio.Event()  # set (from a thread) when the last connection thread ends
 
     def start(self, host: str, port: int, backlog: int = 128) -> int:
@@ -68,7 +67,6 @@ class ThreadFront:
             self._listener.close()
             self._listener = None
         with self._lock:
-            self._stopping = True
             for sock in self._open:
                 with contextlib.suppress(OSError):  # the TCP socket under a TLS one too, its thread sees the end
                     if isinstance(sock, socket.socket):
