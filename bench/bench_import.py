@@ -5,7 +5,8 @@
 
 It builds its own images (cached under bench/out/): a virtual disk of --size, about half of it data
 (random blocks, text-like blocks, structured binary records) and half zero regions, as raw,
-raw.gz, raw.xz, qcow2 and compressed qcow2 (`qemu-img convert -c`). They are served over loopback by
+raw.gz, raw.xz, qcow2, compressed qcow2 (`qemu-img convert -c`), vmdk (monolithicSparse and
+streamOptimized), vhd (dynamic and fixed), vhdx, vdi and iso (the raw disk with an ISO 9660 signature). They are served over loopback by
 a range-capable aiohttp static server (sendfile) in its own process. Each case is imported three
 ways, into a fresh target directory each time:
 
@@ -55,7 +56,7 @@ OVERHEAD = "0.055"
 CHUNK = 4 << 20
 CASES = [
     "raw", "raw.gz", "raw.xz", "qcow2", "qcow2-compressed",
-    "vmdk", "vmdk-stream", "vhd", "vhdx", "vdi", "iso",
+    "vmdk", "vmdk-stream", "vhd", "vhd-fixed", "vhdx", "vdi", "iso",
 ]
 FILES = {
     "raw": "disk.raw",
@@ -66,6 +67,7 @@ FILES = {
     "vmdk": "disk.vmdk",
     "vmdk-stream": "disk.stream.vmdk",
     "vhd": "disk.vhd",
+    "vhd-fixed": "disk.fixed.vhd",
     "vhdx": "disk.vhdx",
     "vdi": "disk.vdi",
     "iso": "disk.iso",
@@ -135,6 +137,7 @@ def build_images(size: int, cases: list[str]) -> Path:
         ("vmdk", lambda out: sh(f"qemu-img convert -f raw -O vmdk {raw} {out}")),  # monolithicSparse
         ("vmdk-stream", lambda out: sh(f"qemu-img convert -f raw -O vmdk -o subformat=streamOptimized {raw} {out}")),
         ("vhd", lambda out: sh(f"qemu-img convert -f raw -O vpc -o force_size=on {raw} {out}")),  # dynamic
+        ("vhd-fixed", lambda out: sh(f"qemu-img convert -f raw -O vpc -o subformat=fixed,force_size=on {raw} {out}")),
         ("vhdx", lambda out: sh(f"qemu-img convert -f raw -O vhdx {raw} {out}")),
         ("vdi", lambda out: sh(f"qemu-img convert -f raw -O vdi {raw} {out}")),
         ("iso", lambda out: write_iso(raw, out)),
