@@ -1,9 +1,9 @@
 """What pyproject.toml cannot say: the C parts.
 
-* `cdi.common._tlsread`, how upload bodies are read from TLS (`cdi.common.sockfill`). Optional: without
-  a C compiler, or on a Python other than the ones `requires-python` declares (the version guard in
-  `_tlsread.c` stops the build), the package still installs, and bodies are read by a Python loop
-  (same behaviour, more CPU).
+* `cdi.common._tlsfront`, the server side of the threaded fronts' TLS over OpenSSL's public API
+  (`cdi.common.tlsfront`). Optional: without a C compiler or OpenSSL's headers the package still
+  installs, and the fronts serve TLS through the `ssl` module (same behaviour, more CPU); so does
+  `CDI_NO_EXTENSIONS=1` at run time.
 * `cdi/importer/cdi-containerimage-server`, a static executable (registry `pullMethod: node`: it runs
   inside the user's containerDisk image, which has nothing else). Optional too: without it, node-pull
   imports fail with a clear message."""
@@ -30,5 +30,6 @@ class BuildWithServer(build_ext):
             print(f"warning: {SERVER} was not built ({exc}); registry pullMethod node will not work")
 
 
-setup(ext_modules=[Extension("cdi.common._tlsread", ["cdi/common/_tlsread.c"], optional=True)],
+setup(ext_modules=[Extension("cdi.common._tlsfront", ["cdi/common/_tlsfront.c"], libraries=["ssl", "crypto"],
+                             optional=True)],
       cmdclass={"build_ext": BuildWithServer})

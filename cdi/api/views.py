@@ -136,6 +136,72 @@ class DataVolumeView(ObjectView):
         return str(self.status.get("phase") or "")
 
 
+
+class ClaimView(ObjectView):
+    """A PersistentVolumeClaim: what the worker-pod reconcilers read of it."""
+
+    __slots__ = ()
+
+    @property
+    def spec(self) -> Body:
+        return self.raw.get("spec") or {}
+
+    @property
+    def phase(self) -> str:
+        return str(dig(self.raw, "status", "phase") or "")
+
+    @property
+    def bound(self) -> bool:
+        return self.phase == "Bound"
+
+    @property
+    def storage_class(self) -> str:
+        return str(self.spec.get("storageClassName") or "")
+
+    @property
+    def block(self) -> bool:
+        return self.spec.get("volumeMode") == "Block"
+
+    @property
+    def requested_storage(self) -> str:
+        """`spec.resources.requests.storage` as written ("" when unset)."""
+        return str(dig(self.spec, "resources", "requests", "storage") or "")
+
+
+class PodView(ObjectView):
+    """A pod: phase, container states and the claims it mounts."""
+
+    __slots__ = ()
+
+    @property
+    def phase(self) -> str:
+        return str(dig(self.raw, "status", "phase") or "")
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def container_statuses(self) -> list[Body]:
+        return list(dig(self.raw, "status", "containerStatuses") or [])
+
+    @property
+    def conditions(self) -> list[Body]:
+        return list(dig(self.raw, "status", "conditions") or [])
+
+    @property
+    def volumes(self) -> list[Body]:
+        return list(dig(self.raw, "spec", "volumes") or [])
+
+    @property
+    def claim_names(self) -> list[str]:
+        """The claims its volumes mount."""
+        return [str(name) for v in self.volumes if (name := dig(v, "persistentVolumeClaim", "claimName"))]
+
+    def owned_by_claim(self, name: str) -> bool:
+        return any(r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name
+                   for r in self.owner_references)
+
 def condition(body: Body, type_: str) -> Body | None:
     for cond in dig(body, "status", "conditions") or []:
         if isinstance(cond, Mapping) and cond.get("type") == type_:

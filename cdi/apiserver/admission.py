@@ -81,8 +81,6 @@ class Admission:
         causes = validate_datavolume(dv, old)
         if not causes and request.get("operation") == "CREATE":
             causes = await self._claim_conflict(dv, request.get("namespace", ""))
-        if not causes and request.get("operation") == "CREATE":
-            causes = await self._clone_authorization(dv, request.get("namespace", ""), request.get("userInfo") or {})
         return review_response(review, causes)
 
     async def validate_dataimportcron(self, http: web.Request) -> web.Response:
@@ -97,60 +95,6 @@ class Admission:
             others = await self.client.list_all(groups.DATAIMPORTCRONS, request.get("namespace") or None)
             causes = already_managed(cron, list(others.items))
         return review_response(review, causes)
-
-    async def _clone_source(self, dv: Mapping[str, Any], namespace: str) -> tuple[str, str, str] | None:
-        """(kind, namespace, name) of what a clone DataVolume reads, its DataSource followed."""
-        for kind in ("pvc", "snapshot"):
-            source = dig(dv, "spec", "source", kind)
-            if source is not None:
-                return kind, str(source.get("namespace") or namespace), str(source.get("name") or "")
-        ref = dig(dv, "spec", "sourceRef")
-        if ref is None or ref.get("kind") != "DataSource":
-            return None
-        ds_namespace = str(ref.get("namespace") or namespace)
-        try:
-            data_source = await self.client.get(groups.DATASOURCES, str(ref.get("name")), ds_namespace)
-        except NotFound:
-            return None
-        source_spec = dig(data_source, "spec", "source") or {}
-        if source_spec.get("dataSource") is not None:
-            source_spec = dig(data_source, "status", "source") or {}
-        for kind in ("pvc", "snapshot"):
-            source = source_spec.get(kind)
-            if source is not None:
-                return kind, str(source.get("namespace") or ds_namespace), str(source.get("name") or "")
-        return None
-
-    async def _clone_authorization(self, dv: Mapping[str, Any], namespace: str,
-                                   user: Mapping[str, Any]) -> list[Cause]:
-        """CDI's check of a cross-namespace clone: SubjectAccessReviews that the requesting user may
-        `create` `datavolumes/source` in the source namespace, or (a PVC source) `pods` there; (a
-        snapshot source) both `pods` and `pvcs` instead of the first."""
-        found = await self._clone_source(dv, namespace)
-        if found is None or found[1] == namespace:
-            return []
-        kind, source_ns, name = found
-        explicit = {"namespace": source_ns, "verb": "create", "group": groups.CDI_GROUP, "resource": "datavolumes",
-                    "subresource": "source", "name": name}
-        pods = {"namespace": source_ns, "verb": "create", "resource": "pods", "name": name}
-        pvcs = {"namespace": source_ns, "verb": "create", "resource": "pvcs", "name": name}
-        spec = {"user": user.get("username", ""), "groups": list(user.get("groups") or []),
-                "uid": user.get("uid", ""), "extra": dict(user.get("extra") or {})}
-
-        async def allowed(attributes: Obj) -> bool:
-            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-                      "spec": {**spec, "resourceAttributes": attributes}}
-            answer = await self.client.create(groups.SUBJECTACCESSREVIEWS, review)
-            return bool(dig(answer, "status", "allowed"))
-
-        if await allowed(explicit):
-            return []
-        if kind == "pvc" and await allowed(pods):
-            return []
-        if kind == "snapshot" and await allowed(pods) and await allowed(pvcs):
-            return []
-        return [Cause("spec.source.PVC.namespace", f"User {spec['user']} has insufficient permissions in clone "
-                                                   f"source namespace {source_ns}", "FieldValueInvalid")]
 
     async def _claim_conflict(self, dv: Mapping[str, Any], namespace: str) -> list[Cause]:
         """A PVC of the DataVolume's name that is not a DataVolume's would be taken over silently."""

@@ -1,6 +1,6 @@
 """The PVC mutating webhook (CDI's `/pvc-mutate`): a bare PVC labelled
 `cdi.kubevirt.io/applyStorageProfile: "true"` is completed from its StorageProfile exactly as a
-DataVolume's claim is (`cdi.controller.rendering`): storage class, access modes, volume mode
+DataVolume's claim is (`cdi.api.rendering`): storage class, access modes, volume mode
 (`FromStorageProfile` asks for the profile's), and the size with the filesystem overhead.
 
 The API server calls it only for labelled claims (the configuration's objectSelector), and only
@@ -21,8 +21,8 @@ from aiohttp import web
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.rendering import ClusterStorage, RenderError, render_pvc_spec
 from cdi.api.views import dig
-from cdi.controller.rendering import ClusterStorage, RenderError, render_pvc_spec
 from cdi.kube import KubeClient, NotFound
 
 log = logging.getLogger(__name__)

@@ -20,13 +20,13 @@ from aiohttp import web
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.apiserver import pvcmutate
+from cdi.api.rendering import webhook_rendering_enabled
+from cdi.apiserver import dvmutate, pvcmutate
 from cdi.apiserver.admission import Admission
 from cdi.apiserver.frontproxy import RequestHeaderConfig
 from cdi.apiserver.signingkey import ensure_signing_key
 from cdi.apiserver.uploadtokens import UploadTokenApi
 from cdi.common import pki
-from cdi.controller.rendering import webhook_rendering_enabled
 from cdi.kube import AlreadyExists, ApiError, Backoff, Informer, KubeClient, NotFound
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class CdiApiServer:
         self._signing_key: bytes | None = None
         self.request_headers = RequestHeaderConfig()
         self.tokens = UploadTokenApi(client, self.signing_key, self._request_header_config)
+        self.dv_mutation = dvmutate.DataVolumeMutation(client, self.signing_key)
 
     def signing_key(self) -> bytes:
         assert self._signing_key is not None, "start() loads the signing key"
@@ -62,6 +63,7 @@ class CdiApiServer:
         app = web.Application()
         app.add_routes(self.admission.routes())
         app.add_routes(self.pvc_mutation.routes())
+        app.add_routes(self.dv_mutation.routes())
         app.add_routes(self.tokens.routes())
         app.router.add_get("/healthz", _healthz)
         return app
@@ -74,6 +76,9 @@ class CdiApiServer:
         else:
             self.ca = pki.make_ca("cdi-apiserver-ca")
             self.ca.write(ca_crt, ca_key)
+        leaf_crt, leaf_key = self.dir / "tls.crt", self.dir / "tls.key"
+        if leaf_crt.exists() and leaf_key.exists():  # cdi-operator's `cdi-apiserver-server-cert` (certConfig)
+            return pki.KeyPair.read(leaf_crt, leaf_key)
         return pki.issue(self.ca, f"{SERVICE_NAME}.{self.namespace}.svc", hosts)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -129,6 +134,8 @@ class CdiApiServer:
                 self.namespace)
         bundle = base64.b64encode(self.ca.cert_pem).decode()
         await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
+        await self._apply(groups.MUTATING_WEBHOOKS, dvmutate.mutating_configuration(self.namespace, SERVICE_NAME,
+                                                                                  bundle))
         await self._apply(groups.VALIDATING_WEBHOOKS, cdi_validating_configuration(self.namespace, bundle))
         await self._apply(groups.VALIDATING_WEBHOOKS, dataimportcron_validating_configuration(self.namespace, bundle))
         await self._apply(groups.APISERVICES, upload_apiservice(self.namespace, bundle))

@@ -12,12 +12,13 @@ from typing import Any
 import yaml
 
 from cdi.api import groups
+from cdi.api.rendering import ClusterStorage, RenderError
 from cdi.api.views import dig
 from cdi.common import aioloop
 from cdi.controller.clone import planner
-from cdi.controller.clones import SourceMissing, plan_datavolume
+from cdi.controller.clone import size as clonesize
 from cdi.controller.datasource import ChainError
-from cdi.controller.rendering import ClusterStorage, RenderError
+from cdi.controller.datavolume.clones import SourceMissing, plan_datavolume
 from cdi.kube import ApiError, KubeClient, NotFound
 
 Obj = dict[str, Any]
@@ -100,6 +101,9 @@ async def explain(client: KubeClient, dv: Obj) -> tuple[int, str]:
         return 1, f"no clone can be planned yet: {exc}"
     except planner.CloneValidationError as exc:
         return 1, f"{planner.MESSAGE_CLONE_VALIDATION_FAILED}: {exc}"
+    except clonesize.NeedsVirtualSize as exc:
+        return 0, f"size: not known yet: a size-detection pod will measure {exc} when the clone starts (the " \
+                  "strategy depends on it)"
     source, plan = decided.source, decided.plan
     name = f"{dig(dv, 'metadata', 'namespace')}/{dig(dv, 'metadata', 'name')}"
     lines = [f"Cloning from {source.namespace}/{source.name} into {name} scheduled: {plan.why}",

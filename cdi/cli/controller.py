@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from aiohttp import web
@@ -18,6 +19,11 @@ from cdi.kube import KubeClient
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--importer-image", default="cdi-importer", help="image of importer pods")
     parser.add_argument("--uploadserver-image", default="cdi-uploadserver", help="image of upload-server pods")
+    parser.add_argument("--cloner-image", default="cdi-cloner", help="image of clone source pods")
+    parser.add_argument("--pull-policy", default=os.environ.get("PULL_POLICY") or "IfNotPresent",
+                        choices=("Always", "IfNotPresent", "Never"),
+                        help="imagePullPolicy of worker pods (default $PULL_POLICY, as CDI's controller reads it; "
+                             "cdi-operator passes the CDI resource's spec.imagePullPolicy)")
     parser.add_argument("--import-retries", type=int, default=5,
                         help="retry budget for transient import failures (per import)")
     parser.add_argument("--retry-backoff", type=float, default=2.0,
@@ -30,6 +36,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     return Settings(importer_image=args.importer_image, uploadserver_image=args.uploadserver_image,
+                    cloner_image=args.cloner_image, pull_policy=args.pull_policy,
                     retry_budget=args.import_retries, retry_base=args.retry_backoff,
                     import_retry_budget=args.import_retry_budget, **extra)
 

@@ -11,6 +11,13 @@ import signal
 def add_cluster_arguments(parser: argparse.ArgumentParser, namespace_help: str = "namespace CDI runs in") -> None:
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, then in-cluster)")
     parser.add_argument("--namespace", default="cdi", help=namespace_help)
+    add_verbosity_argument(parser)
+
+
+def add_verbosity_argument(parser: argparse.ArgumentParser) -> None:
+    """`--v N`: CDI's klog verbosity, as the CDI resource's `customizeComponents.flags` pass it."""
+    parser.add_argument("--v", type=int, default=None, metavar="N", dest="klog_v",
+                        help="log verbosity as CDI's components take it (0-1 info, 2+ debug)")
 
 
 def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cdi.cli.service import parse_listen, stop_on_signals
+from cdi.cli.service import add_verbosity_argument, parse_listen, stop_on_signals
 from cdi.common import aioloop
 from cdi.kube import KubeClient
 from cdi.uploadproxy import serving
@@ -33,6 +33,7 @@ def register(commands: Any) -> None:
                         help="where the self-managed CA lives when no certificate is given")
     parser.add_argument("--host", action="append", default=[],
                         help="extra host name for the self-managed certificate (repeatable)")
+    add_verbosity_argument(parser)
     parser.set_defaults(run=run)
 
 

@@ -82,7 +82,7 @@ def _sans(hosts: list[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(names)
 
 
-def make_ca(common_name: str, days: int = 3650) -> KeyPair:
+def make_ca(common_name: str, days: float = 3650) -> KeyPair:
     key = _key()
     now = _now()
     cert = (
@@ -102,7 +102,7 @@ def make_ca(common_name: str, days: int = 3650) -> KeyPair:
 
 
 def issue(ca: KeyPair | None, common_name: str, hosts: list[str] | None = None, *, server: bool = True,
-          client: bool = False, days: int = 365) -> KeyPair:
+          client: bool = False, days: float = 365) -> KeyPair:
     """A leaf certificate signed by `ca`, or self-signed when `ca` is None."""
     key = _key()
     now = _now()

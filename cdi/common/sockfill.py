@@ -1,39 +1,19 @@
 """Filling a buffer from a blocking socket: how the upload server and the upload proxy read upload bodies.
 
 `Filler.fill` reads until the buffer is full, or until the sender paused, or until the connection ended,
-and hands over what arrived. On a TLS socket it does so in one call into `_tlsread` (C, the GIL
-released for the whole buffer) instead of one `recv_into` per 16 KiB TLS record: in the upload server's
-receiving thread, the busiest of an upload, that is 15-20 % less CPU (`bench/RESULTS.md`). Where the
-extension was not built, or the socket is not TLS, the same semantics come from a `recv_into` loop."""
+and hands over what arrived. On a native TLS connection (`cdi.common.tlsfront`) it does so in one call
+(C, the GIL released for the whole buffer) instead of one `recv_into` per 16 KiB TLS record: in the
+upload server's receiving thread, the busiest of an upload, that is what keeps it from waiting for the
+GIL between records (`bench/RESULTS.md`). On an `ssl.SSLSocket` or a plain socket the same semantics
+come from a `recv_into` loop."""
 
 from __future__ import annotations
 
 import os
 import socket
 import ssl
-from types import ModuleType
 
-# why _tlsread.fill stopped (its enum)
-_FULL, _PAUSED, _TIMEOUT, _CLOSED, _OS_ERROR, _TLS_ERROR = range(6)
-
-
-def _bind() -> tuple[ModuleType | None, str]:
-    try:
-        import _ssl
-
-        from cdi.common import _tlsread
-        _tlsread.bind(_ssl.__file__)  # no file (built into the interpreter): AttributeError
-    except (ImportError, AttributeError, OSError) as exc:
-        return None, f"a TLS record per call ({exc})"
-    return _tlsread, "a MiB per call"
-
-
-_tlsread, HOW = _bind()  # HOW: how TLS bodies are read, for the log of the programs that read them
-
-
-def accelerated() -> bool:
-    """Whether TLS sockets are read by the C loop (the extension was built and found libssl)."""
-    return _tlsread is not None
+from cdi.common import tlsfront
 
 
 class Filler:
@@ -41,12 +21,11 @@ class Filler:
     bytes is reported by the next call, after those bytes were handed over: every byte that arrived is
     good, which is what a resumed upload relies on."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket | tlsfront.TLSConnection) -> None:
         self.sock = sock
         self._end: BaseException | None = None
         self._closed = False
-        self._sslobj = getattr(sock, "_sslobj", None) if _tlsread is not None and isinstance(sock, ssl.SSLSocket) \
-            else None
+        self.native = isinstance(sock, tlsfront.TLSConnection)
 
     def fill(self, buffer: bytearray | memoryview, first: float, pause: float) -> int:
         """Read into `buffer`; the number of bytes read: all of it, or fewer when nothing more came for
@@ -59,22 +38,22 @@ class Filler:
             raise self._end
         if self._closed:
             return 0
-        self.sock.settimeout(first)  # non-blocking descriptor underneath: the C loop polls it itself
-        if self._sslobj is not None:
-            return self._fill_tls(buffer, first, pause)
+        if isinstance(self.sock, tlsfront.TLSConnection):
+            return self._fill_native(self.sock, buffer, first, pause)
+        self.sock.settimeout(first)
         return self._fill(memoryview(buffer), first, pause)
 
-    def _fill_tls(self, buffer: bytearray | memoryview, first: float, pause: float) -> int:
-        assert _tlsread is not None
-        got, why, detail = _tlsread.fill(self._sslobj, self.sock.fileno(), buffer, _ms(first), _ms(pause))
-        if why in (_FULL, _PAUSED):
+    def _fill_native(self, sock: tlsfront.TLSConnection, buffer: bytearray | memoryview, first: float,
+                     pause: float) -> int:
+        got, why, detail = sock.fill(buffer, first, pause)
+        if why in (tlsfront.FULL, tlsfront.PAUSED):
             return int(got)
-        if why == _TIMEOUT:
+        if why == tlsfront.TIMEOUT:
             raise TimeoutError("timed out")
         end: BaseException | None = None
-        if why == _OS_ERROR:
+        if why == tlsfront.OS_ERROR:
             end = OSError(detail, os.strerror(detail))
-        elif why == _TLS_ERROR:
+        elif why == tlsfront.TLS_ERROR:
             end = ssl.SSLError(detail)
         return self._ended(int(got), end)
 
@@ -103,6 +82,3 @@ class Filler:
         self._end, self._closed = error, True
         return got
 
-
-def _ms(seconds: float) -> int:
-    return max(0, round(seconds * 1000))

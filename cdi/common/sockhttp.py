@@ -11,12 +11,14 @@ import logging
 import os
 import select
 import socket
-import ssl
 import time
 from email.utils import formatdate
 from typing import cast
 
 import h11
+
+from cdi.common import tlsfront
+from cdi.common.tlsfront import Conn
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _SPLICE_NONBLOCK = getattr(os, "SPLICE_F_NONBLOCK", 2)
 
 
-def read_event(sock: socket.socket, conn: h11.Connection, received: bytearray | None = None) -> h11.Event | None:
+def read_event(sock: Conn, conn: h11.Connection, received: bytearray | None = None) -> h11.Event | None:
     """The next h11 event (a request or response head, typically), reading as needed; None when the peer
     closed first. A TLS socket is read one record at a time, so nothing after the head is consumed from
     the socket unless it came in the same record (what an upgrade relies on)."""
@@ -58,7 +60,7 @@ def asks_upgrade(request: h11.Request, protocol: str) -> bool:
     return "upgrade" in connection and protocol.lower() in offered
 
 
-def switch(sock: socket.socket, conn: h11.Connection, headers: list[tuple[bytes, bytes]]) -> socket.socket:
+def switch(sock: Conn, conn: h11.Connection, headers: list[tuple[bytes, bytes]]) -> socket.socket:
     """Answer `101 Switching Protocols` and end the TLS session (close_notify both ways), keeping the TCP
     connection: the plain socket, from the byte after the peer's close_notify."""
     sock.settimeout(HEAD_TIMEOUT)
@@ -66,13 +68,9 @@ def switch(sock: socket.socket, conn: h11.Connection, headers: list[tuple[bytes,
     return unwrap(sock)
 
 
-def unwrap(sock: socket.socket) -> socket.socket:
-    """The TCP socket under a TLS socket, once both sides said close_notify (CPython turns OpenSSL's
-    read-ahead off for this, so no byte beyond the peer's close_notify is consumed)."""
-    if not isinstance(sock, ssl.SSLSocket):
-        return sock
-    plain = sock.unwrap()
-    return socket.socket(fileno=plain.detach())
+def unwrap(sock: Conn) -> socket.socket:
+    """The TCP socket under a TLS socket, once both sides said close_notify (`tlsfront.plain`)."""
+    return tlsfront.plain(sock)
 
 
 def pass_through(client: socket.socket, upstream: socket.socket) -> None:
@@ -135,7 +133,7 @@ def send(conn: h11.Connection, event: h11.Event) -> bytes:
     return cast(bytes, conn.send(event) or b"")
 
 
-def text_answer(sock: socket.socket, conn: h11.Connection, status: int, text: str,
+def text_answer(sock: Conn, conn: h11.Connection, status: int, text: str,
                 headers: list[tuple[bytes, bytes]] | None = None, *, server: bytes = b"cdi") -> None:
     """A plain-text answer, as aiohttp's `web.Response(text=...)`, on a connection that closes after it."""
     body = text.encode()
@@ -150,7 +148,7 @@ def text_answer(sock: socket.socket, conn: h11.Connection, status: int, text: st
         log.debug("the client went away before its answer: %s", exc)
 
 
-def linger(sock: socket.socket, seconds: float = LINGER_SECONDS) -> None:
+def linger(sock: Conn, seconds: float = LINGER_SECONDS) -> None:
     """Read (and drop) what the client still sends, briefly, so that it sees the answer before the
     connection closes (closing with unread data would reset it), as aiohttp and Go's server do."""
     deadline = time.monotonic() + seconds

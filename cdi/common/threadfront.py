@@ -29,13 +29,13 @@ import contextlib
 import logging
 import select
 import socket
-import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import h11
 
+from cdi.common import tlsfront
 from cdi.common.sockhttp import HEAD_TIMEOUT, MAX_HEAD, read_event
 
 log = logging.getLogger(__name__)
@@ -44,21 +44,22 @@ MAX_CONNECTIONS = 256  # a thread each: beyond this, new connections are closed 
 RCVBUF = 4 << 20  # fewer wake-ups per byte received (measured: -15 % CPU in the receiving threads)
 CLOSE_SECONDS = 5.0  # for the last answers of handed-over connections to go out when stopping
 PeerCert = dict[str, Any] | None
-Serve = Callable[[socket.socket, h11.Connection, h11.Request], bool]
+Conn = tlsfront.Conn
+Serve = Callable[[Conn, h11.Connection, h11.Request], bool]
 Adopt = Callable[[socket.socket, PeerCert], Awaitable[None]]
 
 
 class ThreadFront:
-    def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext | None, serve: Serve, adopt: Adopt,
+    def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS | None, serve: Serve, adopt: Adopt,
                  *, name: str = "front") -> None:
         self.loop = loop
-        self.context = context
+        self.acceptor = tls.acceptor() if tls is not None else None
         self.serve = serve
         self.adopt = adopt
         self.name = name
         self._listener: socket.socket | None = None
-        self._open: set[socket.socket] = set()
-        self._handed_over: dict[socket.socket, socket.socket] = {}  # client connection -> our end of the pair
+        self._open: set[Conn] = set()
+        self._handed_over: dict[Conn, socket.socket] = {}  # client connection -> our end of the pair
         self._lock = threading.Lock()
         self._threads = 0
         self._stopping = False
@@ -86,8 +87,10 @@ class ThreadFront:
                 with contextlib.suppress(OSError):  # the TCP socket under a TLS one too, its thread sees the end
                     if inner is not None:
                         inner.shutdown(socket.SHUT_WR)
-                    else:
+                    elif isinstance(sock, socket.socket):
                         socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                    else:
+                        sock.shutdown(socket.SHUT_RDWR)
 
     async def closed(self, timeout: float = CLOSE_SECONDS) -> None:
         """After the asyncio server closed its connections: wait (up to `timeout`) until the threads passed
@@ -128,17 +131,17 @@ class ThreadFront:
             threading.Thread(target=self._connection, args=(sock,), name=f"{self.name}-conn", daemon=True).start()
 
     def _connection(self, raw: socket.socket) -> None:
-        sock = raw
+        sock: Conn = raw
         with self._lock:
             self._open.add(raw)
         try:
             raw.settimeout(HEAD_TIMEOUT)
             try:
-                sock = self.context.wrap_socket(raw, server_side=True) if self.context is not None else raw
+                sock = self.acceptor.accept(raw, HEAD_TIMEOUT) if self.acceptor is not None else raw
             except (OSError, ValueError) as exc:
                 log.debug("TLS handshake with a client failed: %s", exc)
                 return
-            with self._lock:  # wrap_socket detached `raw`: `stop` must reach the descriptor through `sock`
+            with self._lock:  # wrap_socket detached `raw` (the `ssl` path): `stop` reaches it through `sock`
                 self._open.discard(raw)
                 self._open.add(sock)
             with sock:
@@ -159,7 +162,7 @@ class ThreadFront:
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                     self.loop.call_soon_threadsafe(self._ended.set)
 
-    def _request(self, sock: socket.socket) -> None:
+    def _request(self, sock: Conn) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         received = bytearray()
         try:
@@ -170,9 +173,9 @@ class ThreadFront:
         if isinstance(event, h11.Request) and not self.serve(sock, conn, event):
             self._delegate(sock, bytes(received))
 
-    def _delegate(self, sock: socket.socket, received: bytes) -> None:
+    def _delegate(self, sock: Conn, received: bytes) -> None:
         """The connection, from its first byte, to the asyncio server (over a socket pair)."""
-        peer = sock.getpeercert() if isinstance(sock, ssl.SSLSocket) else None
+        peer = tlsfront.peer_cert(sock)
         ours, theirs = socket.socketpair()
         with ours:
             try:
@@ -192,14 +195,14 @@ class ThreadFront:
                     self._handed_over.pop(sock, None)
 
 
-def splice(client: socket.socket, inner: socket.socket) -> None:
+def splice(client: Conn, inner: socket.socket) -> None:
     """Bytes both ways between the client and the asyncio server until the latter closes."""
     client.settimeout(HEAD_TIMEOUT)
     inner.settimeout(HEAD_TIMEOUT)
     reading_client = True
     while True:
-        readers: list[socket.socket]
-        if reading_client and isinstance(client, ssl.SSLSocket) and client.pending():
+        readers: list[Conn]
+        if reading_client and tlsfront.is_tls(client) and client.pending():  # type: ignore[union-attr]
             readers = [client]
         else:
             readers = select.select([client, inner] if reading_client else [inner], [], [])[0]

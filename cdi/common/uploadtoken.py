@@ -34,6 +34,11 @@ ALGORITHM = "PS256"
 OPERATION_UPLOAD = "Upload"
 OPERATION_CLONE = "Clone"
 PVC_RESOURCE = {"group": "", "version": "v1", "resource": "persistentvolumeclaims"}
+SNAPSHOT_RESOURCE = {"group": "snapshot.storage.k8s.io", "version": "v1", "resource": "volumesnapshots"}
+# clone tokens: cdi-apiserver's DataVolume mutating webhook issues short ones (ISSUER, 5 minutes), which
+# the controller trades for a long one of its own issuer, bound to the DataVolume's uid (CDI's pkg/token)
+EXTENDED_ISSUER = "cdi-deployment"
+EXTENDED_LIFETIME_SECONDS = 10 * 365 * 24 * 3600
 
 
 class TokenError(Exception):
@@ -73,39 +78,42 @@ def public_key_pem(private_pem: bytes) -> bytes:
 
 def issue(private_pem: bytes, namespace: str, name: str, *, operation: str = OPERATION_UPLOAD,
           now: float | None = None, lifetime: float = LIFETIME_SECONDS,
-          params: dict[str, str] | None = None) -> str:
-    """A signed token allowing `operation` on PVC namespace/name for `lifetime` seconds from `now`."""
+          params: dict[str, str] | None = None, resource: dict[str, str] | None = None,
+          issuer: str = ISSUER) -> str:
+    """A signed token allowing `operation` on PVC (or `resource`) namespace/name for `lifetime` seconds
+    from `now`."""
     issued = int(time.time() if now is None else now)
     claims: dict[str, Any] = {
-        "operation": operation, "name": name, "namespace": namespace, "resource": dict(PVC_RESOURCE),
-        "iss": ISSUER, "iat": issued, "nbf": issued, "exp": issued + int(lifetime),
+        "operation": operation, "name": name, "namespace": namespace, "resource": dict(resource or PVC_RESOURCE),
+        "iss": issuer, "iat": issued, "nbf": issued, "exp": issued + int(lifetime),
     }
     if params:
         claims["params"] = dict(params)
     return jwt.encode(claims, private_pem, algorithm=ALGORITHM)
 
 
-def verify(token: str, public_pem: bytes, *, leeway: float = LEEWAY_SECONDS) -> TokenPayload:
-    """The token's payload if it is signed by the key, from our issuer and valid now (with leeway)."""
+def verify(token: str, public_pem: bytes, *, leeway: float = LEEWAY_SECONDS, issuer: str = ISSUER,
+           what: str = "upload token") -> TokenPayload:
+    """The token's payload if it is signed by the key, from `issuer` and valid now (with leeway)."""
     try:
-        claims = jwt.decode(token, public_pem, algorithms=[ALGORITHM], issuer=ISSUER, leeway=leeway,
+        claims = jwt.decode(token, public_pem, algorithms=[ALGORITHM], issuer=issuer, leeway=leeway,
                             options={"require": ["exp", "iss"]})
     except jwt.ExpiredSignatureError:
         expired = _unverified(token).get("exp")
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expired)) if isinstance(expired, int) else "?"
-        raise TokenError(f"the upload token expired at {when}; request a new one "
+        raise TokenError(f"the {what} expired at {when}; request a new one "
                          "(tokens are valid for 5 minutes, checked when an upload starts)") from None
     except jwt.ImmatureSignatureError:
-        raise TokenError("the upload token is not valid yet (check the clocks)") from None
+        raise TokenError(f"the {what} is not valid yet (check the clocks)") from None
     except jwt.InvalidSignatureError:
-        raise TokenError("the upload token's signature is invalid: it was not issued by this cluster's "
+        raise TokenError(f"the {what}'s signature is invalid: it was not issued by this cluster's "
                          "cdi-apiserver") from None
     except jwt.InvalidIssuerError:
-        raise TokenError(f"the upload token was not issued by {ISSUER}") from None
+        raise TokenError(f"the {what} was not issued by {issuer}") from None
     except jwt.MissingRequiredClaimError as exc:
-        raise TokenError(f"the upload token lacks the {exc.claim!r} claim") from None
+        raise TokenError(f"the {what} lacks the {exc.claim!r} claim") from None
     except jwt.InvalidTokenError as exc:
-        raise TokenError(f"the upload token is malformed: {exc}") from None
+        raise TokenError(f"the {what} is malformed: {exc}") from None
     resource = claims.get("resource") or {}
     params = claims.get("params") or {}
     return TokenPayload(

@@ -9,9 +9,9 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups, naming
 from cdi.api.quantity import parse_bytes
+from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space, round_up, usable_space
 from cdi.api.views import dig
-from cdi.controller.rendering import ClusterStorage
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 

@@ -31,12 +31,12 @@ from croniter import croniter
 
 from cdi.api import annotations as ann
 from cdi.api import env, groups, naming
+from cdi.api.importrequest import ImportRequest
 from cdi.api.views import dig
 from cdi.controller import conditions
 from cdi.controller.claims import config_status
-from cdi.controller.datavolume import import_annotations
-from cdi.controller.importpod import DATA_VOLUME, ImportSource, WorkerSettings, importer_pod
-from cdi.controller.imports import termination
+from cdi.controller.datavolume.importpod import DATA_VOLUME, WorkerSettings, importer_pod
+from cdi.controller.datavolume.imports import termination
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
@@ -209,15 +209,16 @@ class DataImportCronReconciler(Reconciler):
     async def _start_poller(self, cron: Obj) -> None:
         namespace = str(dig(cron, "metadata", "namespace"))
         template = dig(cron, "spec", "template") or {}
+        request = ImportRequest.from_datavolume(template)
         pseudo = {"metadata": {"name": dig(cron, "metadata", "name"), "namespace": namespace,
-                               "uid": dig(cron, "metadata", "uid"), "annotations": import_annotations(template)},
+                               "uid": dig(cron, "metadata", "uid"), "annotations": request.to_annotations()},
                   "spec": {}}
         config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
         settings = WorkerSettings(
             importer_image=self.ctx.settings.importer_image, import_proxy=config_status(self.ctx).get("importProxy"),
             insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()), pod=pod_settings(self.ctx),
             retry_budget=POLL_RETRY_BUDGET)
-        pod = importer_pod(pseudo, ImportSource.from_pvc(pseudo), settings)
+        pod = importer_pod(pseudo, request, settings)
         pod["metadata"]["name"] = poller_name(cron)
         pod["metadata"]["ownerReferences"] = [{
             "apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": dig(cron, "metadata", "name"),

@@ -153,9 +153,10 @@ class DataSourceReconciler(Reconciler):
         if ready is not None and ready.get("status") == "False":
             status["source"] = {}
         status["conditions"] = found
-        await self._copy_labels(data_source, labels)
-        if status != (data_source.get("status") or {}):
-            await write_status(self.ctx.client, groups.DATASOURCES, data_source, status)
+        # the status is written on top of the labels' patch (its resourceVersion), not over it with a 409
+        current = await self._copy_labels(data_source, labels)
+        if status != (current.get("status") or {}):
+            await write_status(self.ctx.client, groups.DATASOURCES, current, status)
         return None
 
     def _pvc_ready(self, source: CloneSource, found: list[Obj], labels: dict[str, str]) -> None:
@@ -182,14 +183,17 @@ class DataSourceReconciler(Reconciler):
         else:
             conditions.update(found, "Ready", "False", "Snapshot phase is not ready", SNAPSHOT_NOT_READY)
 
-    async def _copy_labels(self, data_source: Body, labels: Mapping[str, str]) -> None:
-        """CDI copies kubevirt.io labels (instancetype, preference) from the source onto the DataSource."""
+    async def _copy_labels(self, data_source: Body, labels: Mapping[str, str]) -> Body:
+        """CDI copies kubevirt.io labels (instancetype, preference) from the source onto the DataSource;
+        returns the DataSource as it now is."""
         current: Mapping[str, str] = dig(data_source, "metadata", "labels") or {}
         missing = {k: v for k, v in labels.items() if current.get(k) != v}
-        if missing:
-            await self.ctx.client.patch(groups.DATASOURCES, str(dig(data_source, "metadata", "name")),
-                                        {"metadata": {"labels": missing}},
-                                        str(dig(data_source, "metadata", "namespace")))
+        if not missing:
+            return data_source
+        patched: Obj = await self.ctx.client.patch(groups.DATASOURCES, str(dig(data_source, "metadata", "name")),
+                                                   {"metadata": {"labels": missing}},
+                                                   str(dig(data_source, "metadata", "namespace")))
+        return patched
 
 
 def _allowed_labels(labels: Mapping[str, str]) -> dict[str, str]:

@@ -16,15 +16,15 @@ from cdi.api import groups
 from cdi.api.views import dig
 from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
-from cdi.controller.clones import CloneReconciler
 from cdi.controller.dataimportcron import DataImportCronReconciler, cron_keys_of
 from cdi.controller.datasource import DataSourceReconciler
-from cdi.controller.datavolume import DataVolumeReconciler
-from cdi.controller.imports import ImportReconciler, is_import_claim
+from cdi.controller.datavolume.base import DataVolumeReconciler
+from cdi.controller.datavolume.clones import CloneReconciler
+from cdi.controller.datavolume.imports import ImportReconciler, is_import_claim
+from cdi.controller.datavolume.uploads import UploadReconciler, is_upload_claim
 from cdi.controller.metrics import ControllerMetrics
 from cdi.controller.runtime import Context, Reconciler, Settings, owner_keys
 from cdi.controller.storageprofile import StorageProfileReconciler
-from cdi.controller.uploads import UploadReconciler, is_upload_claim
 from cdi.kube import KubeClient, LeaderElectionConfig, LeaderElector, object_key
 
 log = logging.getLogger(__name__)

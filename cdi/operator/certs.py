@@ -1,13 +1,18 @@
 """The certificates CDI's operator keeps, created and rotated from the `CDI` resource's `certConfig`
-(CA and server leaf: `duration`, `renewBefore`, Go duration strings; CDI's defaults 48h/24h for CAs and
-24h/12h for leaves), with no manual step:
+(`ca`, `server` and `client`: `duration`, `renewBefore`, Go duration strings; CDI's defaults 48h/24h for
+CAs and 24h/12h for leaves), with no manual step:
 
 * `cdi-apiserver-signer` (Secret, the apiserver's CA, mounted where cdi-apiserver issues its own
   serving leaf from it) and its bundle ConfigMap `cdi-apiserver-signer-bundle` (the webhooks' and the
   APIService's `caBundle`);
+* the apiserver's serving leaf `cdi-apiserver-server-cert` (the `cdi-api` Service's names), mounted
+  where cdi-apiserver takes it instead of issuing its own;
 * `cdi-uploadproxy-signer`, the proxy's serving leaf `cdi-uploadproxy-server-cert` (for the Service's
   names and cluster IP), and `cdi-uploadproxy-signer-bundle` / `cdi-uploadproxy-ca` (where
-  `cdi image-upload` looks for the CA).
+  `cdi image-upload` looks for the CA);
+* between the proxy and upload servers: `cdi-uploadserver-signer` (+ `-bundle`, what the proxy trusts;
+  the controller issues each upload server's leaf from it), `cdi-uploadserver-client-signer` and the
+  proxy's client certificate `cdi-uploadserver-client-cert` (the `client` lifetime).
 
 A renewed CA is published in the bundle next to the old one until the old one expires, so clients
 that hold the bundle keep trusting the serving certificates issued before the renewal. Components
@@ -26,7 +31,7 @@ from typing import Any
 from cryptography import x509
 
 from cdi.api import groups
-from cdi.common import pki
+from cdi.common import certconfig, pki
 from cdi.kube import AlreadyExists, KubeClient, NotFound
 from cdi.operator.resources import LABEL, MANAGED_BY
 
@@ -35,19 +40,11 @@ APISERVER_SIGNER = "cdi-apiserver-signer"
 UPLOADPROXY_SIGNER = "cdi-uploadproxy-signer"
 UPLOADPROXY_SERVER = "cdi-uploadproxy-server-cert"
 UPLOADPROXY_CA_CONFIGMAP = "cdi-uploadproxy-ca"  # what `cdi image-upload` reads (cdi/uploadproxy/serving.py)
-DEFAULTS = {"ca": ("48h", "24h"), "server": ("24h", "12h")}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
-_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def parse_duration(text: str) -> datetime.timedelta:
-    """A Go duration (`48h`, `1h30m`, `90s`) as a timedelta."""
-    parts = _DURATION.findall(text or "")
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a duration: {text!r}")
-    return datetime.timedelta(seconds=sum(float(n) * _UNIT[u] for n, u in parts))
-
-
+APISERVER_SERVER = "cdi-apiserver-server-cert"
+UPLOADSERVER_SIGNER = "cdi-uploadserver-signer"
+UPLOADSERVER_CLIENT_SIGNER = "cdi-uploadserver-client-signer"
+UPLOADSERVER_CLIENT = "cdi-uploadserver-client-cert"
+UPLOADSERVER_CLIENT_NAME = "client.upload-server.cdi.kubevirt.io"
 @dataclass(frozen=True)
 class Lifetime:
     duration: datetime.timedelta
@@ -55,10 +52,7 @@ class Lifetime:
 
     @classmethod
     def of(cls, cert_config: Mapping[str, Any], which: str) -> Lifetime:
-        wanted = cert_config.get(which) or {}
-        duration, renew = DEFAULTS[which]
-        return cls(parse_duration(wanted.get("duration") or duration),
-                   parse_duration(wanted.get("renewBefore") or renew))
+        return cls(*certconfig.lifetime(cert_config, which))
 
 
 def _now() -> datetime.datetime:
@@ -150,17 +144,18 @@ class Certificates:
         pair = _pair(current)
         if pair is not None and not due(pair, lifetime):
             return pair, False
-        pair = pki.make_ca(f"{self.namespace}_{name}@{int(_now().timestamp())}", days=_days(lifetime.duration))  # type: ignore[arg-type]
+        pair = pki.make_ca(f"{self.namespace}_{name}@{int(_now().timestamp())}", days=_days(lifetime.duration))
         await self._write_secret(name, pair, current)
         return pair, True
 
     async def leaf(self, name: str, ca: pki.KeyPair, lifetime: Lifetime, common_name: str,
-                   hosts: list[str]) -> pki.KeyPair:
+                   hosts: list[str] | None, *, client: bool = False) -> pki.KeyPair:
         current = await self._secret(name)
         pair = _pair(current)
-        if pair is not None and not due(pair, lifetime, ca) and _hosts(pair) >= set(hosts):
+        if pair is not None and not due(pair, lifetime, ca) and _hosts(pair) >= set(hosts or ()):
             return pair
-        pair = pki.issue(ca, common_name, hosts, days=_days(lifetime.duration))  # type: ignore[arg-type]
+        pair = pki.issue(ca, common_name, hosts, days=_days(lifetime.duration),
+                         server=not client, client=client)
         await self._write_secret(name, pair, current)
         return pair
 
@@ -168,9 +163,13 @@ class Certificates:
         """Create or rotate every certificate; returns the apiserver's CA bundle (`bundle`) and, per
         component, a hash of what it mounts (`cdi-apiserver`, `cdi-uploadproxy`)."""
         ca_life, server_life = Lifetime.of(cert_config, "ca"), Lifetime.of(cert_config, "server")
+        client_life = Lifetime.of(cert_config, "client")
         api_ca, _ = await self.ca(APISERVER_SIGNER, ca_life)
         api_bundle = await self._write_configmap(f"{APISERVER_SIGNER}-bundle", "ca-bundle.crt",
                                                  lambda old: _bundle(api_ca, old))
+        api = f"cdi-api.{self.namespace}.svc"
+        api_leaf = await self.leaf(APISERVER_SERVER, api_ca, server_life, api,
+                                   ["cdi-api", f"cdi-api.{self.namespace}", api, f"{api}.cluster.local"])
         proxy_ca, _ = await self.ca(UPLOADPROXY_SIGNER, ca_life)
         proxy_bundle = await self._write_configmap(f"{UPLOADPROXY_SIGNER}-bundle", "ca-bundle.crt",
                                                    lambda old: _bundle(proxy_ca, old))
@@ -180,9 +179,17 @@ class Certificates:
         if uploadproxy_ip:
             hosts.append(uploadproxy_ip)
         proxy_leaf = await self.leaf(UPLOADPROXY_SERVER, proxy_ca, server_life, service, hosts)
+        upload_ca, _ = await self.ca(UPLOADSERVER_SIGNER, ca_life)
+        upload_bundle = await self._write_configmap(f"{UPLOADSERVER_SIGNER}-bundle", "ca-bundle.crt",
+                                                    lambda old: _bundle(upload_ca, old))
+        client_ca, _ = await self.ca(UPLOADSERVER_CLIENT_SIGNER, ca_life)
+        client = await self.leaf(UPLOADSERVER_CLIENT, client_ca, client_life, UPLOADSERVER_CLIENT_NAME, None,
+                                 client=True)
+        upload = _hash(upload_ca.cert_pem + client_ca.cert_pem + client.cert_pem + upload_bundle.encode())
         return {"bundle": _b64(api_bundle.encode()),
-                "cdi-apiserver": _hash(api_ca.cert_pem),
-                "cdi-uploadproxy": _hash(proxy_leaf.cert_pem)}
+                "cdi-apiserver": _hash(api_ca.cert_pem + api_leaf.cert_pem),
+                "cdi-uploadproxy": _hash(proxy_leaf.cert_pem) + upload,
+                "cdi-deployment": upload}
 
 
 def _hosts(pair: pki.KeyPair) -> set[str]:

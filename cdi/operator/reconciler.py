@@ -22,14 +22,19 @@ from typing import Any
 from cdi.api import groups
 from cdi.api.groups import GVR
 from cdi.kube import ApiError, Conflict, Forbidden, Informer, KubeClient, NotFound
-from cdi.operator import resources
+from cdi.operator import monitoring, resources
 from cdi.operator.certs import (
+    APISERVER_SERVER,
     APISERVER_SIGNER,
     UPLOADPROXY_CA_CONFIGMAP,
     UPLOADPROXY_SERVER,
     UPLOADPROXY_SIGNER,
+    UPLOADSERVER_CLIENT,
+    UPLOADSERVER_CLIENT_SIGNER,
+    UPLOADSERVER_SIGNER,
     Certificates,
 )
+from cdi.operator.customize import CustomizeError, customize
 from cdi.operator.resources import (
     CLUSTERROLEBINDINGS,
     CLUSTERROLES,
@@ -47,15 +52,17 @@ FIELD_MANAGER = "cdi-operator"
 KINDS: dict[str, GVR] = {gvr.kind: gvr for gvr in (
     groups.SERVICEACCOUNTS, groups.SERVICES, groups.SECRETS, groups.CONFIGMAPS, groups.APISERVICES,
     groups.VALIDATING_WEBHOOKS, groups.MUTATING_WEBHOOKS, DEPLOYMENTS, ROLES, ROLEBINDINGS, CLUSTERROLES,
-    CLUSTERROLEBINDINGS, PDBS)}
+    CLUSTERROLEBINDINGS, PDBS, monitoring.PROMETHEUSRULES, monitoring.SERVICEMONITORS)}
 # what the components create for themselves in CDI's namespace, removed with them on uninstall
 COMPONENT_CREATED = {
-    groups.SECRETS: ("cdi-api-signing-key", "cdi-uploadserver-signer", "cdi-uploadserver-client-signer",
-                     "cdi-uploadserver-client-cert", APISERVER_SIGNER, UPLOADPROXY_SIGNER, UPLOADPROXY_SERVER),
-    groups.CONFIGMAPS: ("cdi-api-public-key", "cdi-uploadserver-signer-bundle", f"{APISERVER_SIGNER}-bundle",
+    groups.SECRETS: ("cdi-api-signing-key", UPLOADSERVER_SIGNER, UPLOADSERVER_CLIENT_SIGNER, UPLOADSERVER_CLIENT,
+                     APISERVER_SIGNER, APISERVER_SERVER, UPLOADPROXY_SIGNER, UPLOADPROXY_SERVER),
+    groups.CONFIGMAPS: ("cdi-api-public-key", f"{UPLOADSERVER_SIGNER}-bundle", f"{APISERVER_SIGNER}-bundle",
                         f"{UPLOADPROXY_SIGNER}-bundle", UPLOADPROXY_CA_CONFIGMAP),
     groups.LEASES: ("cdi-controller-leader-election-helper",),
 }
+# the worker pods and Services the controller runs (CDI's operator removes them with the controller)
+WORKERS_SELECTOR = "cdi.kubevirt.io in (importer, cdi-upload-server, cdi-clone-source)"
 
 
 def _now() -> str:
@@ -100,13 +107,20 @@ class Operator:
         self.deployments = Informer(client, DEPLOYMENTS, namespace)
         for informer in (self.cdis, self.deployments):
             informer.add_handler(self._poke, self._poke, self._poke)
+        # the Prometheus operator's CRDs arriving (or going) changes what is installed: a pass then, not at resync
+        self.crds = Informer(client, groups.CRDS)
+        self.crds.add_handler(self._poke_for_crd, self._poke_for_crd, self._poke_for_crd)
         self.passes = 0
 
     def _poke(self, *_: Any) -> None:
         self.wake.set()
 
+    def _poke_for_crd(self, *objs: Any) -> None:
+        if any(isinstance(o, Mapping) and (o.get("metadata") or {}).get("name") in monitoring.CRD_NAMES for o in objs):
+            self.wake.set()
+
     async def run(self, stop: asyncio.Event) -> None:
-        for informer in (self.cdis, self.deployments):
+        for informer in (self.cdis, self.deployments, self.crds):
             informer.start()
         try:
             while not stop.is_set():
@@ -132,7 +146,7 @@ class Operator:
                             for task in waits:
                                 task.cancel()
         finally:
-            for informer in (self.cdis, self.deployments):
+            for informer in (self.cdis, self.deployments, self.crds):
                 await informer.stop()
 
     # -- one pass --------------------------------------------------------------------------------------
@@ -161,14 +175,24 @@ class Operator:
                                     reason="DeployStarted", message="Started Deployment")
         spec = cr.get("spec") or {}
         await self._ensure_config(spec)
-        uploadproxy_ip = await self._apply_all(resources.components(cr, self.namespace, self.images, {}),
-                                               service=resources.UPLOADPROXY)
+        custom = spec.get("customizeComponents") or {}
+        try:
+            customize(resources.components(cr, self.namespace, self.images, {}), custom)
+        except CustomizeError as exc:  # nothing applied half-customized; said on the resource
+            await self._status(cr, status.get("phase") or "Deploying", available=_condition_is(cr, "Available", "True"),
+                               progressing=False, degraded=True, reason="CustomizeComponentsFailed", message=str(exc))
+            return self.resync
+        uploadproxy_ip = await self._apply_all(
+            customize(resources.components(cr, self.namespace, self.images, {}), custom), service=resources.UPLOADPROXY)
         hashes = await self.certs.reconcile(spec.get("certConfig") or {}, uploadproxy_ip)
-        for obj in resources.components(cr, self.namespace, self.images, hashes):
+        for obj in customize(resources.components(cr, self.namespace, self.images, hashes), custom):
             if obj["kind"] == "Deployment":
                 await self._apply(obj)
-        for obj in resources.webhooks_and_apiservice(self.namespace, hashes["bundle"]):
+        for obj in customize(resources.webhooks_and_apiservice(self.namespace, hashes["bundle"]), custom):
             await self._apply(obj)
+        if await self.monitoring_available():
+            for obj in monitoring.objects(self.namespace):
+                await self._apply(obj)
         deployments = [self.deployments.get_by_name(name, self.namespace)
                        for name in (resources.CONTROLLER, resources.APISERVER, resources.UPLOADPROXY)]
         ready = all(_ready(d) for d in deployments)
@@ -182,6 +206,15 @@ class Operator:
             await self._status(cr, "Deployed", available=False, progressing=True, degraded=True,
                                reason="DeploymentNotReady", message="a component Deployment is not ready")
         return 2.0
+
+    async def monitoring_available(self) -> bool:
+        """Are the Prometheus operator's PrometheusRule and ServiceMonitor kinds served (their CRDs exist)?"""
+        for name in monitoring.CRD_NAMES:
+            try:
+                await self.client.get(groups.CRDS, name)
+            except NotFound:
+                return False
+        return True
 
     async def _status(self, cr: Obj, phase: str, *, available: bool, progressing: bool, degraded: bool,
                       reason: str, message: str) -> Obj:
@@ -232,12 +265,18 @@ class Operator:
                                     reason="DeletionStarted", message="Deleting CDI")
         created = [*resources.webhooks_and_apiservice(self.namespace, ""),
                    *resources.components(cr, self.namespace, self.images, {})]
+        if await self.monitoring_available():
+            created += monitoring.objects(self.namespace)
         for obj in created:
             await self._delete(KINDS[obj["kind"]], obj["metadata"]["name"], obj["metadata"].get("namespace"))
+        for gvr in (groups.PODS, groups.SERVICES):  # the workers the controller left (it is gone now)
+            for worker in (await self.client.list_all(gvr, label_selector=WORKERS_SELECTOR)).items:
+                await self._delete(gvr, worker["metadata"]["name"], worker["metadata"]["namespace"])
         for gvr, names in COMPONENT_CREATED.items():
             for name in names:
                 await self._delete(gvr, name, self.namespace)
-        await self._delete(groups.MUTATING_WEBHOOKS, "cdi-api-pvc-mutate", None)  # cdi-apiserver's own
+        for own in ("cdi-api-pvc-mutate", "cdi-api-datavolume-mutate"):  # cdi-apiserver registers these itself
+            await self._delete(groups.MUTATING_WEBHOOKS, own, None)
         await self._delete(groups.CDICONFIGS, groups.CDI_CONFIG_NAME, None)
         for profile in (await self.client.list(groups.STORAGEPROFILES)).items:
             await self._delete(groups.STORAGEPROFILES, profile["metadata"]["name"], None)

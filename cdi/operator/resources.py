@@ -35,6 +35,7 @@ APISERVER = "cdi-apiserver"
 UPLOADPROXY = "cdi-uploadproxy"
 API_SERVICE = "cdi-api"
 METRICS_SERVICE = "cdi-prometheus-metrics"
+PROMETHEUS_LABEL = "prometheus.cdi.kubevirt.io"  # on what Prometheus should scrape; value "true"
 FINALIZER = "operator.cdi.kubevirt.io"
 COMPONENTS = ("cdi-operator", "cdi-controller", "cdi-apiserver", "cdi-uploadproxy", "cdi-importer",
               "cdi-uploadserver", "cdi-cloner")
@@ -88,6 +89,7 @@ CONTROLLER_CLUSTER_RULES = [
     _rule([""], ["pods", "services", "secrets"], ("get", "list", "watch", "create", "delete")),
     _rule([""], ["configmaps"], ("get", "list", "watch", "create")),
     _rule([""], ["persistentvolumes", "nodes"], READ),
+    _rule([""], ["persistentvolumes"], ("update", "patch")),  # a smart clone's volume rebound to its target
     _rule([""], ["events"], ("create", "patch", "update")),
     _rule(["storage.k8s.io"], ["storageclasses", "csidrivers"], READ),
     _rule([groups.SNAPSHOT_GROUP], ["volumesnapshotclasses", "volumesnapshotcontents"], READ),
@@ -101,7 +103,9 @@ CONTROLLER_NAMESPACE_RULES = [
 APISERVER_CLUSTER_RULES = [
     _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
     _rule([""], ["persistentvolumeclaims"], READ),
-    _rule([groups.CDI_GROUP], ["datavolumes", "cdis", "cdiconfigs", "storageprofiles", "dataimportcrons"], READ),
+    # datasources: the DataVolume mutating webhook resolves a sourceRef to the volume a clone token names
+    _rule([groups.CDI_GROUP], ["datavolumes", "cdis", "cdiconfigs", "storageprofiles", "dataimportcrons",
+                               "datasources"], READ),
     _rule(["storage.k8s.io"], ["storageclasses"], READ),
     # it registers its own webhooks and APIService (and drops the PVC-rendering webhook when it is disabled)
     _rule(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
@@ -282,7 +286,12 @@ def components(cr: Mapping[str, Any], namespace: str, images: Images, cert_hashe
         replicas=int(infra.get("deploymentReplicas") or 2), cr_spec=spec, port=8080, probe_path="/readyz",
         probe_scheme="HTTP",
         args=["--namespace", namespace, "--metrics-listen", "0.0.0.0:8080", "--no-cdi-status",
-              "--importer-image", images.of("cdi-importer"), "--uploadserver-image", images.of("cdi-uploadserver")]))
+              "--importer-image", images.of("cdi-importer"), "--uploadserver-image", images.of("cdi-uploadserver"),
+              "--cloner-image", images.of("cdi-cloner"),
+              # worker pods pull as the CDI resource says (CDI's controller reads PULL_POLICY)
+              "--pull-policy", spec.get("imagePullPolicy") or "IfNotPresent"],
+        # the upload signers it issues per-pod certificates from: rotated by the operator, read at start
+        annotations={CERTS_ANNOTATION: cert_hashes.get(CONTROLLER, "")}))
     objects.append(_deployment(
         APISERVER, namespace, label=APISERVER, image=images.of("cdi-apiserver"), account=APISERVER,
         replicas=int(infra.get("apiServerReplicas") or 1), cr_spec=spec, port=8443, probe_path="/healthz",
@@ -292,10 +301,14 @@ def components(cr: Mapping[str, Any], namespace: str, images: Images, cert_hashe
         # the operator's CA for the apiserver, in the state directory where the apiserver looks for it
         volumes=[{"name": "state", "emptyDir": {}},
                  {"name": "signer", "secret": {"secretName": "cdi-apiserver-signer", "items": [
-                     {"key": "tls.crt", "path": "ca.crt"}, {"key": "tls.key", "path": "ca.key"}]}}],
+                     {"key": "tls.crt", "path": "ca.crt"}, {"key": "tls.key", "path": "ca.key"}]}},
+                 # its serving certificate, with certConfig's server lifetime
+                 {"name": "server-cert", "secret": {"secretName": "cdi-apiserver-server-cert"}}],
         mounts=[{"name": "state", "mountPath": APISERVER_STATE_DIR},
                 {"name": "signer", "mountPath": f"{APISERVER_STATE_DIR}/ca.crt", "subPath": "ca.crt"},
-                {"name": "signer", "mountPath": f"{APISERVER_STATE_DIR}/ca.key", "subPath": "ca.key"}]))
+                {"name": "signer", "mountPath": f"{APISERVER_STATE_DIR}/ca.key", "subPath": "ca.key"},
+                {"name": "server-cert", "mountPath": f"{APISERVER_STATE_DIR}/tls.crt", "subPath": "tls.crt"},
+                {"name": "server-cert", "mountPath": f"{APISERVER_STATE_DIR}/tls.key", "subPath": "tls.key"}]))
     objects.append(_deployment(
         UPLOADPROXY, namespace, label=UPLOADPROXY, image=images.of("cdi-uploadproxy"), account=UPLOADPROXY,
         replicas=int(infra.get("uploadProxyReplicas") or 1), cr_spec=spec, port=8443, probe_path="/healthz",
@@ -307,7 +320,9 @@ def components(cr: Mapping[str, Any], namespace: str, images: Images, cert_hashe
         mounts=[{"name": "server-cert", "mountPath": UPLOADPROXY_CERT_DIR, "readOnly": True}]))
     objects.append(_service(API_SERVICE, namespace, APISERVER, 443, 8443))
     objects.append(_service(UPLOADPROXY, namespace, UPLOADPROXY, 443, 8443))
-    objects.append(_service(METRICS_SERVICE, namespace, CONTROLLER, 8080, 8080, "metrics"))
+    metrics = _service(METRICS_SERVICE, namespace, CONTROLLER, 8080, 8080, "metrics")
+    metrics["metadata"]["labels"][PROMETHEUS_LABEL] = "true"  # what the ServiceMonitor selects
+    objects.append(metrics)
     objects.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(CONTROLLER, namespace),
                     "spec": {"minAvailable": 1, "selector": {"matchLabels": {LABEL: CONTROLLER}}}})
     return objects
@@ -344,6 +359,9 @@ def operator_cluster_rules() -> list[Obj]:
 def operator_namespace_rules() -> list[Obj]:
     own = [
         _rule([""], ["serviceaccounts", "services", "secrets", "configmaps"], ALL),
+        # CDI's PrometheusRule and ServiceMonitor, when the Prometheus operator is installed
+        _rule(["monitoring.coreos.com"], ["prometheusrules", "servicemonitors"], ALL),
+        _rule([""], ["services", "endpoints", "pods"], READ),  # granted to Prometheus (cdi-monitoring)
         _rule(["apps"], ["deployments"], ALL),
         _rule(["policy"], ["poddisruptionbudgets"], ALL),
         _rule(["rbac.authorization.k8s.io"], ["roles", "rolebindings"], ALL),

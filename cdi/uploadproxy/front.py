@@ -37,7 +37,9 @@ from urllib.parse import urlsplit
 import h11
 
 from cdi.api import upload as names
-from cdi.common import sockfill, sockhttp, threadfront
+from cdi.common import sockfill, sockhttp, threadfront, tlsfront
+from cdi.uploadproxy import proxying
+from cdi.uploadproxy.proxying import ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +47,10 @@ BUFFER = 1 << 20  # per connection: filled from the client, then sent on in one 
 SNDBUF = 4 << 20
 POLL_SECONDS = 1.0  # a quiet client: pass on what was received, and look whether the upload server answered
 CONNECT_TIMEOUT = 10.0
-_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-                         b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length"})
-_NOT_FORWARDED = _HOP_BY_HOP | {b"authorization", b"expect"}  # 100-continue is answered here
+_HOP_BY_HOP = frozenset(name.encode() for name in proxying.HOP_BY_HOP)
+_NOT_FORWARDED = frozenset(name.encode() for name in proxying.NOT_FORWARDED)
+_CORS = [(k.encode(), v.encode()) for k, v in proxying.CORS]
 _UPLOAD_PATHS = frozenset(names.PROXY_PATHS)
-_EXPOSED = ", ".join((names.OFFSET_HEADER, names.STATE_HEADER))
 _SERVER = b"cdi-uploadproxy"
 
 
@@ -73,18 +74,14 @@ class Answer:
 Plan = Callable[[str, "str | None", "str | None"], Awaitable["Forward | Answer"]]  # path, authorization, target
 
 
-class ClientGone(Exception):
-    """The client's connection broke (or closed) before its whole body arrived."""
-
-
 class Front:
     """The proxy's listening socket (`cdi.common.threadfront`): POSTs to upload paths served here."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext | None, plan: Plan,
+    def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS | None, plan: Plan,
                  adopt: threadfront.Adopt) -> None:
         self.loop = loop
         self.plan = plan
-        self._front = threadfront.ThreadFront(loop, context, self._serve, adopt, name="uploadproxy")
+        self._front = threadfront.ThreadFront(loop, tls, self._serve, adopt, name="uploadproxy")
 
     def start(self, host: str, port: int) -> int:
         return self._front.start(host, port)
@@ -95,7 +92,7 @@ class Front:
     async def closed(self) -> None:
         await self._front.closed()
 
-    def _serve(self, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> bool:
+    def _serve(self, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> bool:
         path = request.target.decode("latin-1").partition("?")[0]
         if request.method != b"POST" or path not in _UPLOAD_PATHS:
             return False
@@ -106,7 +103,7 @@ class Front:
 class _Upload:
     """A `POST` to an upload path: authorise, route, pump the body, relay the answer."""
 
-    def __init__(self, front: Front, sock: socket.socket, conn: h11.Connection, request: h11.Request) -> None:
+    def __init__(self, front: Front, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> None:
         self.front = front
         self.sock = sock
         self.conn = conn
@@ -367,11 +364,8 @@ class _Upload:
 
     def _finish_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         if self.origin:
-            cors = {b"access-control-allow-origin": b"*", b"access-control-expose-headers": _EXPOSED.encode(),
-                    b"vary": b"Origin"}
-            headers = [(k, v) for k, v in headers if k.lower() not in cors]
-            headers += [(b"Access-Control-Allow-Origin", b"*"), (b"Access-Control-Expose-Headers", _EXPOSED.encode()),
-                        (b"Vary", b"Origin")]
+            cors = {k.lower() for k, _ in _CORS}
+            headers = [(k, v) for k, v in headers if k.lower() not in cors] + _CORS
         return [*headers, (b"Connection", b"close")]
 
     def _send(self, event: h11.Event) -> bytes:

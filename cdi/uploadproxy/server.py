@@ -34,24 +34,18 @@ import aiohttp
 from aiohttp import web
 
 from cdi.api import upload as names
+from cdi.common import tlsfront
 from cdi.kube import KubeClient
 from cdi.uploadproxy.auth import Denied, PublicKey, authorize
 from cdi.uploadproxy.front import Answer, Forward, Front
+from cdi.uploadproxy.proxying import CORS, HOP_BY_HOP, NOT_FORWARDED, ClientGone, preflight
 from cdi.uploadproxy.routing import NotReady, UpstreamTls, upload_path, upstream_for, wait_until_ready
 
 log = logging.getLogger(__name__)
 
 READ_BUFSIZE = 4 << 20
 WRITE_SLICE = 256 << 10
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                         "transfer-encoding", "upgrade", "host", "content-length"})
-_NOT_FORWARDED = _HOP_BY_HOP | {"authorization"}
-_EXPOSED = ", ".join((names.OFFSET_HEADER, names.STATE_HEADER))
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class ClientGone(Exception):
-    """The client's connection broke while its body was being forwarded."""
 
 
 class UploadProxy:
@@ -73,7 +67,7 @@ class UploadProxy:
             app.router.add_route("*", path, self.handle)
         return app
 
-    async def start(self, host: str, port: int, context: ssl.SSLContext | None) -> None:
+    async def start(self, host: str, port: int, tls: tlsfront.ServerTLS | None) -> None:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(force_close=True, limit=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
@@ -82,7 +76,7 @@ class UploadProxy:
         self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
                                      handler_cancellation=False, lingering_time=1.0)
         await self._runner.setup()
-        self._front = Front(asyncio.get_running_loop(), context, self.plan, self._adopt)
+        self._front = Front(asyncio.get_running_loop(), tls, self.plan, self._adopt)
         self.port = self._front.start(host, port)
 
     async def _adopt(self, sock: socket.socket, _peer: object) -> None:
@@ -128,7 +122,7 @@ class UploadProxy:
     async def _forward(self, request: web.Request, url: str, server_hostname: str,
                        context: ssl.SSLContext) -> web.StreamResponse:
         assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         body: AsyncIterator[bytes | memoryview] | None = None
         if request.body_exists:
             body = _body(request)
@@ -140,7 +134,7 @@ class UploadProxy:
             async with self._session.request(request.method, url, headers=headers, data=body, ssl=context,
                                              server_hostname=server_hostname) as upstream:
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers={
-                    k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP})
+                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
                 if upstream.content_length is not None:
                     response.content_length = upstream.content_length
                 if request.method == "HEAD" and upstream.status == 200 and request.path in names.RAW_PROXY_PATHS:
@@ -185,13 +179,8 @@ async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """CORS for every origin (CDI's proxy uses rs/cors AllowAll)."""
     origin = request.headers.get("Origin")
     if request.method == "OPTIONS" and origin and request.headers.get("Access-Control-Request-Method"):
-        headers = {"Access-Control-Allow-Origin": "*",
-                   "Access-Control-Allow-Methods": request.headers["Access-Control-Request-Method"].upper(),
-                   "Vary": "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"}
-        wanted = request.headers.get("Access-Control-Request-Headers")
-        if wanted:
-            headers["Access-Control-Allow-Headers"] = wanted
-        return web.Response(status=204, headers=headers)
+        return web.Response(status=204, headers=preflight(request.headers["Access-Control-Request-Method"],
+                                                          request.headers.get("Access-Control-Request-Headers")))
     response = await handler(request)
     if origin:
         _allow(response)
@@ -201,9 +190,7 @@ async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _allow(response: web.StreamResponse) -> None:
     if response.prepared:
         return  # a streamed answer already carries the upload server's headers
-    response.headers["Access-Control-Allow-Origin"] = "*"
-    response.headers["Access-Control-Expose-Headers"] = _EXPOSED
-    response.headers["Vary"] = "Origin"
+    response.headers.update(CORS)
 
 
 async def _healthz(_: web.Request) -> web.Response:

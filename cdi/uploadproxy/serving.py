@@ -14,12 +14,11 @@ everybody uploads with `--insecure`. Here:
 from __future__ import annotations
 
 import secrets
-import ssl
 from pathlib import Path
 from typing import Any
 
 from cdi.api import groups
-from cdi.common import pki
+from cdi.common import pki, tlsfront
 from cdi.kube import AlreadyExists, KubeClient, NotFound
 
 CA_CONFIGMAP = "cdi-uploadproxy-ca"
@@ -33,8 +32,8 @@ def default_hosts(namespace: str, extra: list[str] | None = None) -> list[str]:
             *(extra or [])]
 
 
-def self_managed(directory: Path, hosts: list[str]) -> tuple[ssl.SSLContext, pki.KeyPair]:
-    """A serving context from the CA kept in `directory` (created the first time); returns it and the CA."""
+def self_managed(directory: Path, hosts: list[str]) -> tuple[tlsfront.ServerTLS, pki.KeyPair]:
+    """Serving TLS from the CA kept in `directory` (created the first time); returns it and the CA."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the CA's private key
     ca_crt, ca_key = directory / "ca.crt", directory / "ca.key"
     if ca_crt.exists() and ca_key.exists():
@@ -45,14 +44,13 @@ def self_managed(directory: Path, hosts: list[str]) -> tuple[ssl.SSLContext, pki
         ca = pki.make_ca(f"cdi-uploadproxy-ca-{secrets.token_hex(4)}")
         ca.write(ca_crt, ca_key)
     leaf = pki.issue(ca, hosts[0], hosts)
-    return pki.server_context(leaf, directory / "serving"), ca
+    serving = directory / "serving"
+    pki.server_context(leaf, serving)  # writes the pair there
+    return tlsfront.ServerTLS.from_files(serving / "tls.crt", serving / "tls.key"), ca
 
 
-def brought(cert_file: Path, key_file: Path) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
-    return context
+def brought(cert_file: Path, key_file: Path) -> tlsfront.ServerTLS:
+    return tlsfront.ServerTLS.from_files(cert_file, key_file)
 
 
 async def publish_ca(client: KubeClient, namespace: str, ca_pem: bytes) -> None:

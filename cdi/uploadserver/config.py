@@ -1,5 +1,5 @@
 """The upload server's configuration: environment variables only, with CDI's names (the pod contract of
-`cdi/controller/uploads.py`), so a pod made by CDI's controller runs this program unchanged.
+`cdi/controller/datavolume/uploads.py`), so a pod made by CDI's controller runs this program unchanged.
 
 `DESTINATION` decides the target: a path named `disk.img` (`/data/disk.img`, the default) is the image
 file of the Filesystem volume it is in; anything else (`/dev/cdi-block-volume`) is a Block volume

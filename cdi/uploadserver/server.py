@@ -26,8 +26,8 @@ at the TLS layer (the kubelet's readiness probe has none) and, when presented, m
 Form uploads read the multipart body part by part (`request.multipart()`) and stream the part named
 `file`; nothing is buffered whole. A `POST` with `x-cdi-content-type: filesystem-clone` or
 `blockdevice-clone` is a host-assisted clone stream (`cdi.uploadserver.clonesink`) from the clone
-source pod, whose client certificate must carry `CLIENT_NAME`; 200 once its bytes are durable, and
-the server then exits as after an upload."""
+source pod (with a Content-Length), whose client certificate must carry `CLIENT_NAME`; 200 once its
+bytes are durable, and the server then exits as after an upload; 500 when the stream is cut short."""
 
 from __future__ import annotations
 
@@ -37,12 +37,13 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from aiohttp import BodyPartReader, web
 
 from cdi.api import upload as names
-from cdi.common import clonestream, sockfill
+from cdi.common import clonestream, tlsfront
 from cdi.uploadserver import clonesink
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.front import BodyBridge, Front
@@ -56,20 +57,16 @@ LINGER_SECONDS = 1.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def ssl_context(config: UploadServerConfig, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = minimum
-    context.load_cert_chain(config.cert_file, config.key_file)
-    if config.client_ca_file is not None:
-        context.verify_mode = ssl.CERT_OPTIONAL
-        context.load_verify_locations(cafile=str(config.client_ca_file))
-    return context
+def server_tls(config: UploadServerConfig, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> tlsfront.ServerTLS:
+    return tlsfront.ServerTLS.from_files(Path(config.cert_file), Path(config.key_file),
+                                         None if config.client_ca_file is None else Path(config.client_ca_file),
+                                         minimum)
 
 
-def end_to_end_context(config: UploadServerConfig) -> ssl.SSLContext:
+def end_to_end_tls(config: UploadServerConfig) -> tlsfront.ServerTLS:
     """The server side of end-to-end TLS with a client the proxy switched over (`cdi.api.upload`): the same
     certificate, no client certificate (the client is authorised by the nonce the proxy gave)."""
-    return ssl_context(replace(config, client_ca_file=None), ssl.TLSVersion.TLSv1_3)
+    return server_tls(replace(config, client_ca_file=None), ssl.TLSVersion.TLSv1_3)
 
 
 class UploadServer:
@@ -130,10 +127,10 @@ class UploadServer:
         self._runner = web.AppRunner(self.app(), access_log=None, read_bufsize=READ_BUFSIZE,
                                      handler_cancellation=False, lingering_time=LINGER_SECONDS)
         await self._runner.setup()
-        self._front = Front(asyncio.get_running_loop(), ssl_context(self.config), self, end_to_end_context(self.config))
+        self._front = Front(asyncio.get_running_loop(), server_tls(self.config), self, end_to_end_tls(self.config))
         self.port = self._front.start(self.config.listen_host, self.config.listen_port)
         log.info("upload server listening on https://%s:%d (TLS bodies read %s)", self.config.listen_host, self.port,
-                 sockfill.HOW)
+                 tlsfront.how())
 
     async def stop(self) -> None:
         """Stop serving; answers being written still reach their clients (`ThreadFront.stop`)."""
@@ -181,8 +178,8 @@ class UploadServer:
             return web.Response(status=200, headers=self.session.describe())
         if request.method != "POST":
             return web.Response(status=404)
-        if request.headers.get(names.CONTENT_TYPE_HEADER) in clonestream.CONTENT_TYPES:
-            return await self.clone(request)
+        if request.headers.get(names.CONTENT_TYPE_HEADER) in clonestream.CONTENT_TYPES:  # the front reads them
+            return web.Response(status=400, text="a clone stream is a POST with a Content-Length")
         admitted = self._admit(self._authorized(request), request.headers, form=form, archive=archive)
         if isinstance(admitted, Outcome):
             return _response(admitted)
@@ -207,30 +204,34 @@ class UploadServer:
             raise
         return _response(outcome)
 
-    async def clone(self, request: web.Request) -> web.Response:
-        """One host-assisted clone stream at a time; a failed one may be sent again from the start."""
-        if not self._authorized(request):
+    def admit_clone(self, authorized: bool) -> Outcome | None:
+        """Whether the front may read a host-assisted clone stream (None), or its refusal: one at a time;
+        a failed one may be sent again from the start. The request counts as in flight until the front
+        calls `request_done`. Called on the event loop."""
+        self._request_started()
+        if not authorized:
             log.warning("refused a clone stream without the clone source's client certificate")
-            return web.Response(status=401, text=f"a client certificate for {self.config.client_name} is required")
+            return Outcome(401, f"a client certificate for {self.config.client_name} is required")
         if self.clone_result is not None:
-            return web.Response(status=409, text="the clone already completed")
+            return Outcome(409, "the clone already completed")
         if self._cloning:
-            return web.Response(status=503, text="a clone stream is being received")
+            return Outcome(503, "a clone stream is being received")
         self._cloning = True
-        try:
-            result = await clonesink.receive(request, self.config)
-        except clonesink.CloneRefused as exc:
-            log.warning("refused a clone stream: %s", exc)
-            return web.Response(status=400, text=f"Saving stream failed: {exc}")
-        except (OSError, asyncio.IncompleteReadError) as exc:  # a cut stream: the source pod sends it again
-            log.error("clone stream failed: %s", exc)
-            return web.Response(status=500, text=f"Saving stream failed: {exc}")
-        finally:
-            self._cloning = False
+        return None
+
+    def clone_finished(self, result: clonesink.CloneResult | BaseException) -> Outcome:
+        """The answer to a clone stream the front read; a complete one ends the server. On the event loop."""
+        self._cloning = False
+        if isinstance(result, clonesink.CloneRefused):
+            log.warning("refused a clone stream: %s", result)
+            return Outcome(400, f"Saving stream failed: {result}")
+        if isinstance(result, BaseException):  # cut, or the target failed: the source pod sends it again
+            log.error("clone stream failed: %s", result)
+            return Outcome(500, f"Saving stream failed: {result}")
         log.info("clone complete: %d bytes virtual, %d bytes of data", result.virtual_size, result.data_bytes)
         self.clone_result = result
         self.clone_done.set()
-        return web.Response(status=200, text="Clone Complete")
+        return Outcome(200, "Clone Complete")
 
     def _admit(self, authorized: bool, headers: Mapping[str, str], *, form: bool, archive: bool) -> Outcome | int:
         """The refusal of an upload request, or its offset once the session took it (state `uploading`)."""

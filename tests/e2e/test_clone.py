@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import jwt
+import pytest
+
+from cdi.api.sizing import required_space
 from tests.e2e.workloads import BLOCK_DESCRIBE, DESCRIBE, SPARSE_WRITE, get, new_namespace, pod, pvc, run_to_completion
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
@@ -145,6 +151,12 @@ def leftovers(k: Kubectl, ns: str) -> list[str]:
     """Temporary clone objects still in `ns`."""
     names = [p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]]
     names += [s["metadata"]["name"] for s in k.json("get", "volumesnapshot", "-n", ns)["items"]]
+    # and what they were bound to: a temporary snapshot's content, a temporary claim's volume not handed on
+    names += [(c["spec"].get("volumeSnapshotRef") or {}).get("name", "")
+              for c in k.json("get", "volumesnapshotcontent")["items"]
+              if (c["spec"].get("volumeSnapshotRef") or {}).get("namespace") == ns]
+    names += [(v["spec"].get("claimRef") or {}).get("name", "") for v in k.json("get", "pv")["items"]
+              if (v["spec"].get("claimRef") or {}).get("namespace") == ns]
     return [n for n in names if n.startswith(("tmp-pvc-", "tmp-snapshot-"))]
 
 
@@ -179,7 +191,10 @@ def test_snapshot_and_csi_clone_keep_bytes_and_leave_nothing_behind(shared_kubec
     assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "snapshot"
     assert "cdi.kubevirt.io/cloneFallbackReason" not in target["metadata"]["annotations"]
     assert target["status"]["phase"] == "Bound"
-    assert target["status"]["capacity"]["storage"] == get(k, "pvc", "golden", ns)["status"]["capacity"]["storage"]
+    # no size: the source's capacity with the filesystem overhead on top (CDI's rule for a claim that does not
+    # say it holds a disk image), the restored volume grown to it
+    assert target["spec"]["resources"]["requests"]["storage"] == \
+        str(required_space(filesystem_overhead(k, "local"), 100 * MIB)) == target["status"]["capacity"]["storage"]
     reasons = [r for r, _ in events_of(k, ns, "smart")]
     for reason in ("CloneScheduled", "SnapshotForSmartCloneInProgress", "CloneFromSnapshotSourceInProgress",
                    "RebindInProgress", "CloneSucceeded"):
@@ -406,6 +421,276 @@ def test_cross_namespace_clone_needs_permission_in_the_source_namespace(shared_k
              "--as", "alice").stdout.strip() == "yes"
     manifest["metadata"]["name"] = "granted"
     k("create", "-f", "-", "-n", ns, "--as", "alice", input=json.dumps(manifest))
-    wait_dv_phase(k, ns, "granted", "Succeeded")
+    granted = wait_dv_phase(k, ns, "granted", "Succeeded")
     out = run_to_completion(k, ns, pod("read", "cat /data/disk.img", "granted"))
     assert out == "golden\n"
+
+    # CDI's DataVolume mutating webhook did the check and signed a clone token for this source and target,
+    # which the controller traded for a long-lived one bound to the DataVolume
+    hooks = k.json("get", "mutatingwebhookconfiguration", "cdi-api-datavolume-mutate")["webhooks"]
+    assert [(h["name"], h["clientConfig"]["service"]["path"]) for h in hooks] == \
+        [("datavolume-mutate.cdi.kubevirt.io", "/datavolume-mutate")]
+    annotations = granted["metadata"]["annotations"]
+    short = jwt.decode(annotations["cdi.kubevirt.io/storage.clone.token"], options={"verify_signature": False})
+    assert (short["iss"], short["operation"], short["namespace"], short["name"], short["resource"]["resource"],
+            short["params"], short["exp"] - short["iat"]) == (
+        "cdi-apiserver", "Clone", src_ns, "golden", "persistentvolumeclaims",
+        {"targetNamespace": ns, "targetName": "granted"}, 300)
+    extended = jwt.decode(annotations["cdi.kubevirt.io/storage.extended.clone.token"],
+                          options={"verify_signature": False})
+    assert (extended["iss"], extended["params"]["uid"]) == ("cdi-deployment", granted["metadata"]["uid"])
+
+    # a token taken from another DataVolume is worth nothing: the clone does not start
+    manifest["metadata"]["name"] = "granted"
+    manifest["metadata"]["annotations"] = {
+        "cdi.kubevirt.io/storage.extended.clone.token": annotations["cdi.kubevirt.io/storage.extended.clone.token"]}
+    k("delete", "datavolume", "granted", "-n", ns)
+    wait_for(lambda: get(k, "pvc", "granted", ns) is None, 60, 0.2, message="the first granted claim gone")
+    k.apply(manifest, "-n", ns)
+
+    def refused() -> bool:
+        return ("CloneTokenInvalid", "invalid token") in events_of(k, ns, "granted")
+
+    wait_for(refused, 60, 0.2, message="the copied token refused")
+    assert get(k, "datavolume", "granted", ns)["status"]["phase"] == "Pending"
+    assert get(k, "pvc", "granted", ns) is None
+
+
+# a raw disk image of 40 MiB with three allocated blocks, on a 64 MiB claim: its virtual size is what
+# CDI's size rules give a clone without a size, not the claim's capacity
+IMAGE_40M = SPARSE_WRITE.replace("64 * 1024 * 1024", "40 * 1024 * 1024")
+KUBEVIRT_CONTENT = {"cdi.kubevirt.io/storage.contentType": "kubevirt"}
+
+
+def disk_claim(name: str, size: str, storage_class: str | None = None) -> dict[str, Any]:
+    claim = pvc(name, size, storage_class=storage_class)
+    claim["metadata"]["annotations"] = dict(KUBEVIRT_CONTENT)
+    return claim
+
+
+def filesystem_overhead(k: Kubectl, storage_class: str) -> float:
+    overhead = (get(k, "cdiconfig", "config", "") or {}).get("status", {}).get("filesystemOverhead") or {}
+    return float((overhead.get("storageClass") or {}).get(storage_class) or overhead.get("global") or "0.06")
+
+
+def test_clone_without_size_takes_the_virtual_size_of_the_source_image(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "vsize")
+    k.apply(disk_claim("golden", "64Mi", "local-nosnap"), "-n", ns)
+    run_to_completion(k, ns, pod("fill", IMAGE_40M, "golden", python=True))
+    original = describe(k, ns, "golden", "describe-golden")
+    assert original["size"] == 40 * MIB and original["allocated"] < 40 * MIB
+
+    # Filesystem into Block, no size: a size-detection pod measures disk.img; the target is exactly the image
+    to_block = clone_dv("to-block", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap")
+    to_block["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(to_block, "-n", ns)
+    dv = wait_dv_phase(k, ns, "to-block", "Succeeded")
+    out = run_to_completion(k, ns, pod("describe-block", BLOCK_DESCRIBE, "to-block", block=True, python=True))
+    assert json.loads(out) == {"sha256": original["sha256"], "size": 40 * MIB}
+    assert get(k, "pvc", "to-block", ns)["spec"]["resources"]["requests"]["storage"] == str(40 * MIB)
+    source = get(k, "pvc", "golden", ns)["metadata"]["annotations"]
+    assert source["cdi.Kubervirt.io/virtualSize"] == str(40 * MIB)
+    assert source["cdi.Kubervirt.io/sourceCapacity"] == get(k, "pvc", "golden", ns)["status"]["capacity"]["storage"]
+    # the 64 MiB source is larger than the 40 MiB target: CDI marks such a clone permissive
+    assert dv["metadata"]["annotations"]["cdi.kubevirt.io/permissiveClone"] == "true"
+    reasons = [r for r, _ in events_of(k, ns, "to-block")]
+    assert "SizeDetectionPodCreated" in reasons and "CloneScheduled" in reasons, reasons
+    assert ("SizeDetectionPodCreated", "Size-detection pod created") in events_of(k, ns, "to-block")
+    assert [p["metadata"]["name"] for p in k.json("get", "pods", "-n", ns)["items"]
+            if p["metadata"]["name"].startswith("size-detection-")] == []
+
+    # Filesystem, no size: the virtual size inflated by the target class's filesystem overhead
+    k.apply(clone_dv("fs-copy", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"),
+            "-n", ns)
+    wait_dv_phase(k, ns, "fs-copy", "Succeeded")
+    assert get(k, "pvc", "fs-copy", ns)["spec"]["resources"]["requests"]["storage"] == \
+        str(required_space(filesystem_overhead(k, "local-nosnap"), 40 * MIB))
+    copied = describe(k, ns, "fs-copy", "describe-fs-copy")
+    assert (copied["sha256"], copied["size"]) == (original["sha256"], original["size"])
+
+    # a Block target smaller than the source claim but holding the image is permissive and succeeds ...
+    smaller = clone_dv("smaller", {"pvc": {"namespace": ns, "name": "golden"}}, size="48Mi",
+                       storage_class="local-nosnap")
+    smaller["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(smaller, "-n", ns)
+    assert wait_dv_phase(k, ns, "smaller", "Succeeded")["metadata"]["annotations"][
+        "cdi.kubevirt.io/permissiveClone"] == "true"
+    # ... one smaller than the image is refused with CDI's message
+    too_small = clone_dv("too-small", {"pvc": {"namespace": ns, "name": "golden"}}, size="32Mi",
+                         storage_class="local-nosnap")
+    too_small["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(too_small, "-n", ns)
+    message = f"target resources requests storage size is smaller than the source {32 * MIB} < {64 * MIB}"
+
+    def refused() -> bool:
+        return ("ErrIncompatiblePVC", message) in events_of(k, ns, "too-small") and \
+            ("CloneValidationFailed", f"The clone doesn't meet the validation requirements: {message}") in \
+            events_of(k, ns, "too-small")
+
+    wait_for(refused, 60, 0.2, message="too-small refused")
+    assert get(k, "pvc", "too-small", ns) is None
+    assert "cdi.kubevirt.io/permissiveClone" not in (get(k, "datavolume", "too-small", ns)["metadata"].get(
+        "annotations") or {})
+
+
+# 256 MiB of data (a byte pattern, never zeros, so every block is sent) in a 320 MiB disk.img filling its
+# claim: enough for
+# the test to find the clone source process and stop it part way
+LARGE_WRITE = """
+import os
+with open("/data/disk.img", "wb") as f:
+    f.truncate(320 * 1024 * 1024)
+    block = bytes(range(256)) * 4096
+    for i in range(256):
+        f.seek(i * 1024 * 1024 + (i % 7) * 4096)
+        f.write(block[i:] + block[:i])
+    f.flush()
+    os.fsync(f.fileno())
+"""
+
+
+def cloner_process(owner_uid: str) -> int | None:
+    """The pid of the clone source program sending for the DataVolume `owner_uid` (its OWNER_UID)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"python" not in argv[0] or b"cdi.cloner" not in argv:  # the program, not its sandbox
+                continue
+            if f"OWNER_UID={owner_uid}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def bytes_written(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def stop_mid_copy(owner_uid: str, past: int) -> int:
+    """Freeze the clone source program once it wrote `past` bytes (to the target's socket): its process
+    group is stopped as soon as it appears, then let go in short steps until it is past the mark."""
+    pid = wait_for(lambda: cloner_process(owner_uid), 120, 0.005, message="the clone source program")
+    group = os.getpgid(pid)
+    os.killpg(group, signal.SIGSTOP)
+    while bytes_written(pid) < past:
+        os.killpg(group, signal.SIGCONT)
+        wait_for(lambda: bytes_written(pid) >= past, 60, 0.001, message="the clone under way")
+        os.killpg(group, signal.SIGSTOP)
+    return pid
+
+
+def container_group(k: Kubectl, ns: str, name: str) -> int:
+    container = k.json("get", "pod", name, "-n", ns)["status"]["containerStatuses"][0]
+    return int(container["containerID"].removeprefix("bwrap://"))
+
+
+def restarts(k: Kubectl, ns: str, name: str) -> int:
+    statuses = ((get(k, "pod", name, ns) or {}).get("status") or {}).get("containerStatuses") or [{}]
+    return int(statuses[0].get("restartCount") or 0)
+
+
+@pytest.mark.parametrize("killed", ["source", "target"])
+def test_a_killed_clone_pod_restarts_and_the_bytes_end_identical(shared_kubectl: Kubectl, killed: str) -> None:
+    """Host-assisted copy: the clone source pod (or the target's upload server) is SIGKILLed part way; the
+    node restarts it, the stream starts over, and the target holds the source's bytes."""
+    k = shared_kubectl
+    ns = new_namespace(k, f"kill{killed}")
+    k.apply(pvc("golden", "320Mi", storage_class="local-nosnap"), "-n", ns)
+    run_to_completion(k, ns, pod("fill", LARGE_WRITE, "golden", python=True), timeout=120)
+    original = describe(k, ns, "golden", "describe-golden")
+    k.apply(clone_dv("copy", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local-nosnap"), "-n", ns)
+    uid = wait_for(lambda: (get(k, "datavolume", "copy", ns) or {}).get("metadata", {}).get("uid"), 30, 0.05,
+                   message="the DataVolume")
+    pid = stop_mid_copy(uid, 32 * MIB)
+    target_uid = get(k, "pvc", "copy", ns)["metadata"]["uid"]
+    temp = k.json("get", "pvc", "-n", ns, "-l", f"cdi.kubevirt.io/OwnedByUID={target_uid}")["items"]
+    assert len(temp) == 1, temp
+    source_pod = f"{temp[0]['metadata']['uid']}-source-pod"
+    upload_pod = f"cdi-upload-{temp[0]['metadata']['name']}"
+    assert get(k, "datavolume", "copy", ns)["status"]["phase"] == "CloneInProgress"
+    if killed == "source":
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        wait_for(lambda: restarts(k, ns, source_pod) >= 1, 120, 0.2, message="the node to restart the source pod")
+    else:
+        os.killpg(container_group(k, ns, upload_pod), signal.SIGKILL)
+        wait_for(lambda: restarts(k, ns, upload_pod) >= 1, 120, 0.2, message="the node to restart the upload server")
+        os.killpg(os.getpgid(pid), signal.SIGCONT)  # its connection is gone: it fails, and is restarted
+    dv = wait_dv_phase(k, ns, "copy", "Succeeded", timeout=300)
+    copied = describe(k, ns, "copy", "describe-copy")
+    assert (copied["sha256"], copied["size"]) == (original["sha256"], original["size"])
+    # CDI counts the restarts of the target's pod (the upload server) in the DataVolume's restartCount
+    assert dv["status"]["restartCount"] == (1 if killed == "target" else 0)
+    assert dv["status"]["progress"] == "100.0%"
+    reasons = [r for r, _ in events_of(k, ns, "copy")]
+    assert reasons.count("CloneInProgress") == 1 and reasons[-1] == "CloneSucceeded", reasons
+    assert leftovers(k, ns) == []
+
+
+BLOCK_WRITE = """
+import os
+fd = os.open("/dev/cdi-block-volume", os.O_WRONLY)
+for offset in (0, 5 * 1024 * 1024, 32 * 1024 * 1024 - 8192):
+    os.pwrite(fd, os.urandom(8192), offset)
+os.fsync(fd)
+"""
+
+
+def test_block_to_filesystem_and_back_in_one_class_is_a_forced_copy(shared_kubectl: Kubectl) -> None:
+    """Storage class `local` can snapshot and CSI-clone, but not across volume modes: Block to Filesystem
+    and back fall back to host-assisted copy with CDI's reason, each phase announced, the bytes kept,
+    nothing temporary left."""
+    k = shared_kubectl
+    ns = new_namespace(k, "modes")
+    k.apply(pvc("golden", "32Mi", storage_class="local", block=True), "-n", ns)
+    run_to_completion(k, ns, pod("fill", BLOCK_WRITE, "golden", block=True, python=True))
+    original = json.loads(run_to_completion(k, ns, pod("describe-golden", BLOCK_DESCRIBE, "golden", block=True,
+                                                       python=True)))
+    assert original["size"] == 32 * MIB
+
+    # Block into Filesystem, no size: the source's capacity plus the filesystem overhead
+    k.apply(clone_dv("to-fs", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class="local"), "-n", ns)
+    dv = wait_dv_phase(k, ns, "to-fs", "Succeeded")
+    target = get(k, "pvc", "to-fs", ns)
+    assert target["spec"]["volumeMode"] == "Filesystem"
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    assert target["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
+        "The volume modes of source and target are incompatible"
+    assert target["spec"]["resources"]["requests"]["storage"] == \
+        str(required_space(filesystem_overhead(k, "local"), 32 * MIB))
+    copied = describe(k, ns, "to-fs", "describe-to-fs")
+    assert (copied["sha256"], copied["size"]) == (original["sha256"], original["size"])
+    assert (dv["status"]["progress"], dv["status"].get("restartCount", 0)) == ("100.0%", 0)
+
+    # and back into Block: the clone's claim holds a disk image, so its virtual size is the size
+    back = clone_dv("back", {"pvc": {"namespace": ns, "name": "to-fs"}}, storage_class="local")
+    back["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(back, "-n", ns)
+    wait_dv_phase(k, ns, "back", "Succeeded")
+    assert get(k, "pvc", "back", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneFallbackReason"] == \
+        "The volume modes of source and target are incompatible"
+    out = run_to_completion(k, ns, pod("describe-back", BLOCK_DESCRIBE, "back", block=True, python=True))
+    assert json.loads(out) == original
+
+    for name, source in (("to-fs", "golden"), ("back", "to-fs")):
+        events = events_of(k, ns, name)
+        reasons = [r for r, _ in events]
+        assert ("IncompatibleVolumeModes", "The volume modes of source and target are incompatible") in events
+        # each phase of the copy path once, in order
+        phases = [r for r in reasons if r in ("CloneScheduled", "CloneInProgress", "RebindInProgress",
+                                              "CloneSucceeded")]
+        assert phases == ["CloneScheduled", "CloneInProgress", "RebindInProgress", "CloneSucceeded"], reasons
+        assert dict(events)["CloneScheduled"].startswith(
+            f"Cloning from {ns}/{source} into {ns}/{name} scheduled: host-assisted copy: The volume modes of "
+            "source and target are incompatible")
+    assert leftovers(k, ns) == []
+    names = [p["metadata"]["name"] for p in k.json("get", "pods", "-n", ns)["items"]]
+    assert [p for p in names if p.endswith("-source-pod") or p.startswith(("cdi-upload-", "size-detection-"))] == []
+    secrets = [x["metadata"]["name"] for x in k.json("get", "secrets", "-n", ns)["items"]]
+    assert [x for x in secrets if x.endswith("-source-pod") or x.startswith("cdi-upload-")] == []

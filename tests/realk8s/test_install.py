@@ -2,10 +2,14 @@
 `cdi manifests | kubectl apply` and the `CDI` resource, then used and uninstalled.
 
 One test, because every step needs the previous one (and `pytest -n 2` must not split them):
-install -> `Deployed`/`Available=True` -> HTTP imports (raw and qcow2, Filesystem and Block) whose
-bytes a pod reads back -> an upload through the proxy with `cdi image-upload` -> a bad DataVolume
-refused at admission -> uninstall refused while DataVolumes exist under
-`BlockUninstallIfWorkloadsExist`, then everything the operator created gone. Skipped without the kit."""
+install -> `Deployed`/`Available=True` -> the Prometheus operator's CRDs appear and the operator adds
+CDI's PrometheusRule and ServiceMonitor -> `certConfig` and `customizeComponents` change and the
+components follow -> HTTP imports (raw and qcow2, Filesystem and Block) whose bytes a pod reads back ->
+a smart clone (csi-clone or snapshot, as the planner picks) and a host-assisted clone of an imported
+volume -> a DataImportCron importing from the test's HTTP server, its DataSource Ready -> an upload
+through the proxy with `cdi image-upload` -> a bad DataVolume refused at admission -> uninstall refused
+while DataVolumes exist under `BlockUninstallIfWorkloadsExist`, then everything the operator created
+gone. Skipped without the kit."""
 
 from __future__ import annotations
 
@@ -33,6 +37,19 @@ NS = "cdi-realk8s-e2e"
 CLASS = "csi-hostpath-sc"
 SIZE = "64Mi"
 PORT = 18080
+MONITORING_CRDS = {"prometheusrules": "PrometheusRule", "servicemonitors": "ServiceMonitor"}
+NEVER = "0 0 1 1 *"  # a DataImportCron schedule that does not come during the test: only its first import runs
+
+
+def monitoring_crd(plural: str, kind: str) -> dict[str, Any]:
+    """A stand-in for the Prometheus operator's CRD (no Prometheus operator runs on the kit): the same
+    group, names and scope, its schema left open."""
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
 
 
 def cdi(*argv: str) -> str:
@@ -40,11 +57,20 @@ def cdi(*argv: str) -> str:
                           check=True, cwd=REPO).stdout
 
 
+def storage(block: bool = False) -> dict[str, Any]:
+    # CDI knows no capabilities of hostpath.csi.k8s.io: the modes are given, as a user of CDI gives them
+    return {"storageClassName": CLASS, "volumeMode": "Block" if block else "Filesystem",
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": SIZE}}}
+
+
 def datavolume(name: str, url: str, block: bool) -> dict[str, Any]:
     return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name, "namespace": NS},
-            "spec": {"source": {"http": {"url": url}},
-                     "storage": {"storageClassName": CLASS, "volumeMode": "Block" if block else "Filesystem",
-                                 "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": SIZE}}}}}
+            "spec": {"source": {"http": {"url": url}}, "storage": storage(block)}}
+
+
+def clone(name: str, source: str) -> dict[str, Any]:
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name, "namespace": NS},
+            "spec": {"source": {"pvc": {"namespace": NS, "name": source}}, "storage": storage()}}
 
 
 def read_back(k8s: RealK8s, claim: str, block: bool, length: int) -> str:
@@ -77,6 +103,8 @@ def clean_slate(k8s: RealK8s) -> None:
     if k8s.get("cdi", "cdi") is not None:
         k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", '{"spec":{"uninstallStrategy":"RemoveWorkloads"}}')
         k8s.kubectl("delete", "cdi", "cdi", "--wait=true", timeout=300)
+    for plural in MONITORING_CRDS:
+        k8s.kubectl("delete", "crd", f"{plural}.monitoring.coreos.com", "--ignore-not-found", "--wait=true")
     wait_for(lambda: (k8s.get("namespace", "cdi") or {}).get("status", {}).get("phase") != "Terminating",
              timeout=300, interval=1.0, message="namespace cdi deleted")
 
@@ -130,34 +158,88 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     for role in ("cdi.kubevirt.io:admin", "cdi.kubevirt.io:edit", "cdi.kubevirt.io:view",
                  "cdi.kubevirt.io:config-reader"):
         assert k8s.get("clusterrole", role) is not None, role
+    controller_args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert controller_args[controller_args.index("--pull-policy") + 1] == "IfNotPresent"  # cdi-cr.yaml's policy
+    assert controller["spec"]["template"]["spec"]["tolerations"] == [{"key": "CriticalAddonsOnly",
+                                                                     "operator": "Exists"}]  # spec.infra
+
+    # spec.config reaches the CDIConfig, and from there what clients read
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge",
+                "-p", '{"spec":{"config":{"uploadProxyURLOverride":"uploads.example.org"}}}')
+    wait_for(lambda: (k8s.get("cdiconfig", "config") or {}).get("status", {}).get("uploadProxyURL")
+             == "uploads.example.org", timeout=60, interval=1.0, message="CDIConfig follows spec.config")
+    assert k8s.get("cdiconfig", "config")["spec"]["featureGates"] == ["HonorWaitForFirstConsumer"]
+    k8s.kubectl("patch", "cdi", "cdi", "--type=json",
+                "-p", '[{"op":"remove","path":"/spec/config/uploadProxyURLOverride"}]')
+
+    # -- observability: the Prometheus operator's kinds appear, the operator adds CDI's rule and monitor ------
+    assert k8s.kubectl("get", "crd", "prometheusrules.monitoring.coreos.com", check=False).returncode != 0
+    t0 = time.monotonic()
+    k8s.apply("\n---\n".join(json.dumps(monitoring_crd(p, k)) for p, k in MONITORING_CRDS.items()))
+    for plural in MONITORING_CRDS:
+        k8s.kubectl("wait", "--for=condition=Established", f"crd/{plural}.monitoring.coreos.com", "--timeout=60s")
+    rule = wait_for(lambda: k8s.get("prometheusrule", "prometheus-cdi-rules", "cdi"), timeout=120, interval=1.0,
+                    message="the operator creates CDI's PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts["CDIOperatorDown"]["annotations"]["runbook_url"].endswith("/CDIOperatorDown")
+    records = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"] if "record" in r}
+    assert "cluster:kubevirt_cdi_operator_up:sum" in records
+    monitor = wait_for(lambda: k8s.get("servicemonitor", "service-monitor-cdi", "cdi"), timeout=60, interval=1.0,
+                       message="the operator creates CDI's ServiceMonitor")
+    metrics_service = k8s.get("service", "cdi-prometheus-metrics", "cdi")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics_service["metadata"]["labels"].items()
+    assert k8s.get("rolebinding", "cdi-monitoring", "cdi") is not None
+    timings["monitoring"] = round(time.monotonic() - t0, 1)
 
     # -- certificates follow certConfig: shorter lifetimes renew them now, and the components roll ---------
     def certificate(secret: str) -> x509.Certificate:
         data = k8s.get("secret", secret, "cdi")["data"]["tls.crt"]
         return x509.load_pem_x509_certificate(base64.b64decode(data))
 
-    old_leaf, old_ca = certificate("cdi-uploadproxy-server-cert"), certificate("cdi-apiserver-signer")
+    # every certificate follows certConfig: CAs, servers (the apiserver's too) and the proxy's client cert
+    leaves = {"cdi-uploadproxy-server-cert": 70, "cdi-apiserver-server-cert": 70, "cdi-uploadserver-client-cert": 100}
+    cas = ("cdi-apiserver-signer", "cdi-uploadproxy-signer", "cdi-uploadserver-signer",
+           "cdi-uploadserver-client-signer")
+    before = {name: certificate(name).serial_number for name in (*leaves, *cas)}
     t0 = time.monotonic()
+    # customizeComponents at the same time (one roll): a strategic patch and a flag, as HCO sets them
     k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", json.dumps({"spec": {"certConfig": {
-        "ca": {"duration": "3h", "renewBefore": "1h"}, "server": {"duration": "1h", "renewBefore": "30m"}}}}))
+        "ca": {"duration": "3h", "renewBefore": "1h"}, "server": {"duration": "1h", "renewBefore": "30m"},
+        "client": {"duration": "90m", "renewBefore": "30m"}}, "customizeComponents": {
+            "patches": [{"resourceName": "cdi-uploadproxy", "resourceType": "Deployment", "type": "strategic",
+                         "patch": json.dumps({"spec": {"template": {"spec": {"containers": [
+                             {"name": "cdi-uploadproxy", "env": [{"name": "CUSTOMIZED", "value": "yes"}]}]}}}})}],
+            "flags": {"api": {"v": "2"}}}}}))
+
+    def lifetime(cert: x509.Certificate) -> datetime.timedelta:
+        return cert.not_valid_after_utc - cert.not_valid_before_utc
 
     def renewed() -> bool:
-        leaf, ca = certificate("cdi-uploadproxy-server-cert"), certificate("cdi-apiserver-signer")
-        return (leaf.serial_number != old_leaf.serial_number and ca.serial_number != old_ca.serial_number
-                and leaf.not_valid_after_utc - leaf.not_valid_before_utc <= datetime.timedelta(minutes=70)
-                and ca.not_valid_after_utc - ca.not_valid_before_utc <= datetime.timedelta(minutes=190))
-    wait_for(renewed, timeout=120, interval=1.0, message="certificates renewed per certConfig")
+        now = {name: certificate(name) for name in (*leaves, *cas)}
+        return (all(now[n].serial_number != before[n] for n in now)
+                and all(lifetime(now[n]) <= datetime.timedelta(minutes=m) for n, m in leaves.items())
+                and all(lifetime(now[n]) <= datetime.timedelta(minutes=190) for n in cas))
+    wait_for(renewed, timeout=120, interval=1.0, message="every certificate renewed per certConfig")
 
-    def rolled() -> bool:
-        proxy = k8s.get("deployment", "cdi-uploadproxy", "cdi") or {}
-        status = proxy.get("status") or {}
-        cr = k8s.get("cdi", "cdi")
-        generation = proxy["metadata"]["generation"]
-        return (generation > 1 and status.get("observedGeneration") == generation
-                and status.get("updatedReplicas") == status.get("replicas") == status.get("readyReplicas") == 1
-                and k8s.condition(cr, "Available") == "True")
-    wait_for(rolled, timeout=180, interval=2.0, message="cdi-uploadproxy rolled onto the renewed certificate")
-    timings["certificate rotation"] = round(time.monotonic() - t0, 1)
+    def rolled(name: str) -> dict[str, Any] | None:
+        deployment = k8s.get("deployment", name, "cdi") or {}
+        status = deployment.get("status") or {}
+        generation = deployment["metadata"]["generation"]
+        done = (generation > 1 and status.get("observedGeneration") == generation
+                and status.get("updatedReplicas") == status.get("replicas") == status.get("readyReplicas")
+                and not status.get("unavailableReplicas"))
+        return deployment if done else None
+    for name in ("cdi-uploadproxy", "cdi-apiserver", "cdi-deployment"):
+        wait_for(lambda n=name: rolled(n), timeout=180, interval=2.0,
+                 message=f"{name} rolled onto the renewed certificates")
+    wait_for(lambda: k8s.condition(k8s.get("cdi", "cdi"), "Available") == "True", timeout=120, interval=1.0,
+             message="CDI Available after the roll")
+    timings["certificate rotation + customization"] = round(time.monotonic() - t0, 1)
+    proxy = k8s.get("deployment", "cdi-uploadproxy", "cdi")
+    assert proxy["metadata"]["annotations"]["cdi.kubevirt.io/customizer-identifier"]
+    assert {"name": "CUSTOMIZED", "value": "yes"} in proxy["spec"]["template"]["spec"]["containers"][0]["env"]
+    api_args = k8s.get("deployment", "cdi-apiserver", "cdi")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert api_args[-2:] == ["--v", "2"]
 
     # -- HTTP imports into a namespace that enforces the restricted Pod Security profile --------------------
     k8s.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
@@ -180,9 +262,52 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
             assert dv["status"]["progress"] == "100.0%"
             assert read_back(k8s, name, block, images["size"]) == images["sha256"], f"{name}: wrong bytes"
         timings[f"{len(cases)} imports + read back"] = round(time.monotonic() - t0, 1)
+        importer = k8s.get("pod", "importer-raw-fs", NS)
+        if importer is not None:  # spec.workload and imagePullPolicy reach worker pods
+            assert importer["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+            assert importer["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+        # -- golden images: a DataImportCron imports from the HTTP server, its DataSource becomes Ready ------
+        t0 = time.monotonic()
+        k8s.apply(json.dumps({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataImportCron",
+                              "metadata": {"name": "golden", "namespace": NS},
+                              "spec": {"schedule": NEVER, "managedDataSource": "golden-ds", "template": {"spec": {
+                                  "source": {"http": {"url": f"http://{NODE_IP}:{PORT}/disk.qcow2"}},
+                                  "storage": storage()}}}}))
+
+        def data_source_ready() -> dict[str, Any] | None:
+            ds = k8s.get("datasource", "golden-ds", NS)
+            return ds if k8s.condition(ds, "Ready") == "True" else None
+        ds = wait_for(data_source_ready, timeout=300, interval=1.0, message="DataSource golden-ds Ready")
+        cron = k8s.get("dataimportcron", "golden", NS)
+        golden = cron["status"]["lastImportedPVC"]["name"]
+        assert golden.startswith("golden-ds-") and ds["spec"]["source"]["pvc"] == {"namespace": NS, "name": golden}
+        assert k8s.condition(cron, "UpToDate") == "True"
+        assert read_back(k8s, golden, False, images["size"]) == images["sha256"], "golden image: wrong bytes"
+        timings["DataImportCron + read back"] = round(time.monotonic() - t0, 1)
     finally:
         server.terminate()
         server.wait(10)
+
+    # -- clones of an imported volume: the planner's smart clone, then host-assisted (forced) -------------
+    t0 = time.monotonic()
+    k8s.apply(json.dumps(clone("clone-smart", "raw-fs")))
+    wait_phase(k8s, "clone-smart", "Succeeded")
+    clone_type = k8s.get("pvc", "clone-smart", NS)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"]
+    assert clone_type in ("csi-clone", "snapshot"), clone_type  # csi-hostpath-sc has both
+    assert read_back(k8s, "clone-smart", False, images["size"]) == images["sha256"], "smart clone: wrong bytes"
+    timings[f"{clone_type} clone + read back"] = round(time.monotonic() - t0, 1)
+    t0 = time.monotonic()
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", '{"spec":{"cloneStrategyOverride":"copy"}}')
+    try:
+        k8s.apply(json.dumps(clone("clone-copy", "raw-fs")))
+        wait_phase(k8s, "clone-copy", "Succeeded")
+    finally:
+        k8s.kubectl("patch", "cdi", "cdi", "--type=json",
+                    "-p", '[{"op":"remove","path":"/spec/cloneStrategyOverride"}]')
+    assert k8s.get("pvc", "clone-copy", NS)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+    assert read_back(k8s, "clone-copy", False, images["size"]) == images["sha256"], "host-assisted clone: wrong bytes"
+    timings["host-assisted clone + read back"] = round(time.monotonic() - t0, 1)
 
     # -- upload through the proxy ------------------------------------------------------------------------
     proxy_ip = k8s.get("service", "cdi-uploadproxy", "cdi")["spec"]["clusterIP"]
@@ -212,10 +337,18 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     assert blocked.returncode != 0, blocked.stdout
     assert re.search(r"rejecting the uninstall request, since there are still \d+ DataVolumes present", blocked.stderr)
     assert k8s.get("cdi", "cdi")["status"]["phase"] == "Deployed"
-    k8s.kubectl("delete", "namespace", NS, "--wait=true", timeout=300)
+    # RemoveWorkloads (CDI's default): the uninstall goes ahead and takes the worker pods with the controller;
+    # the DataVolumes stay until CDI's CRDs are deleted
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", '{"spec":{"uninstallStrategy":"RemoveWorkloads"}}')
+    workers = "cdi.kubevirt.io in (importer, cdi-upload-server, cdi-clone-source)"
+    print("realk8s: worker pods before the uninstall:", len(json.loads(k8s.kubectl(
+        "get", "pods", "-n", NS, "-l", workers, "-o", "json").stdout)["items"]))
     t0 = time.monotonic()
     k8s.kubectl("delete", "cdi", "cdi", "--wait=true", timeout=300)
     timings["uninstall"] = round(time.monotonic() - t0, 1)
+    assert json.loads(k8s.kubectl("get", "pods", "-n", NS, "-l", workers, "-o", "json").stdout)["items"] == []
+    assert k8s.get("datavolume", "raw-fs", NS) is not None
+    k8s.kubectl("delete", "namespace", NS, "--wait=true", timeout=300)
     gone = [("deployment", "cdi-deployment", "cdi"), ("deployment", "cdi-apiserver", "cdi"),
             ("deployment", "cdi-uploadproxy", "cdi"), ("service", "cdi-api", "cdi"),
             ("service", "cdi-uploadproxy", "cdi"), ("serviceaccount", "cdi-sa", "cdi"),
@@ -224,11 +357,17 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
             ("clusterrole", "cdi-apiserver", None), ("clusterrole", "cdi.kubevirt.io:view", None),
             ("validatingwebhookconfiguration", "cdi-api-datavolume-validate", None),
             ("validatingwebhookconfiguration", "cdi-api-validate", None),
-            ("apiservice", "v1beta1.upload.cdi.kubevirt.io", None), ("cdiconfig", "config", None)]
+            ("mutatingwebhookconfiguration", "cdi-api-datavolume-mutate", None),
+            ("apiservice", "v1beta1.upload.cdi.kubevirt.io", None), ("cdiconfig", "config", None),
+            ("prometheusrule", "prometheus-cdi-rules", "cdi"), ("servicemonitor", "service-monitor-cdi", "cdi"),
+            ("rolebinding", "cdi-monitoring", "cdi"), ("secret", "cdi-apiserver-server-cert", "cdi"),
+            ("secret", "cdi-uploadserver-client-cert", "cdi")]
     for kind, name, namespace in gone:
         wait_for(lambda k=kind, n=name, s=namespace: k8s.get(k, n, s) is None, timeout=60, interval=1.0,
                  message=f"{kind} {name} removed by the uninstall")
     assert k8s.get("deployment", "cdi-operator", "cdi") is not None  # the operator stays until its manifests go
+    for plural in MONITORING_CRDS:
+        k8s.kubectl("delete", "crd", f"{plural}.monitoring.coreos.com", "--wait=true")
     timings["total"] = round(time.monotonic() - started, 1)
     (IMAGES_DIR.parent / "realk8s-timings.json").write_text(json.dumps(timings, indent=1) + "\n")
     print("realk8s tier timings (s):", json.dumps(timings))

@@ -15,9 +15,9 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api import upload as names
 from cdi.api.quantity import parse_bytes
+from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
 from cdi.api.views import dig
-from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.kube import ApiError, KubeClient, NotFound
 from cdi.uploadproxy.serving import CA_CONFIGMAP, CA_FILE_NEXT_TO_KUBECONFIG, CA_KEY
 

@@ -8,7 +8,7 @@ the DataVolume first and lets the upload fail later, or never).
   them after the whole transfer). A compressed qcow2's virtual size is read from its header; other
   compressed images have no cheap virtual size and are checked by the upload server.
 * It fits: the virtual size against the bytes the volume will really offer, computed with the
-  controller's own rules (`cdi.controller.rendering` for a DataVolume's PVC size, CDIConfig's
+  controller's own rules (`cdi.api.rendering` for a DataVolume's PVC size, CDIConfig's
   filesystem overhead, `cdi.api.sizing`). The refusal names both numbers and the size that would fit.
 * The access mode: ReadOnlyMany is refused, as virtctl does (a read-only volume cannot be written).
 """

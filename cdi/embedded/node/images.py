@@ -20,6 +20,11 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "cdi-apiserver": ("-m", "cdi.cli.main", "apiserver"),
     "cdi-controller": ("-m", "cdi.cli.main", "controller"),
 }
+# programs a component image holds besides its entrypoint, run by a container's `command` (as CDI runs
+# `/usr/bin/cdi-image-size-detection` from the importer image): command base name -> argv prefix
+IMAGE_COMMANDS: dict[str, tuple[str, ...]] = {
+    "cdi-image-size-detection": ("-m", "cdi.importer.sizedetection"),
+}
 
 
 class ImagePullError(Exception):
@@ -65,6 +70,8 @@ class Entrypoint:
 def entrypoint(image: str, command: list[str] | None, args: list[str] | None,
                python: str = sys.executable) -> Entrypoint:
     """The argv a container runs, as a container runtime combines image entrypoint, command and args."""
+    if command and base_name(image) in PROGRAMS and command[0].rsplit("/", 1)[-1] in IMAGE_COMMANDS:
+        return Entrypoint([python, *IMAGE_COMMANDS[command[0].rsplit("/", 1)[-1]], *command[1:], *(args or [])])
     if command:
         return Entrypoint([*command, *(args or [])])
     program = PROGRAMS.get(base_name(image))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.groups import CONFIGMAPS, PODS, PVCS, PVS, SECRETS
+from cdi.common.tlsfront import NO_EXTENSIONS_ENV
 from cdi.embedded.control import LocalApi
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.node.environment import ConfigError, build_env, expand_args
@@ -98,11 +99,15 @@ class KubeletConfig:
 
     def base_env(self, pod: Obj, identity: Identity) -> dict[str, str]:
         """What the "image" provides: PATH with this Python first, PYTHONPATH to this package, HOME of
-        the container's user."""
+        the container's user; `CDI_NO_EXTENSIONS` as `cdi up` has it (the "image" built without C
+        extensions, so that the whole suite can run that way)."""
         bindir = str(Path(self.python).parent)
-        return {"PATH": f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOSTNAME": pod["metadata"]["name"], "HOME": identity.home, "LANG": "C.UTF-8",
-                "PYTHONPATH": str(self.package_root), "PYTHONUNBUFFERED": "1"}
+        env = {"PATH": f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOSTNAME": pod["metadata"]["name"], "HOME": identity.home, "LANG": "C.UTF-8",
+               "PYTHONPATH": str(self.package_root), "PYTHONUNBUFFERED": "1"}
+        if os.environ.get(NO_EXTENSIONS_ENV):
+            env[NO_EXTENSIONS_ENV] = os.environ[NO_EXTENSIONS_ENV]
+        return env
 
 
 def _terminated_reason(code: int) -> str:

@@ -1,6 +1,9 @@
 """Fixtures of the upload tests: the upload PKI, an in-process upload server on temp-dir volumes, and
 the importer tests' image set (built once per session, in a directory of its own per builder version,
-so that worktrees with another version of the image builder never rebuild it under our feet)."""
+so that worktrees with another version of the image builder never rebuild it under our feet).
+
+Every test here runs twice: with the upload server's TLS through the C extension, and through the `ssl`
+module (`CDI_NO_EXTENSIONS=1`), so that both paths are tested in CI."""
 
 from __future__ import annotations
 
@@ -13,13 +16,24 @@ import aiohttp
 import pytest
 
 from cdi.api import upload as names
-from cdi.common import pki
+from cdi.common import pki, tlsfront
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.server import UploadServer
 from tests.support.images import BUILDER_VERSION, Image, build_image_set
 
 VOLUME = 32 << 20
 OVERHEAD = "0.055"
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def tls_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which TLS implementation the servers started by the test use (`cdi.common.tlsfront`)."""
+    if request.param == "python":
+        monkeypatch.setenv(tlsfront.NO_EXTENSIONS_ENV, "1")
+    else:
+        monkeypatch.delenv(tlsfront.NO_EXTENSIONS_ENV, raising=False)
+        assert tlsfront.native_enabled(), tlsfront.how()
+    return str(request.param)
 
 
 @dataclass(frozen=True)

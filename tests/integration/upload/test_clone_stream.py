@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
 from cdi.cloner.source import CloneError, Progress, SourceConfig, send
+from cdi.common import clonestream
 from tests.integration.upload.conftest import UploadPki, make_volumes, start_server
+from tests.support.cluster import async_wait_for
 
 MIB = 1 << 20
 
@@ -74,6 +77,41 @@ async def test_a_client_without_the_clone_sources_certificate_is_refused(upload_
                                     Progress("uid-1"))
         assert running.server.clone_result is None
         assert not (volumes.data / "disk.img").exists()
+    finally:
+        await running.session.close()
+        await running.server.stop()
+
+
+def _send_cut(upload_pki: UploadPki, port: int, size: int, sent: int) -> None:
+    """A clone stream that announces one extent of 1 MiB but stops after `sent` bytes of it: the source
+    pod died (its connection closes)."""
+    stream = clonestream.MAGIC + clonestream.HEADER.pack(size) + clonestream.EXTENT.pack(0, MIB)
+    length = len(stream) + MIB + clonestream.EXTENT.size
+    context = upload_pki.client_context()
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
+                             server_hostname="127.0.0.1") as sock:
+        sock.sendall(f"POST /v1beta1/upload HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n"
+                     f"x-cdi-content-type: {clonestream.FILESYSTEM_CLONE}\r\n\r\n".encode()
+                     + stream + os.urandom(sent))
+
+
+async def test_a_cut_stream_fails_the_clone_and_a_retry_succeeds(upload_pki: UploadPki, tmp_path: Path) -> None:
+    """The source pod's connection ends inside an extent: the server does not complete the clone (it
+    would otherwise exit with a truncated image as `Clone Complete`); the stream sent again
+    from the start completes it."""
+    volumes = make_volumes(tmp_path / "target", scratch=False, size=16 * MIB)
+    running = await start_server(upload_pki, volumes, size=16 * MIB)
+    try:
+        await asyncio.to_thread(_send_cut, upload_pki, running.server.port, 16 * MIB, 300 << 10)
+        # the server took the stream (it created the image) and is done with it
+        await async_wait_for(lambda: volumes.image.exists() and running.server.in_flight == 0, 30)
+        assert running.server.clone_result is None and not running.server.clone_done.is_set()
+        source_dir = tmp_path / "source"
+        source_dir.mkdir()
+        original = sparse_source(source_dir / "disk.img", 16 * MIB)
+        await asyncio.to_thread(send, config(upload_pki, running.server.port, source_dir), Progress("uid-1"))
+        assert running.server.clone_done.is_set()
+        assert hashlib.sha256(volumes.image.read_bytes()[:16 * MIB]).digest() == hashlib.sha256(original).digest()
     finally:
         await running.session.close()
         await running.server.stop()

@@ -1,5 +1,6 @@
-"""`sockfill.Filler` over a real TLS connection (a socket pair), through the C loop and through the
-`recv_into` loop it falls back to: the same bytes and the same ends in both."""
+"""`sockfill.Filler` over a real TLS connection (a socket pair), through the native TLS connection
+(`cdi.common._tlsfront`) and through the `ssl` module's (`CDI_NO_EXTENSIONS=1`): the same bytes and the
+same ends in both."""
 
 from __future__ import annotations
 
@@ -11,24 +12,41 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from cdi.common import pki, sockfill
+from cdi.common import pki, sockfill, tlsfront
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def contexts(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+def pki_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[tlsfront.ServerTLS, ssl.SSLContext]:
     ca = pki.make_ca("test-ca")
-    server = pki.server_context(pki.issue(ca, "receiver", ["127.0.0.1"]), tmp_path_factory.mktemp("pki"))
+    directory = tmp_path_factory.mktemp("pki")
+    pki.server_context(pki.issue(ca, "receiver", ["127.0.0.1"]), directory)
+    server = tlsfront.ServerTLS.from_files(directory / "tls.crt", directory / "tls.key")
     return server, ssl.create_default_context(cadata=ca.cert_pem.decode())
 
 
+@pytest.fixture(params=["native", "python"])
+def contexts(request: pytest.FixtureRequest, pki_files, monkeypatch: pytest.MonkeyPatch
+             ) -> tuple[tlsfront.Acceptor, ssl.SSLContext]:
+    """The receiving side through the C extension, and through the `ssl` module (CDI_NO_EXTENSIONS=1)."""
+    server, client = pki_files
+    if request.param == "python":
+        monkeypatch.setenv(tlsfront.NO_EXTENSIONS_ENV, "1")
+    elif not tlsfront.native_available():
+        pytest.fail(f"the C extension is not there: {tlsfront.how()}")
+    acceptor = server.acceptor()
+    assert (acceptor.native is not None) == (request.param == "native")
+    return acceptor, client
+
+
 @contextlib.contextmanager
-def connected(contexts: tuple[ssl.SSLContext, ssl.SSLContext], send: Callable[[ssl.SSLSocket], object] = bool,
-              *, hold: bool = True) -> Iterator[ssl.SSLSocket]:
+def connected(contexts: tuple[tlsfront.Acceptor, ssl.SSLContext], send: Callable[[ssl.SSLSocket], object] = bool,
+              *, hold: bool = True) -> Iterator[tlsfront.Conn]:
     """A TLS connection over a socket pair: the receiving socket, while a thread sends with `send` and
     then (`hold`) keeps its end open until the block ends."""
     ours, theirs = socket.socketpair()
@@ -43,7 +61,7 @@ def connected(contexts: tuple[ssl.SSLContext, ssl.SSLContext], send: Callable[[s
 
     thread = threading.Thread(target=sender, daemon=True)
     thread.start()
-    receiver = server.wrap_socket(ours, server_side=True)
+    receiver = server.accept(ours, 10.0)
     try:
         yield receiver
     finally:
@@ -53,28 +71,25 @@ def connected(contexts: tuple[ssl.SSLContext, ssl.SSLContext], send: Callable[[s
         assert not thread.is_alive()
 
 
-@pytest.fixture(params=["c", "python"])
-def filler_of(request: pytest.FixtureRequest) -> Callable[[socket.socket], sockfill.Filler]:
-    def make(sock: socket.socket) -> sockfill.Filler:
-        filler = sockfill.Filler(sock)
-        if request.param == "python":
-            filler._sslobj = None
-        elif not sockfill.accelerated():
-            pytest.skip(f"the C extension is not there (test_the_c_loop_is_built_and_bound fails): {sockfill.HOW}")
-        else:
-            assert filler._sslobj is not None, "TLS sockets are read by the C loop"
-        return filler
-
-    return make
+def filler_of(sock: tlsfront.Conn) -> sockfill.Filler:
+    return sockfill.Filler(sock)
 
 
-def test_the_c_loop_is_built_and_bound() -> None:
-    """`scripts/bootstrap` installs a C compiler, so the extension is built; without it uploads still
-    work, only slower, which this test would not show otherwise."""
-    assert sockfill.accelerated(), sockfill.HOW
+def test_the_native_path_is_built() -> None:
+    """`scripts/bootstrap` installs a C compiler and OpenSSL's headers, so the extension is built; without
+    it uploads still work, only slower, which this test would not show otherwise."""
+    assert tlsfront.native_available(), tlsfront.how()
 
 
-def test_fills_whole_buffers_across_many_records(contexts, filler_of) -> None:
+def test_the_switch_turns_the_native_path_off(pki_files, monkeypatch: pytest.MonkeyPatch) -> None:
+    server, _ = pki_files
+    monkeypatch.setenv(tlsfront.NO_EXTENSIONS_ENV, "1")
+    assert not tlsfront.native_enabled()
+    assert server.acceptor().native is None
+    assert "CDI_NO_EXTENSIONS" in tlsfront.how()
+
+
+def test_fills_whole_buffers_across_many_records(contexts) -> None:
     data = os.urandom(3 * MiB + 12345)
     with connected(contexts, lambda tls: tls.sendall(data)) as receiver:
         filler = filler_of(receiver)
@@ -90,7 +105,7 @@ def test_fills_whole_buffers_across_many_records(contexts, filler_of) -> None:
         assert sizes == [MiB, MiB, MiB, 12345]  # full buffers, not a record each
 
 
-def test_a_pause_hands_over_what_arrived(contexts, filler_of) -> None:
+def test_a_pause_hands_over_what_arrived(contexts) -> None:
     """The sender stops after 100 KiB and waits: the filler returns those bytes instead of waiting for
     a full MiB."""
     data = os.urandom(100 << 10)
@@ -105,13 +120,13 @@ def test_a_pause_hands_over_what_arrived(contexts, filler_of) -> None:
         assert got == data
 
 
-def test_nothing_arriving_is_a_timeout(contexts, filler_of) -> None:
+def test_nothing_arriving_is_a_timeout(contexts) -> None:
     with connected(contexts) as receiver, pytest.raises(TimeoutError):
         filler_of(receiver).fill(bytearray(MiB), 0.1, 0.1)
 
 
 @pytest.mark.parametrize("notify", [True, False], ids=["close_notify", "no_close_notify"])
-def test_the_end_comes_after_the_bytes_before_it(contexts, filler_of, notify: bool) -> None:
+def test_the_end_comes_after_the_bytes_before_it(contexts, notify: bool) -> None:
     """The sender closes after 200 KiB (with or without TLS close_notify): those bytes first, then 0."""
     data = os.urandom(200 << 10)
 
@@ -133,7 +148,7 @@ def test_the_end_comes_after_the_bytes_before_it(contexts, filler_of, notify: bo
         assert filler.fill(buffer, 10.0, 10.0) == 0  # and stays ended
 
 
-def test_a_broken_tls_stream_fails_after_the_good_bytes(contexts, filler_of) -> None:
+def test_a_broken_tls_stream_fails_after_the_good_bytes(contexts) -> None:
     """Bytes that are not TLS records after 64 KiB of good ones: those first, then ssl.SSLError."""
     data = os.urandom(64 << 10)
 
@@ -156,17 +171,7 @@ def test_a_broken_tls_stream_fails_after_the_good_bytes(contexts, filler_of) -> 
             filler.fill(buffer, 10.0, 10.0)
 
 
-def test_the_c_loop_refuses_a_connection_that_is_not_the_sockets(contexts) -> None:
-    _tlsread = pytest.importorskip("cdi.common._tlsread")
-
-    with connected(contexts) as receiver:
-        with pytest.raises(ValueError, match="does not read from this socket"):
-            _tlsread.fill(receiver._sslobj, receiver.fileno() + 1000, bytearray(16), 100, 100)
-        with pytest.raises(TypeError, match="_SSLSocket"):
-            _tlsread.fill(object(), receiver.fileno(), bytearray(16), 100, 100)
-
-
-def test_bytes_trickling_into_an_unfinished_record_do_not_extend_the_wait(contexts, filler_of) -> None:
+def test_bytes_trickling_into_an_unfinished_record_do_not_extend_the_wait(contexts) -> None:
     """A sender that drips a TLS record's bytes slowly (a slow-loris client) gets the same timeout as a
     silent one: the wait is a deadline, not restarted by every packet."""
     stop = threading.Event()
@@ -187,3 +192,12 @@ def test_bytes_trickling_into_an_unfinished_record_do_not_extend_the_wait(contex
             assert time.monotonic() - started < 10  # the drip would go on for minutes
         finally:
             stop.set()
+
+
+def test_no_code_reads_cpythons_private_ssl_structures() -> None:
+    """Issue 20: the native path owns its OpenSSL objects; nothing under cdi/ reaches into the `ssl`
+    module's (its `_sslobj`, or the layout of `_ssl._SSLSocket` from C)."""
+    root = Path(__file__).resolve().parents[3] / "cdi"
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*") if p.suffix in (".py", ".c")
+                 and any(word in p.read_text(errors="replace") for word in ("_sslobj", "_SSLSocket", "import _ssl"))]
+    assert offenders == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.common import pki, threadfront
+from cdi.common import pki, threadfront, tlsfront
 from tests.support.cluster import async_wait_for
 
 
@@ -66,12 +66,19 @@ async def test_connections_beyond_the_cap_are_closed_at_once(monkeypatch: pytest
         front.stop()
 
 
-async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A TLS client in the middle of its request head: `stop` ends its connection (and the thread)."""
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                      native: bool) -> None:
+    """A TLS client in the middle of its request head: `stop` ends its connection (and the thread), through
+    either TLS implementation (`CDI_NO_EXTENSIONS=1`: the `ssl` module's)."""
     monkeypatch.setattr(threadfront, "HEAD_TIMEOUT", 60.0)
+    if not native:
+        monkeypatch.setenv(tlsfront.NO_EXTENSIONS_ENV, "1")
     ca = pki.make_ca("test-ca")
-    context = pki.server_context(pki.issue(ca, "front", ["127.0.0.1"]), tmp_path)
-    front = threadfront.ThreadFront(asyncio.get_running_loop(), context, lambda *_: False, _never_adopted)
+    pki.server_context(pki.issue(ca, "front", ["127.0.0.1"]), tmp_path)
+    tls = tlsfront.ServerTLS.from_files(tmp_path / "tls.crt", tmp_path / "tls.key")
+    front = threadfront.ThreadFront(asyncio.get_running_loop(), tls, lambda *_: False, _never_adopted)
+    assert (front.acceptor is not None and front.acceptor.native is not None) == native
     port = front.start("127.0.0.1", 0)
     client = ssl.create_default_context(cadata=ca.cert_pem.decode())
     try:
@@ -79,7 +86,7 @@ async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.Monkey
         writer.write(b"POST / HTTP/1.1\r\n")  # and nothing more
         await writer.drain()
         for _ in range(250):
-            if any(isinstance(s, ssl.SSLSocket) for s in front._open):
+            if any(tlsfront.is_tls(s) for s in front._open):
                 break
             await asyncio.sleep(0.02)
         front.stop()

@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from cdi.common import pki
-from cdi.operator import certs, resources
+from cdi.common import certconfig, pki
+from cdi.operator import certs, monitoring, resources
 from cdi.operator.resources import Images
 
 
@@ -57,7 +57,7 @@ def test_the_operator_holds_every_permission_it_grants_and_no_escalate_or_bind()
     """RBAC refuses a Role that grants more than its creator holds; the operator gets no shortcut."""
     cluster, namespaced = resources.operator_cluster_rules(), resources.operator_namespace_rules()
     cr = {"metadata": {"name": "cdi"}, "spec": {}}
-    for obj in resources.components(cr, "cdi", Images(), {}):
+    for obj in [*resources.components(cr, "cdi", Images(), {}), *monitoring.objects("cdi")]:
         if obj["kind"] == "ClusterRole":
             assert all(_covers(cluster, r) for r in obj["rules"]), obj["metadata"]["name"]
         if obj["kind"] == "Role" and obj["metadata"]["namespace"] == "cdi":
@@ -74,6 +74,10 @@ def test_components_follow_the_cdi_resource() -> None:
     controller = objects[("Deployment", "cdi-deployment")]
     assert controller["spec"]["replicas"] == 2
     assert "--no-cdi-status" in controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    # worker pods pull as the resource says, and clone source pods run the cloner image
+    assert args[args.index("--pull-policy") + 1] == "Always"
+    assert args[args.index("--cloner-image") + 1] == Images().of("cdi-cloner")
     apiserver = objects[("Deployment", "cdi-apiserver")]["spec"]
     assert apiserver["replicas"] == 2
     pod = apiserver["template"]["spec"]
@@ -87,16 +91,16 @@ def test_components_follow_the_cdi_resource() -> None:
 
 @pytest.mark.parametrize(("text", "seconds"), [("48h", 172800), ("1h30m", 5400), ("90s", 90), ("48h0m0s", 172800)])
 def test_cert_durations_are_go_durations(text: str, seconds: int) -> None:
-    assert certs.parse_duration(text).total_seconds() == seconds
+    assert certconfig.parse_duration(text).total_seconds() == seconds
 
 
 def test_a_certificate_is_renewed_within_renew_before_or_when_its_ca_changed() -> None:
     lifetime = certs.Lifetime(datetime.timedelta(hours=2), datetime.timedelta(hours=1))
-    ca = pki.make_ca("ca", days=2 / 24)  # type: ignore[arg-type]
+    ca = pki.make_ca("ca", days=2 / 24)
     assert not certs.due(ca, lifetime)
     assert certs.due(ca, certs.Lifetime(datetime.timedelta(hours=2), datetime.timedelta(hours=3)))
     assert certs.due(ca, certs.Lifetime(datetime.timedelta(hours=1), datetime.timedelta(minutes=1)))  # shortened
-    leaf = pki.issue(ca, "x", ["x"], days=1 / 24)  # type: ignore[arg-type]
+    leaf = pki.issue(ca, "x", ["x"], days=1 / 24)
     assert not certs.due(leaf, certs.Lifetime(datetime.timedelta(hours=1), datetime.timedelta(minutes=10)), ca)
     assert certs.due(leaf, certs.Lifetime(datetime.timedelta(hours=1), datetime.timedelta(minutes=10)),
                      pki.make_ca("another"))

@@ -6,10 +6,13 @@ CDI's namespace; each upload pod then gets a certificate of its own."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cdi.api import groups
-from cdi.common import pki
+from cdi.api.views import dig
+from cdi.common import certconfig, pki
 from cdi.kube import AlreadyExists, KubeClient, NotFound
 
 SERVER_SIGNER = "cdi-uploadserver-signer"
@@ -35,11 +38,19 @@ class UploadPki:
     client_signer: pki.KeyPair
     client: pki.KeyPair
 
-    def server_certificate(self, service: str, namespace: str) -> pki.KeyPair:
+    def server_certificate(self, service: str, namespace: str, days: float = 1.0) -> pki.KeyPair:
+        """An upload server's leaf; `days` from the CDI resource's `certConfig.server` (`server_days`)."""
         hosts = [service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
                  f"{service}.{namespace}.svc.cluster.local"]
         common_name = f"{service}.{namespace}.svc"  # a certificate's CN holds 64 characters at most
-        return pki.issue(self.server_signer, common_name if len(common_name) <= 64 else service, hosts)
+        return pki.issue(self.server_signer, common_name if len(common_name) <= 64 else service, hosts,
+                         days=days)
+
+
+def cert_days(cdi: Mapping[str, Any] | None, which: str) -> float:
+    """The lifetime in days of the `server` or `client` certificates this controller issues per pod, from
+    the CDI resource's `certConfig` (CDI's 24h by default)."""
+    return certconfig.days(dig(cdi, "spec", "certConfig") if cdi else None, which)
 
 
 async def _ensure_secret(client: KubeClient, namespace: str, name: str, make: pki.KeyPair) -> pki.KeyPair:

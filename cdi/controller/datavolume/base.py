@@ -12,20 +12,22 @@ import aiohttp
 
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups
+from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
-from cdi.api.upload import FORMAT_ANNOTATION
-from cdi.api.validation import Cause, external_population, unsupported_source
-from cdi.api.views import DataVolumeView, dig
-from cdi.controller import conditions, staticvolumes
-from cdi.controller.claims import cluster_storage, waits_for_first_consumer
-from cdi.controller.progress import format_progress, scrape
-from cdi.controller.rendering import (
+from cdi.api.rendering import (
     NoStorageClass,
     RenderError,
     render_claim_spec,
     unrendered_claim_spec,
     webhook_rendering_enabled,
 )
+from cdi.api.upload import FORMAT_ANNOTATION
+from cdi.api.validation import Cause, external_population, unsupported_source
+from cdi.api.views import DataVolumeView, dig
+from cdi.controller import conditions
+from cdi.controller.claims import cluster_storage, waits_for_first_consumer
+from cdi.controller.datavolume import staticvolumes
+from cdi.controller.datavolume.progress import format_progress, scrape
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
@@ -48,32 +50,6 @@ def _passes_label(key: str) -> bool:
     """CDI propagates only kubevirt.io labels (e.g. instancetype.kubevirt.io/default-preference)."""
     prefix = key.split("/", 1)[0] if "/" in key else ""
     return prefix == "kubevirt.io" or prefix.endswith(".kubevirt.io")
-
-
-def import_annotations(dv: Body) -> dict[str, str]:
-    """What the import reconciler needs to know, written on the PVC (CDI's PVC import API)."""
-    view = DataVolumeView(dv)
-    kind = view.source_kind or ""
-    source: Body = view.source.get(kind) or {}
-    out: dict[str, str] = {ann.IMPORT_SOURCE: kind, ann.CONTENT_TYPE: view.content_type}
-    if kind in ("http", "s3", "gcs"):
-        out[ann.IMPORT_ENDPOINT] = str(source.get("url", ""))
-    elif kind == "registry":
-        out[ann.IMPORT_ENDPOINT] = str(source.get("url") or source.get("imageStream") or "")
-        out[ann.IMPORT_REGISTRY_IMPORT_METHOD] = str(source.get("pullMethod") or "pod")
-        if dig(source, "platform", "architecture"):
-            out[ann.IMPORT_REGISTRY_ARCHITECTURE] = str(source["platform"]["architecture"])
-    for key, field in ((ann.IMPORT_SECRET, "secretRef"), (ann.IMPORT_CERT_CONFIGMAP, "certConfigMap"),
-                       (ann.IMPORT_CHECKSUM, "checksum")):
-        if source.get(field):
-            out[key] = str(source[field])
-    if source.get("extraHeaders"):
-        out[ann.IMPORT_EXTRA_HEADERS] = json.dumps(list(source["extraHeaders"]))
-    if source.get("secretExtraHeaders"):
-        out[ann.IMPORT_SECRET_EXTRA_HEADERS] = json.dumps(list(source["secretExtraHeaders"]))
-    if source.get("insecureSkipVerify"):
-        out[ann.IMPORT_INSECURE_SKIP_VERIFY] = "true"
-    return out
 
 
 class DataVolumeReconciler(Reconciler):
@@ -210,7 +186,7 @@ class DataVolumeReconciler(Reconciler):
         elif view.source_kind is None:  # filled by the claim's data source or a volume populator, as CDI
             annotations[EXTERNAL_POPULATION] = "true"
         else:
-            annotations.update(import_annotations(dv))
+            annotations.update(ImportRequest.from_source(view.source, view.content_type).to_annotations())
         preallocation = view.spec.get("preallocation")
         if preallocation is not None:
             annotations[ann.PREALLOCATION_REQUESTED] = "true" if preallocation else "false"

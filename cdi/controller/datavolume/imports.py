@@ -25,7 +25,8 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.views import dig
+from cdi.api.importrequest import ImportRequest
+from cdi.api.views import ClaimView, DataVolumeView, PodView, dig
 from cdi.controller import conditions
 from cdi.controller.claims import (
     annotate,
@@ -37,15 +38,14 @@ from cdi.controller.claims import (
     scratch_name,
     waits_for_first_consumer,
 )
-from cdi.controller.importpod import (
+from cdi.controller.datavolume.importpod import (
     IMPORTER_CONTAINER,
-    ImportSource,
     WorkerSettings,
     importer_pod,
     mounts_scratch,
     pod_name,
 )
-from cdi.controller.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
+from cdi.controller.datavolume.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
@@ -56,7 +56,7 @@ RETRY_BUDGET_ANNOTATION = "cdi.kubevirt.io/storage.import.retryBudget"
 
 
 def is_import_claim(pvc: Body) -> bool:
-    annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    annotations = ClaimView(pvc).annotations
     return ann.IMPORT_ENDPOINT in annotations or annotations.get(ann.IMPORT_SOURCE) in ("blank", "none")
 
 
@@ -64,14 +64,13 @@ IMAGE_PULL_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName")
 IMAGE_PULL_FAILURE_TEXT = "failed to pull image"  # CDI's ImagePullFailureText
 
 
-def _importer_first(pod: Body) -> list[Obj]:
-    statuses = list(dig(pod, "status", "containerStatuses") or [])
-    return sorted(statuses, key=lambda s: s.get("name") != IMPORTER_CONTAINER)
+def _importer_first(pod: Body) -> list[Body]:
+    return sorted(PodView(pod).container_statuses, key=lambda s: s.get("name") != IMPORTER_CONTAINER)
 
 
 def image_pull_failure(pod: Body) -> str | None:
     """CDI's message when a container of the pod cannot get its image (`failed to pull image: IMAGE`)."""
-    for status in dig(pod, "status", "containerStatuses") or []:
+    for status in PodView(pod).container_statuses:
         waiting = (status.get("state") or {}).get("waiting") or {}
         if not status.get("started") and waiting.get("reason") in IMAGE_PULL_WAITING:
             return f"{IMAGE_PULL_FAILURE_TEXT}: {status.get('image', '')}"
@@ -80,7 +79,7 @@ def image_pull_failure(pod: Body) -> str | None:
 
 def importer_ended(pod: Body) -> bool:
     """The importer container failed while the pod goes on (a node-pull pod whose server never started)."""
-    for status in dig(pod, "status", "containerStatuses") or []:
+    for status in PodView(pod).container_statuses:
         terminated = (status.get("state") or {}).get("terminated")
         if status.get("name") == IMPORTER_CONTAINER and terminated and terminated.get("exitCode", 0) != 0:
             return True
@@ -133,9 +132,10 @@ class ImportReconciler(Reconciler):
         )
 
     def _dv_of(self, pvc: Body) -> Body | None:
-        for ref in dig(pvc, "metadata", "ownerReferences") or []:
+        claim = ClaimView(pvc)
+        for ref in claim.owner_references:
             if ref.get("kind") == "DataVolume":
-                return self.ctx.cached(groups.DATAVOLUMES, str(ref["name"]), str(dig(pvc, "metadata", "namespace")))
+                return self.ctx.cached(groups.DATAVOLUMES, str(ref["name"]), claim.namespace)
         return None
 
     async def reconcile(self, key: str) -> float | None:
@@ -143,7 +143,7 @@ class ImportReconciler(Reconciler):
         cached = self.ctx.cached(groups.PVCS, name, namespace)
         if cached is None or not is_import_claim(cached):
             return None
-        if dig(cached, "metadata", "deletionTimestamp"):
+        if ClaimView(cached).deleting:
             await self._stop_for_deletion(cached)
             return None
         # the claim's annotations are this reconciler's memory (attempt, retry time, pod name): read them
@@ -152,7 +152,7 @@ class ImportReconciler(Reconciler):
             pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
         except NotFound:
             return None
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        annotations = ClaimView(pvc).annotations
         attempt = int(annotations.get(ann.POD_RESTARTS, "0") or 0)
         current_name = annotations.get(ann.IMPORT_POD_NAME) or pod_name(name, attempt)
         pod = self.ctx.cached(groups.PODS, current_name, namespace)
@@ -166,13 +166,13 @@ class ImportReconciler(Reconciler):
     # -- starting --------------------------------------------------------------------------------------
 
     async def _start(self, pvc: Body, attempt: int) -> float | None:
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        claim = ClaimView(pvc)
+        annotations, namespace, name = claim.annotations, claim.namespace, claim.name
         wait = _seconds_until(annotations.get(ann.IMPORT_NEXT_RETRY, ""))
         if wait > 0:
             return wait
-        if dig(pvc, "status", "phase") != "Bound":
-            storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
+        if not claim.bound:
+            storage_class = self.ctx.cached(groups.STORAGECLASSES, claim.storage_class)
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
             if not (wffc and not waits_for_first_consumer(self.ctx, pvc)):
                 return None  # the provisioner binds it, or a consumer will
@@ -182,9 +182,9 @@ class ImportReconciler(Reconciler):
             self.ctx.recorder.record(dv or pvc, NORMAL, "ImportTargetInUse",
                                      f"pod {in_use} is using PVC {name}; waiting for it to finish")
             return 5.0
-        source = ImportSource.from_pvc(pvc)
+        source = ImportRequest.from_annotations(annotations)
         if source.source == "none":
-            source = ImportSource(**{**source.__dict__, "source": "blank"})
+            source = source.with_source("blank")
         # scratch only once an importer asked for it (or a user's annotation did): never from a look at the source
         scratch = annotations.get(ann.REQUIRES_SCRATCH) == "true"
         try:
@@ -209,27 +209,25 @@ class ImportReconciler(Reconciler):
         return None
 
     def _used_by_other_pod(self, pvc: Body) -> str | None:
-        namespace, name = dig(pvc, "metadata", "namespace"), dig(pvc, "metadata", "name")
-        for pod in self.ctx.cached_list(groups.PODS, str(namespace)):
-            if dig(pod, "status", "phase") in ("Succeeded", "Failed"):
+        claim = ClaimView(pvc)
+        for body in self.ctx.cached_list(groups.PODS, claim.namespace):
+            pod = PodView(body)
+            if pod.finished or pod.owned_by_claim(claim.name):
                 continue
-            owners = dig(pod, "metadata", "ownerReferences") or []
-            if any(r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name for r in owners):
-                continue
-            for volume in dig(pod, "spec", "volumes") or []:
-                if dig(volume, "persistentVolumeClaim", "claimName") == name:
-                    return str(dig(pod, "metadata", "name"))
+            if claim.name in pod.claim_names:
+                return pod.name
         return None
 
     # -- observing ------------------------------------------------------------------------------------
 
     async def _observe(self, pvc: Body, pod: Body, attempt: int) -> float | None:
-        if dig(pod, "metadata", "deletionTimestamp"):
+        view = PodView(pod)
+        if view.deleting:
             return None  # its deletion (a retry or a cleanup) is under way
-        phase = str(dig(pod, "status", "phase") or "Pending")
+        phase = view.phase or "Pending"
         changes: dict[str, str | None] = {ann.POD_PHASE: phase, ann.POD_RESTARTS: str(attempt),
-                                          ann.IMPORT_POD_NAME: str(dig(pod, "metadata", "name"))}
-        statuses = dig(pod, "status", "containerStatuses") or []
+                                          ann.IMPORT_POD_NAME: view.name}
+        statuses = view.container_statuses
         ready = bool(statuses) and all(s.get("ready") for s in statuses)
         changes[ann.POD_READY] = "true" if ready else "false"
         if phase == "Succeeded":
@@ -242,7 +240,7 @@ class ImportReconciler(Reconciler):
 
     @staticmethod
     def _running_condition(pod: Body, changes: dict[str, str | None]) -> None:
-        statuses = dig(pod, "status", "containerStatuses") or []
+        statuses = PodView(pod).container_statuses
         if statuses and all((s.get("state") or {}).get("running") for s in statuses):
             changes.update({ann.CONDITION_RUNNING: "true", ann.CONDITION_RUNNING_REASON: conditions.POD_RUNNING_REASON,
                             ann.CONDITION_RUNNING_MESSAGE: ""})
@@ -259,7 +257,7 @@ class ImportReconciler(Reconciler):
             changes.update({ann.CONDITION_RUNNING_REASON: str(waiting.get("reason") or ""),
                             ann.CONDITION_RUNNING_MESSAGE: str(waiting.get("message") or "")})
             return
-        unschedulable = next((c for c in dig(pod, "status", "conditions") or []
+        unschedulable = next((c for c in PodView(pod).conditions
                               if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
         changes[ann.POD_SCHEDULABLE] = "false" if unschedulable else None
         changes.setdefault(ann.CONDITION_RUNNING_REASON, "Pending")
@@ -280,20 +278,21 @@ class ImportReconciler(Reconciler):
         patch: Obj = {"metadata": {"annotations": dict(changes)}}
         if labels:
             patch["metadata"]["labels"] = {str(k): str(v) for k, v in labels.items()}
-        await self.ctx.client.patch(groups.PVCS, str(dig(pvc, "metadata", "name")), patch,
-                                    str(dig(pvc, "metadata", "namespace")))
+        claim = ClaimView(pvc)
+        await self.ctx.client.patch(groups.PVCS, claim.name, patch, claim.namespace)
         await self._cleanup(pvc, pod, succeeded=True)
         return None
 
     async def _failed(self, pvc: Body, pod: Body, attempt: int, changes: dict[str, str | None]) -> float | None:
         terminated_reason, result = termination(pod)
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        annotations = ClaimView(pvc).annotations
         reason = str(result.get("reason") or terminated_reason or "Error")
         message = str(result.get("message") or f"importer exited with {terminated_reason or 'an error'}")
         pull_failure = image_pull_failure(pod)
         if pull_failure:  # the importer gave up waiting for the image's server: say why
             reason, message = conditions.IMAGE_PULL_FAILED_REASON, pull_failure
-        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        claim = ClaimView(pvc)
+        namespace, name = claim.namespace, claim.name
         if result.get("scratchSpaceRequired") and not mounts_scratch(pod):
             # the importer read the head and needs scratch: the next pod gets it, and this is no restart
             # (CDI's condition reason and message; the pod, not the claim, says whether scratch was there,
@@ -334,8 +333,9 @@ class ImportReconciler(Reconciler):
     # -- cleanup ----------------------------------------------------------------------------------------
 
     async def _delete_pod(self, pod: Body) -> None:
-        await delete_if_present(self.ctx, groups.PODS, str(dig(pod, "metadata", "name")),
-                                str(dig(pod, "metadata", "namespace")), cached=False, grace_period_seconds=0)
+        view = PodView(pod)
+        await delete_if_present(self.ctx, groups.PODS, view.name, view.namespace, cached=False,
+                                grace_period_seconds=0)
 
     async def _delete_scratch(self, namespace: str, name: str) -> None:
         await delete_if_present(self.ctx, groups.PVCS, scratch_name(name), namespace)
@@ -344,24 +344,23 @@ class ImportReconciler(Reconciler):
         """The claim is being deleted (its DataVolume was): stop the import now, as CDI does. Left alone,
         the importer would download to the end, or wait on a stalled server, while pvc-protection
         holds the claim `Terminating`; its data is going anyway, so no grace period."""
-        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        claim = ClaimView(pvc)
+        namespace, name = claim.namespace, claim.name
         for pod in self.ctx.cached_list(groups.PODS, namespace):
-            owners = dig(pod, "metadata", "ownerReferences") or []
-            if dig(pod, "metadata", "labels", ann.LABEL_COMPONENT) == "importer" and \
-                    not dig(pod, "metadata", "deletionTimestamp") and any(
-                    r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name for r in owners):
+            view = PodView(pod)
+            if view.labels.get(ann.LABEL_COMPONENT) == "importer" and not view.deleting and view.owned_by_claim(name):
                 await self._delete_pod(pod)
         await self._delete_scratch(namespace, name)
 
     async def _cleanup(self, pvc: Body, pod: Body | None, *, succeeded: bool) -> None:
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        claim = ClaimView(pvc)
+        annotations, namespace, name = claim.annotations, claim.namespace, claim.name
         await self._delete_scratch(namespace, name)
         if pod is not None:  # the import just ended (later cleanups mostly find the pod gone)
             await delete_proxy_ca(self.ctx, pvc)
         retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true"
         dv = self._dv_of(pvc)
-        if dv is not None and (dig(dv, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION) == "true":
+        if dv is not None and DataVolumeView(dv).annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true":
             retain = True
-        if pod is not None and succeeded and not retain and not dig(pod, "metadata", "deletionTimestamp"):
+        if pod is not None and succeeded and not retain and not PodView(pod).deleting:
             await self._delete_pod(pod)

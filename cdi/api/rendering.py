@@ -2,7 +2,8 @@
 filled as CDI fills them (storage class from the virt default then the Kubernetes default, access
 and volume modes from the StorageProfile, size inflated by the filesystem overhead, the profile's
 minimum size). The same rules complete a bare PVC labelled `cdi.kubevirt.io/applyStorageProfile`
-(the PVC mutating webhook, CDI's RenderPvc). Pure: the caller passes what the cluster holds."""
+(the PVC mutating webhook, CDI's RenderPvc). Pure: the caller passes what the cluster holds, which is
+why it lives in `cdi.api`: the controller, the webhook and `cdi image-upload` share this one implementation."""
 
 from __future__ import annotations
 

@@ -9,15 +9,16 @@ the importer's reason code, so a permanent failure ends instead of crash-looping
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlparse
 
 from cdi.api import annotations as ann
 from cdi.api import env, naming
+from cdi.api.importrequest import ImportRequest
 from cdi.api.views import dig
 from cdi.controller.claims import owner_reference
-from cdi.controller.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
+from cdi.controller.datavolume.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
 from cdi.controller.workerpod import PodSettings, worker_pod
 
 Body = Mapping[str, Any]
@@ -39,57 +40,29 @@ NODE_PULL_PORT = 8100
 NODE_PULL_IMAGE_DIR = "/disk"
 
 
-@dataclass(frozen=True)
-class ImportSource:
-    """An import as the PVC's annotations describe it (CDI's legacy PVC API, also what DataVolumes write)."""
-
-    source: str
-    endpoint: str = ""
-    content_type: str = "kubevirt"
-    secret: str = ""
-    cert_configmap: str = ""
-    extra_headers: tuple[str, ...] = ()
-    secret_extra_headers: tuple[str, ...] = ()
-    checksum: str = ""
-    insecure_skip_verify: bool = False
-    registry_arch: str = ""
-    pull_method: str = "pod"
-
-    @property
-    def node_pull(self) -> bool:
-        """A registry import whose image the node pulls and runs (CDI's isRegistryNodeImport)."""
-        return self.source == env.SOURCE_REGISTRY and self.pull_method == env.PULL_METHOD_NODE
-
-    def node_image(self) -> str:
-        """The image the node pulls: the endpoint without `docker://` (CDI's getRegistryImportImage)."""
-        parsed = urlparse(self.endpoint)
-        return parsed.netloc + parsed.path if parsed.scheme else self.endpoint
-
-    @classmethod
-    def from_pvc(cls, pvc: Body) -> ImportSource:
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        return cls(
-            source=annotations.get(ann.IMPORT_SOURCE, env.SOURCE_HTTP),
-            endpoint=annotations.get(ann.IMPORT_ENDPOINT, ""),
-            content_type=annotations.get(ann.CONTENT_TYPE, "") or "kubevirt",
-            secret=annotations.get(ann.IMPORT_SECRET, ""),
-            cert_configmap=annotations.get(ann.IMPORT_CERT_CONFIGMAP, ""),
-            extra_headers=tuple(_lines(annotations.get(ann.IMPORT_EXTRA_HEADERS, ""))),
-            secret_extra_headers=tuple(_lines(annotations.get(ann.IMPORT_SECRET_EXTRA_HEADERS, ""))),
-            checksum=annotations.get(ann.IMPORT_CHECKSUM, ""),
-            insecure_skip_verify=annotations.get(ann.IMPORT_INSECURE_SKIP_VERIFY, "") == "true",
-            registry_arch=annotations.get(ann.IMPORT_REGISTRY_ARCHITECTURE, ""),
-            pull_method=annotations.get(ann.IMPORT_REGISTRY_IMPORT_METHOD, "") or "pod",
-        )
+def node_image(request: ImportRequest) -> str:
+    """The image the node pulls: the endpoint without `docker://` (CDI's getRegistryImportImage)."""
+    parsed = urlparse(request.endpoint)
+    return parsed.netloc + parsed.path if parsed.scheme else request.endpoint
 
 
-def _lines(text: str) -> list[str]:
-    """Header lists are stored one per line (CDI stores them JSON-encoded; both are accepted)."""
-    text = text.strip()
-    if text.startswith("["):
-        import json
-        return [str(v) for v in json.loads(text)]
-    return [line for line in text.splitlines() if line.strip()]
+def import_request_of(pod: Body) -> ImportRequest:
+    """The import an importer pod was made for: its importer's environment, with the names only its
+    volumes hold (cert ConfigMap, GCS secret, secret extra headers) and, for a node pull, the
+    registry image its server container runs."""
+    containers = dig(pod, "spec", "containers") or []
+    importer = next(c for c in containers if c.get("name") == IMPORTER_CONTAINER)
+    request = ImportRequest.from_env(importer.get("env") or [])
+    volumes = {str(v.get("name")): v for v in dig(pod, "spec", "volumes") or []}
+    cert = str(dig(volumes.get(CERT_VOLUME), "configMap", "name") or "")
+    secret = str(dig(volumes.get(SECRET_VOLUME), "secret", "secretName") or "") or request.secret
+    headers = tuple(str(dig(volumes[f"cdi-extra-headers-{i}"], "secret", "secretName"))
+                    for i in range(len(volumes)) if f"cdi-extra-headers-{i}" in volumes)
+    request = replace(request, cert_configmap=cert, secret=secret, secret_extra_headers=headers)
+    server = next((c for c in containers if c.get("name") == NODE_PULL_SERVER_CONTAINER), None)
+    if request.pull_method == env.PULL_METHOD_NODE and server is not None:
+        request = replace(request, source=env.SOURCE_REGISTRY, endpoint=f"docker://{server.get('image')}")
+    return request
 
 
 @dataclass(frozen=True)
@@ -119,7 +92,7 @@ def _owner_uid(pvc: Body) -> str:
     return str(owners[0]["uid"]) if len(owners) == 1 else str(dig(pvc, "metadata", "uid"))
 
 
-def _node_pull(importer: Obj, volumes: list[Obj], source: ImportSource, settings: WorkerSettings) -> tuple[Obj, Obj]:
+def _node_pull(importer: Obj, volumes: list[Obj], source: ImportRequest, settings: WorkerSettings) -> tuple[Obj, Obj]:
     """CDI's pod shape for registry pullMethod node: the importer reads the disk over HTTP from the
     user's image, which runs the server an init container copied into the shared emptyDir (see
     `cdi.importer.containerimage`); (server container, init container). The server binds the pod IP
@@ -132,13 +105,12 @@ def _node_pull(importer: Obj, volumes: list[Obj], source: ImportSource, settings
     rest = [dict(e, value=variables[e["name"]]) if e["name"] in variables else e
             for e in importer["env"] if e["name"] != env.POD_IP]
     importer["env"] = [pod_ip, *rest,  # POD_IP first: the endpoint refers to it
-                       {"name": env.PULL_METHOD, "value": env.PULL_METHOD_NODE},
                        {"name": env.READY_FILE, "value": f"{NODE_PULL_SHARED_DIR}/ready"},
                        {"name": env.DONE_FILE, "value": f"{NODE_PULL_SHARED_DIR}/done"}]
     importer.setdefault("volumeMounts", []).append(dict(shared))
     volumes.append({"name": NODE_PULL_SHARED_VOLUME, "emptyDir": {}})
     server: Obj = {
-        "name": NODE_PULL_SERVER_CONTAINER, "image": source.node_image(),
+        "name": NODE_PULL_SERVER_CONTAINER, "image": node_image(source),
         "command": [f"{NODE_PULL_SHARED_DIR}/server", "-p", str(NODE_PULL_PORT), "-image-dir", NODE_PULL_IMAGE_DIR,
                     "-ready-file", f"{NODE_PULL_SHARED_DIR}/ready", "-done-file", f"{NODE_PULL_SHARED_DIR}/done"],
         "env": [dict(pod_ip)], "volumeMounts": [dict(shared)],
@@ -151,41 +123,25 @@ def _node_pull(importer: Obj, volumes: list[Obj], source: ImportSource, settings
     return server, init
 
 
-def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, attempt: int = 0,
+def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, attempt: int = 0,
                  scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False) -> Obj:
     """The importer's container and volumes; placement, resources, security context, priority class,
     service account and pass-through annotations are every worker pod's (`workerpod.worker_pod`)."""
     name = str(dig(pvc, "metadata", "name"))
     namespace = str(dig(pvc, "metadata", "namespace"))
     block = dig(pvc, "spec", "volumeMode") == "Block"
+    insecure = source.insecure_skip_verify or (
+        source.source == env.SOURCE_REGISTRY and _insecure_registry(source.endpoint, settings.insecure_registries))
     environment: list[Obj] = [
-        {"name": env.SOURCE, "value": source.source},
-        {"name": env.ENDPOINT, "value": source.endpoint},
-        {"name": env.CONTENT_TYPE, "value": source.content_type},
+        *source.to_env(insecure_tls=insecure),
         {"name": env.IMAGE_SIZE, "value": str(dig(pvc, "spec", "resources", "requests", "storage") or "")},
         {"name": env.OWNER_UID, "value": _owner_uid(pvc)},
         {"name": env.FILESYSTEM_OVERHEAD, "value": "0" if block else filesystem_overhead},
         {"name": env.PREALLOCATION, "value": "true" if preallocation else "false"},
         {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
-    insecure = source.insecure_skip_verify or (
-        source.source == env.SOURCE_REGISTRY and _insecure_registry(source.endpoint, settings.insecure_registries))
-    environment.append({"name": env.INSECURE_TLS, "value": "true" if insecure else "false"})
-    if source.checksum:
-        environment.append({"name": env.CHECKSUM, "value": source.checksum})
     if settings.retry_budget is not None:
         environment.append({"name": env.RETRY_BUDGET, "value": f"{settings.retry_budget:g}"})
-    if source.registry_arch:
-        environment.append({"name": env.REGISTRY_ARCHITECTURE, "value": source.registry_arch})
-    if source.secret and source.source == env.SOURCE_GCS:
-        environment.append({"name": env.GOOGLE_CREDENTIALS,
-                            "value": f"{env.GOOGLE_CREDENTIALS_DIR}/{env.GOOGLE_CREDENTIALS_KEY}"})
-    elif source.secret:
-        for var, key in ((env.ACCESS_KEY_ID, "accessKeyId"), (env.SECRET_KEY, "secretKey")):
-            environment.append({"name": var, "valueFrom": {"secretKeyRef": {
-                "name": source.secret, "key": key, "optional": True}}})
-    for index, header in enumerate(source.extra_headers):
-        environment.append({"name": f"{env.EXTRA_HEADER_PREFIX}{index}", "value": header})
     proxy = settings.import_proxy or {}
     for var, key in ((env.HTTP_PROXY, "HTTPProxy"), (env.HTTPS_PROXY, "HTTPSProxy"), (env.NO_PROXY, "noProxy")):
         if proxy.get(key):
@@ -207,7 +163,6 @@ def importer_pod(pvc: Body, source: ImportSource, settings: WorkerSettings, *, a
     if source.cert_configmap:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": source.cert_configmap}})
         mounts.append({"name": CERT_VOLUME, "mountPath": env.CERT_DIR_DEFAULT})
-        environment.append({"name": env.CERT_DIR, "value": env.CERT_DIR_DEFAULT})
     if trusted_ca_proxy(proxy):  # the copy in the claim's namespace (importproxy.ensure_proxy_ca)
         volumes.append({"name": PROXY_CERT_VOLUME, "configMap": {"name": proxy_ca_configmap_name(name)}})
         mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": env.PROXY_CERT_DIR_DEFAULT})

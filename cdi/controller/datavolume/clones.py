@@ -12,13 +12,15 @@ recording each in the target's `cdi.kubevirt.io/clonePhase`:
 - snapshot: a temporary VolumeSnapshot `tmp-snapshot-<target uid>` of the source (Snapshot), a
   temporary claim restored from it (SnapshotClone), then PrepClaim and Rebind as above; a
   `source.snapshot` DataVolume restores the user's snapshot directly;
-- copy (host-assisted): not carried out yet; the DataVolume stays CloneScheduled with its reason.
+- copy (host-assisted): a temporary claim filled by an upload server from a clone source pod (HostClone),
+  then Rebind as above.
 
 Every temporary object is deleted when the clone succeeds. The DataVolume's phase follows the
 clonePhase (CDI's populator phase map), with CDI's events."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,20 +32,23 @@ from cdi.api import annotations as ann
 from cdi.api import env, groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.quantity import QuantityError, parse_bytes
+from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.upload import SYNC_PATHS, upload_service_name
 from cdi.api.views import DataVolumeView, dig
 from cdi.common import pki
 from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage
-from cdi.controller.clone import planner
+from cdi.controller.clone import planner, sizedetection
+from cdi.controller.clone import size as clonesize
+from cdi.controller.clone import token as clonetoken
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.progress import format_progress, scrape
-from cdi.controller.rendering import ClusterStorage, RenderError, render_claim_spec
+from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
+from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.runtime import Context, Reconciler, write_status
-from cdi.controller.uploadpki import UploadPki, ensure_upload_pki
-from cdi.controller.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+from cdi.kube.events import EventType
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -65,6 +70,7 @@ CLONE_SOURCE_IN_USE = "CloneSourceInUse"
 # CDI's /var/run/cdi/clone/source, where /var/run is the usual symlink (the embedded node's sandbox
 # cannot make a mount point through that symlink)
 CLONER_MOUNT_PATH = "/run/cdi/clone/source"
+SIGNING_KEY_SECRET = "cdi-api-signing-key"  # cdi-apiserver's, which signs and checks clone tokens
 CLONE_SOURCE_ANNOTATION = "cdi.kubevirt.io/storage.clone.source"  # ours: kind/namespace/name the target clones
 
 
@@ -97,19 +103,6 @@ def _bytes(value: Any) -> int | None:
         return None
 
 
-def source_size(source: CloneSource, obj: Body, target_spec: Body) -> str | None:
-    """CDI's size for a `storage` target without one: the source's request when class and volume
-    mode match, else its capacity; a snapshot's restoreSize."""
-    if source.kind == "snapshot":
-        value = dig(obj, "status", "restoreSize")
-        return str(value) if value is not None else None
-    same = dig(obj, "spec", "storageClassName") == target_spec.get("storageClassName") and \
-        (dig(obj, "spec", "volumeMode") or "Filesystem") == (target_spec.get("volumeMode") or "Filesystem")
-    value = dig(obj, "spec", "resources", "requests", "storage") if same else \
-        dig(obj, "status", "capacity", "storage") or dig(obj, "spec", "resources", "requests", "storage")
-    return str(value) if value is not None else None
-
-
 def planner_cluster(ctx: Context) -> planner.Cluster:
     cdi = next(iter(ctx.cached_list(groups.CDIS)), None)
     override = dig(cdi, "spec", "cloneStrategyOverride")
@@ -128,13 +121,14 @@ class ClonePlan:
     source_obj: Body
     spec: Obj  # the target claim's spec
     plan: planner.Plan
+    permissive: bool = False  # CDI's size rules made the clone permissive (cdi.kubevirt.io/permissiveClone)
 
 
 def plan_datavolume(dv: Body, lookup: Lookup, storage: ClusterStorage, cluster: planner.Cluster) -> ClonePlan:
     """Everything decided before anything moves: the source, the target claim's spec (its size taken
     from the source when the `storage` API omits it) and the strategy with its reason. Shared by the
-    reconciler and `cdi clone-plan`. Raises ChainError, SourceMissing, RenderError or
-    planner.CloneValidationError."""
+    reconciler and `cdi clone-plan`. Raises ChainError, SourceMissing, RenderError,
+    planner.CloneValidationError or size.NeedsVirtualSize (a size-detection pod must measure the source)."""
     source = resolve_source_ref(dv, lookup)
     gvr = groups.PVCS if source.kind == "pvc" else groups.VOLUMESNAPSHOTS
     source_obj = lookup(gvr, source.name, source.namespace)
@@ -142,18 +136,23 @@ def plan_datavolume(dv: Body, lookup: Lookup, storage: ClusterStorage, cluster: 
         raise SourceMissing(f"The source {source.kind} {source.name} doesn't exist")
     spec = render_claim_spec(dv, storage)
     requests = spec.setdefault("resources", {}).setdefault("requests", {})
-    if requests.get("storage") is None:
-        size = source_size(source, source_obj, spec)
-        if size is not None:
-            requests["storage"] = size
-    annotations: Mapping[str, str] = dig(dv, "metadata", "annotations") or {}
     if source.kind == "pvc":
-        plan = planner.plan_from_pvc(source_obj, spec, annotations, cluster)
+        sized = clonesize.pvc_clone_size(source_obj, spec, storage)
+        content = None
     else:
         content_name = dig(source_obj, "status", "boundVolumeSnapshotContentName")
         content = lookup(groups.VOLUMESNAPSHOTCONTENTS, str(content_name), "") if content_name else None
+        sized = clonesize.snapshot_clone_size(source_obj, content, spec, storage)
+    if sized.request is not None:
+        requests["storage"] = sized.request
+    annotations: dict[str, str] = dict(dig(dv, "metadata", "annotations") or {})
+    if sized.permissive:
+        annotations[ann.PERMISSIVE_CLONE] = "true"
+    if source.kind == "pvc":
+        plan = planner.plan_from_pvc(source_obj, spec, annotations, cluster)
+    else:
         plan = planner.plan_from_snapshot(source_obj, content, spec, cluster)
-    return ClonePlan(source, source_obj, spec, plan)
+    return ClonePlan(source, source_obj, spec, plan, sized.permissive)
 
 
 class CloneReconciler(Reconciler):
@@ -162,6 +161,7 @@ class CloneReconciler(Reconciler):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._pki: UploadPki | None = None
+        self._signing_key: bytes | None = None
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -186,7 +186,7 @@ class CloneReconciler(Reconciler):
         if target is None:
             if view.phase == "Succeeded":
                 return await self._status(dv, None, reason="ClaimLost", message="PVC was deleted")
-            return await self._create_target(dv)
+            return await self._check_token(dv) or await self._create_target(dv)
         if dig(target, "metadata", "deletionTimestamp"):
             return None
         phase = (dig(target, "metadata", "annotations") or {}).get(ann.CLONE_PHASE, "")
@@ -222,12 +222,20 @@ class CloneReconciler(Reconciler):
         except RenderError as exc:
             self.ctx.recorder.record(dv, WARNING, exc.reason, str(exc))
             return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")
+        except clonesize.NeedsVirtualSize:
+            return await self._detect_size(dv)
         source, spec, plan = decided.source, decided.spec, decided.plan
+        if decided.permissive and view.annotations.get(ann.PERMISSIVE_CLONE) != "true":
+            # CDI marks the DataVolume itself; the target claim takes the annotation below
+            await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
+                ann.PERMISSIVE_CLONE: "true"}}}, view.namespace)
+            return 0
         if not spec.get("resources", {}).get("requests", {}).get("storage"):
             return await self._status(dv, None, reason="Pending", message="waiting for the source's size",
                                       phase="Pending", requeue=POLL)
         annotations: dict[str, str] = {
             ann.CREATED_FOR_DATAVOLUME: view.uid, ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: PENDING,
+            ann.CONTENT_TYPE: view.content_type, ann.POD_RESTARTS: "0",
             CLONE_SOURCE_ANNOTATION: f"{source.kind}/{source.namespace}/{source.name}",
             ann.CLONE_REQUEST: f"{source.namespace}/{source.name}"}
         if plan.fallback_message:
@@ -255,6 +263,90 @@ class CloneReconciler(Reconciler):
             self.ctx.recorder.record(created, WARNING, plan.fallback_reason, plan.fallback_message)
         await self._status(dv, created, scheduled_why=plan.why)
         return POLL
+
+    async def _check_token(self, dv: Body) -> float | None:
+        """A clone from another namespace needs its clone token (`clone.token`): None when it holds one
+        for this source and target, else when to look again."""
+        view = DataVolumeView(dv)
+        try:
+            source = resolve_source_ref(dv, self.lookup)
+        except ChainError:
+            return None  # _create_target says why
+        if source.namespace == view.namespace:
+            return None
+        if self._signing_key is None:
+            secret = await self._get(groups.SECRETS, SIGNING_KEY_SECRET, self.ctx.settings.namespace)
+            data = (secret or {}).get("data") or {}
+            if "id_rsa" not in data:
+                return await self._status(dv, None, reason="Pending", message="waiting for cdi-apiserver's signing key",
+                                          phase="Pending", requeue=POLL)
+            self._signing_key = base64.b64decode(data["id_rsa"])
+        try:
+            extended = clonetoken.verified(view.annotations, self._signing_key, source.kind, source.namespace,
+                                           source.name, view.namespace, view.name, view.uid)
+        except clonetoken.TokenInvalid as exc:
+            message = str(exc)
+            if (conditions.find(list(view.status.get("conditions") or []), "Bound") or {}).get("message") != message:
+                self.ctx.recorder.record(dv, WARNING, clonetoken.INVALID, message)
+            return await self._status(dv, None, reason=clonetoken.INVALID, message=message, phase="Pending",
+                                      requeue=30.0)
+        if extended is None:
+            return None
+        await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
+            clonetoken.EXTENDED_CLONE_TOKEN: extended}}}, view.namespace)
+        return 0.2
+
+    async def _detect_size(self, dv: Body) -> float | None:
+        """The source's disk image is measured by a size-detection pod (CDI's getSizeFromPod); its
+        answer is kept on the source claim, from where the next look takes the size."""
+        source_ref = resolve_source_ref(dv, self.lookup)
+        source = await self._get(groups.PVCS, source_ref.name, source_ref.namespace)
+        if source is None or clonesize.recorded_virtual_size(source) is not None:
+            return 0.2  # measured already: the cache has not caught up yet
+        owner = next((r for r in dig(source, "metadata", "ownerReferences") or []
+                      if r.get("controller") and r.get("kind") == "DataVolume"), None)
+        if owner is not None:
+            filler = self.ctx.cached(groups.DATAVOLUMES, str(owner.get("name")), source_ref.namespace)
+            if dig(filler, "status", "phase") != "Succeeded":
+                return await self._size_status(dv, *sizedetection.IMPORT_PVC_NOT_READY, NORMAL)
+        name = sizedetection.pod_name(source)
+        pod = await self._get(groups.PODS, name, source_ref.namespace)
+        if pod is None:
+            manifest = sizedetection.size_detection_pod(source, dv, self.ctx.settings.importer_image,
+                                                        pod_settings(self.ctx))
+            try:
+                await self.ctx.client.create(groups.PODS, manifest, source_ref.namespace)
+            except AlreadyExists:
+                pass
+            return await self._size_status(dv, *sizedetection.SIZE_DETECTION_POD_CREATED, NORMAL)
+        failed = sizedetection.failure(pod)
+        if failed is not None:
+            await self._delete(groups.PODS, name, source_ref.namespace)
+            return await self._size_status(dv, failed, sizedetection.MESSAGE_POD_FAILED.format(failed), WARNING,
+                                           requeue=10.0)
+        virtual = sizedetection.result(pod)
+        if virtual is None:
+            return await self._size_status(dv, *sizedetection.SIZE_DETECTION_POD_NOT_READY, NORMAL)
+        await self.ctx.client.patch(groups.PVCS, source_ref.name, {"metadata": {"annotations": {
+            clonesize.VIRTUAL_SIZE: str(virtual),
+            clonesize.SOURCE_CAPACITY: str(dig(source, "status", "capacity", "storage"))}}}, source_ref.namespace)
+        await self._delete(groups.PODS, name, source_ref.namespace)
+        return 0.2  # the source claim's cache catches up with its new annotations
+
+    async def _size_status(self, dv: Body, reason: str, message: str, kind: EventType,
+                           requeue: float = POLL) -> float | None:
+        """The DataVolume waits in CloneScheduled while the size is found; each step's event once."""
+        bound = conditions.find(list(DataVolumeView(dv).status.get("conditions") or []), "Bound") or {}
+        if bound.get("reason") != reason:
+            self.ctx.recorder.record(dv, kind, reason, message)
+        return await self._status(dv, None, reason=reason, message=message, phase="CloneScheduled",
+                                  requeue=requeue, quiet=True)
+
+    async def _delete(self, gvr: groups.GVR, name: str, namespace: str) -> None:
+        try:
+            await self.ctx.client.delete(gvr, name, namespace)
+        except NotFound:
+            pass
 
     # -- the phases --------------------------------------------------------------------------------
 
@@ -317,6 +409,11 @@ class CloneReconciler(Reconciler):
                 pass
             return await self._set_phase(target, HOST_CLONE)
         temp_annotations: Mapping[str, str] = dig(temp, "metadata", "annotations") or {}
+        restarts = temp_annotations.get(ann.POD_RESTARTS)
+        if restarts and restarts != (dig(target, "metadata", "annotations") or {}).get(ann.POD_RESTARTS):
+            # the upload server's restarts are the DataVolume's restartCount, as CDI's populator copies them
+            await self.ctx.client.patch(groups.PVCS, str(dig(target, "metadata", "name")), {"metadata": {
+                "annotations": {ann.POD_RESTARTS: restarts}}}, str(dig(target, "metadata", "namespace")))
         pod_name = source_pod_name(temp)
         if temp_annotations.get(ann.POD_PHASE) == "Succeeded":
             for gvr in (groups.PODS, groups.SECRETS):
@@ -382,7 +479,9 @@ class CloneReconciler(Reconciler):
         pod_name = source_pod_name(temp)
         pki_ = await self.pki()
         client_name = (dig(temp, "metadata", "annotations") or {}).get(UPLOAD_CLIENT_NAME, "")
-        pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True)
+        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
+        pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True,
+                         days=cert_days(cdi, "client"))
         owner = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": temp_name,
                   "uid": dig(temp, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: SOURCE_CONTAINER,
@@ -536,7 +635,8 @@ class CloneReconciler(Reconciler):
 
     async def _status(self, dv: Body, pvc: Body | None, *, reason: str = "", message: str = "",
                       phase: str | None = None, requeue: float | None = None,
-                      scheduled_why: str | None = None) -> float | None:
+                      scheduled_why: str | None = None, quiet: bool = False) -> float | None:
+        """`quiet`: no phase event (CloneScheduled is announced with the plan, once the target exists)."""
         view = DataVolumeView(dv)
         status: Obj = json.loads(json.dumps(view.status))
         old_phase = status.get("phase", "")
@@ -546,6 +646,9 @@ class CloneReconciler(Reconciler):
         elif pvc is not None:
             status["claimName"] = dig(pvc, "metadata", "name")
             clone_phase = (dig(pvc, "metadata", "annotations") or {}).get(ann.CLONE_PHASE, "")
+            restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
+            if restarts.isdigit():
+                status["restartCount"] = int(restarts)
             status["phase"] = PHASE_MAP.get(clone_phase, status.get("phase") or "CloneScheduled")
             if status["phase"] == "Succeeded":
                 status["progress"] = PROGRESS_COMPLETE
@@ -556,7 +659,7 @@ class CloneReconciler(Reconciler):
         conditions.update_all(status, pvc, message, reason)
         if status != view.status:
             await write_status(self.ctx.client, groups.DATAVOLUMES, dv, status)
-            if status.get("phase") != old_phase:
+            if (status.get("phase") != old_phase and not quiet) or scheduled_why is not None:
                 self._phase_event(dv, str(status["phase"]), scheduled_why)
         return requeue
 

@@ -35,7 +35,7 @@ from cdi.api.upload import (
     upload_resource_name,
     upload_service_name,
 )
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, PodView
 from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller.claims import (
     annotate,
@@ -47,9 +47,9 @@ from cdi.controller.claims import (
     scratch_name,
     waits_for_first_consumer,
 )
-from cdi.controller.imports import termination
+from cdi.controller.datavolume.imports import termination
+from cdi.controller.datavolume.uploadpki import CLIENT_NAME, UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.runtime import Context, Reconciler
-from cdi.controller.uploadpki import CLIENT_NAME, UploadPki, ensure_upload_pki
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
 
@@ -69,14 +69,14 @@ def upload_name(pvc_name: str) -> str:
 
 
 def is_upload_claim(pvc: Body) -> bool:
-    return ann.UPLOAD_TARGET in (dig(pvc, "metadata", "annotations") or {})
+    return ann.UPLOAD_TARGET in ClaimView(pvc).annotations
 
 
 def upload_needs_scratch(pvc: Body) -> bool:
     """Unknown formats get scratch (as in CDI, where every upload has it): an upload cannot be asked
     for again with scratch added. A declared raw or qcow2 image, compressed or not, streams straight
     to the target."""
-    annotations = dig(pvc, "metadata", "annotations") or {}
+    annotations = ClaimView(pvc).annotations
     if UPLOAD_CLIENT_NAME in annotations:
         return False  # a clone target receives extents, written in place (CDI: no scratch for clones)
     declared = annotations.get(UPLOAD_FORMAT)
@@ -103,7 +103,7 @@ class UploadReconciler(Reconciler):
         cached = self.ctx.cached(groups.PVCS, name, namespace)
         if cached is None or not is_upload_claim(cached):
             return None
-        if dig(cached, "metadata", "deletionTimestamp"):
+        if ClaimView(cached).deleting:
             # as CDI: a claim being deleted loses its upload server now, which pvc-protection waits for
             await self._cleanup(cached, self.ctx.cached(groups.PODS, upload_name(name), namespace))
             return None
@@ -111,13 +111,14 @@ class UploadReconciler(Reconciler):
             pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
         except NotFound:
             return None
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        claim = ClaimView(pvc)
+        annotations = claim.annotations
         pod = self.ctx.cached(groups.PODS, upload_name(name), namespace)
         if annotations.get(ann.POD_PHASE) == "Succeeded" or annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             await self._cleanup(pvc, pod)
             return None
-        if dig(pvc, "status", "phase") != "Bound":
-            storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
+        if not claim.bound:
+            storage_class = self.ctx.cached(groups.STORAGECLASSES, claim.storage_class)
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
             if not (wffc and not waits_for_first_consumer(self.ctx, pvc)):
                 return None
@@ -127,12 +128,14 @@ class UploadReconciler(Reconciler):
         return await self._observe(pvc, pod)
 
     async def _create(self, pvc: Body) -> None:
-        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        claim = ClaimView(pvc)
+        namespace, name = claim.namespace, claim.name
         resource, service = upload_name(name), upload_service_name(name)
         owner = [owner_reference(pvc)]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "cdi-upload-server"}
         pki_ = await self.pki()
-        pair = pki_.server_certificate(service, namespace)
+        cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
+        pair = pki_.server_certificate(service, namespace, cert_days(cdi, "server"))
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                   "metadata": {"name": resource, "namespace": namespace, "labels": labels, "ownerReferences": owner},
                   "data": {"tls.crt": base64.b64encode(pair.cert_pem).decode(),
@@ -160,17 +163,16 @@ class UploadReconciler(Reconciler):
 
     def _pod(self, pvc: Body, resource: str, service: str, labels: Mapping[str, str], owner: list[Obj],
              scratch: str | None) -> Obj:
-        name = str(dig(pvc, "metadata", "name"))
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        block = dig(pvc, "spec", "volumeMode") == "Block"
-        owners = dig(pvc, "metadata", "ownerReferences") or []
-        owner_uid = owners[0]["uid"] if len(owners) == 1 else dig(pvc, "metadata", "uid")
+        claim = ClaimView(pvc)
+        name, annotations, block = claim.name, claim.annotations, claim.block
+        owners = claim.owner_references
+        owner_uid = owners[0]["uid"] if len(owners) == 1 else claim.uid
         environment = [
             {"name": "TLS_KEY_FILE", "value": "/etc/tls/tls.key"},
             {"name": "TLS_CERT_FILE", "value": "/etc/tls/tls.crt"},
             {"name": "CLIENT_CERT_FILE", "value": "/etc/tls/ca.crt"},
             {"name": "CLIENT_NAME", "value": annotations.get(UPLOAD_CLIENT_NAME) or CLIENT_NAME},  # clone source's
-            {"name": env.UPLOAD_IMAGE_SIZE, "value": str(dig(pvc, "spec", "resources", "requests", "storage") or "")},
+            {"name": env.UPLOAD_IMAGE_SIZE, "value": claim.requested_storage},
             {"name": env.FILESYSTEM_OVERHEAD, "value": claim_overhead(self.ctx, pvc)},
             {"name": env.PREALLOCATION, "value": "true" if preallocation_wanted(self.ctx, pvc) else "false"},
             {"name": "DESTINATION", "value": env.BLOCK_PATH_DEFAULT if block
@@ -205,14 +207,14 @@ class UploadReconciler(Reconciler):
         if devices:
             container["volumeDevices"] = devices
         return worker_pod(
-            name=resource, namespace=str(dig(pvc, "metadata", "namespace")), component=labels[ann.LABEL_COMPONENT],
+            name=resource, namespace=claim.namespace, component=labels[ann.LABEL_COMPONENT],
             annotated=pvc, owner=owner[0], containers=[container], volumes=volumes, restart_policy="OnFailure",
             settings=pod_settings(self.ctx),
-            labels={**labels, SERVICE_LABEL: service, ann.LABEL_UPLOAD_TARGET: str(dig(pvc, "metadata", "uid"))})
+            labels={**labels, SERVICE_LABEL: service, ann.LABEL_UPLOAD_TARGET: claim.uid})
 
     async def _observe(self, pvc: Body, pod: Body) -> float | None:
-        phase = str(dig(pod, "status", "phase") or "Pending")
-        statuses = dig(pod, "status", "containerStatuses") or []
+        phase = PodView(pod).phase or "Pending"
+        statuses = PodView(pod).container_statuses
         ready = bool(statuses) and all(s.get("ready") for s in statuses)
         restarts = sum(int(s.get("restartCount") or 0) for s in statuses)
         changes: dict[str, str | None] = {ann.POD_PHASE: phase, ann.POD_READY: "true" if ready else "false",
@@ -242,7 +244,7 @@ class UploadReconciler(Reconciler):
                             ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: reason,
                             ann.CONDITION_RUNNING_MESSAGE: message})
             await annotate(self.ctx, pvc, changes)
-            self.ctx.recorder.record(pvc, WARNING, "UploadFailed", f"Upload into PVC {dig(pvc, 'metadata', 'name')} "
+            self.ctx.recorder.record(pvc, WARNING, "UploadFailed", f"Upload into PVC {ClaimView(pvc).name} "
                                      f"failed: {reason}: {message}")
             await self._cleanup(pvc, pod)
             return None
@@ -255,8 +257,8 @@ class UploadReconciler(Reconciler):
 
     async def _cleanup(self, pvc: Body, pod: Body | None) -> None:
         """Remove what served the upload: pod (unless retained after success), Service, Secret, scratch."""
-        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        claim = ClaimView(pvc)
+        namespace, name, annotations = claim.namespace, claim.name, claim.annotations
         resource, service = upload_name(name), upload_service_name(name)
         succeeded = annotations.get(ann.POD_PHASE) == "Succeeded"
         retain = annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true" and succeeded
@@ -271,7 +273,7 @@ class UploadReconciler(Reconciler):
 
 def last_failure(pod: Body) -> Obj | None:
     """The termination message of the upload server's last non-zero exit (current or previous run)."""
-    for status in dig(pod, "status", "containerStatuses") or []:
+    for status in PodView(pod).container_statuses:
         for state in (status.get("state") or {}, status.get("lastState") or {}):
             terminated = state.get("terminated")
             if terminated and int(terminated.get("exitCode") or 0) != 0:

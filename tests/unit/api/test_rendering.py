@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from cdi.api.sizing import required_space
-from cdi.controller.rendering import (
+from cdi.api.rendering import (
     ClusterStorage,
     NoStorageClass,
     RenderError,
@@ -15,6 +14,7 @@ from cdi.controller.rendering import (
     render_pvc_spec,
     unrendered_claim_spec,
 )
+from cdi.api.sizing import required_space
 
 
 def sc(name: str, *, default: bool = False, virt: bool = False,

@@ -1,0 +1,148 @@
+"""CDI's DataVolume mutating webhook (`cdi-api-datavolume-mutate`, path `/datavolume-mutate`, CREATE and
+UPDATE of datavolumes): who may clone from another namespace, and the clone token.
+
+For a DataVolume that clones (`source.pvc`, `source.snapshot`, or a `sourceRef` DataSource naming one)
+from another namespace, SubjectAccessReviews ask whether the requesting user may `create`
+`datavolumes/source` there, or (a PVC) `pods`, or (a snapshot) both `pods` and `pvcs`; if not, the
+request is refused with CDI's "User NAME has insufficient permissions in clone source namespace NS".
+At creation every clone DataVolume gets `cdi.kubevirt.io/storage.clone.token`: a token signed with
+cdi-apiserver's key (`cdi.common.uploadtoken`, operation `Clone`, the source's name, namespace and
+resource, params `targetNamespace`/`targetName`, valid 5 minutes), which the controller verifies before
+it reads another namespace's volume, so a DataVolume written without passing through this webhook
+clones nothing there. Pre-populated or static-volume DataVolumes go through without a token, as CDI's."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jsonpatch
+import orjson
+from aiohttp import web
+
+from cdi.api import groups
+from cdi.api.validation import Cause
+from cdi.api.views import dig
+from cdi.apiserver.admission import review_response
+from cdi.common import uploadtoken
+from cdi.kube import KubeClient, NotFound
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+PATH = "/datavolume-mutate"
+CONFIGURATION = "cdi-api-datavolume-mutate"
+WEBHOOK = "datavolume-mutate.cdi.kubevirt.io"
+CLONE_TOKEN = "cdi.kubevirt.io/storage.clone.token"
+PRE_POPULATED = "cdi.kubevirt.io/storage.prePopulated"
+CHECK_STATIC_VOLUME = "cdi.kubevirt.io/storage.checkStaticVolume"
+
+
+def insufficient(user: str, namespace: str) -> str:
+    return f"User {user} has insufficient permissions in clone source namespace {namespace}"
+
+
+class DataVolumeMutation:
+    def __init__(self, client: KubeClient, private_key: Callable[[], bytes]) -> None:
+        self.client = client
+        self.private_key = private_key
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(PATH, self.mutate)]
+
+    async def mutate(self, http: web.Request) -> web.Response:
+        review = await http.json()
+        request = review.get("request") or {}
+        operation = request.get("operation")
+        dv: Obj = request.get("object") or {}
+        if operation not in ("CREATE", "UPDATE") or dig(dv, "metadata", "deletionTimestamp"):
+            return review_response(review)
+        target_ns = str(dig(dv, "metadata", "namespace") or request.get("namespace") or "")
+        target_name = str(dig(dv, "metadata", "name") or request.get("name") or "")
+        found = await clone_source(self.client, dv, target_ns)
+        if found is None:
+            return review_response(review)
+        kind, source_ns, source_name = found
+        annotations: Mapping[str, str] = dig(dv, "metadata", "annotations") or {}
+        no_token_okay = PRE_POPULATED in annotations or CHECK_STATIC_VOLUME in annotations
+        user: Mapping[str, Any] = request.get("userInfo") or {}
+        if source_ns != target_ns and not await self._may_clone(kind, source_ns, source_name, user):
+            if no_token_okay:
+                return review_response(review)
+            return review_response(review, [Cause("spec.source.PVC.namespace",
+                                                  insufficient(str(user.get("username", "")), source_ns),
+                                                  "FieldValueInvalid")])
+        if operation != "CREATE":
+            return review_response(review)
+        token = uploadtoken.issue(
+            self.private_key(), source_ns, source_name, operation=uploadtoken.OPERATION_CLONE,
+            resource=uploadtoken.PVC_RESOURCE if kind == "pvc" else uploadtoken.SNAPSHOT_RESOURCE,
+            params={"targetNamespace": target_ns, "targetName": target_name})
+        mutated = {**dv, "metadata": {**(dv.get("metadata") or {}),
+                                      "annotations": {**annotations, CLONE_TOKEN: token}}}
+        patch = jsonpatch.make_patch(dv, mutated).patch
+        uid = request.get("uid", "")
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+            "uid": uid, "allowed": True, "patchType": "JSONPatch",
+            "patch": base64.b64encode(orjson.dumps(patch)).decode()}})
+
+    async def _may_clone(self, kind: str, namespace: str, name: str, user: Mapping[str, Any]) -> bool:
+        """CDI's SubjectAccessReviews: `datavolumes/source`, else `pods` (a PVC) or `pods` and `pvcs` (a
+        snapshot), in the source namespace."""
+        spec = {"user": user.get("username", ""), "groups": list(user.get("groups") or []),
+                "uid": user.get("uid", ""), "extra": dict(user.get("extra") or {})}
+
+        async def allowed(resource: str, subresource: str = "", group: str = "") -> bool:
+            attributes = {"namespace": namespace, "verb": "create", "group": group, "resource": resource,
+                          "subresource": subresource, "name": name}
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                      "spec": {**spec, "resourceAttributes": attributes}}
+            answer = await self.client.create(groups.SUBJECTACCESSREVIEWS, review)
+            return bool(dig(answer, "status", "allowed"))
+
+        if await allowed("datavolumes", "source", groups.CDI_GROUP):
+            return True
+        if kind == "pvc":
+            return await allowed("pods")
+        return await allowed("pods") and await allowed("pvcs")
+
+
+async def clone_source(client: KubeClient, dv: Mapping[str, Any], namespace: str) -> tuple[str, str, str] | None:
+    """(kind, namespace, name) of what a clone DataVolume reads, its DataSource followed; None when it
+    does not clone (or its DataSource does not exist yet)."""
+    for kind in ("pvc", "snapshot"):
+        source = dig(dv, "spec", "source", kind)
+        if source is not None:
+            return kind, str(source.get("namespace") or namespace), str(source.get("name") or "")
+    ref = dig(dv, "spec", "sourceRef")
+    if ref is None or ref.get("kind") != "DataSource":
+        return None
+    ds_namespace = str(ref.get("namespace") or namespace)
+    try:
+        data_source = await client.get(groups.DATASOURCES, str(ref.get("name")), ds_namespace)
+    except NotFound:
+        return None
+    source_spec = dig(data_source, "spec", "source") or {}
+    if source_spec.get("dataSource") is not None:
+        source_spec = dig(data_source, "status", "source") or {}
+    for kind in ("pvc", "snapshot"):
+        source = source_spec.get(kind)
+        if source is not None:
+            return kind, str(source.get("namespace") or ds_namespace), str(source.get("name") or "")
+    return None
+
+
+def mutating_configuration(namespace: str, service: str, ca_bundle: str) -> Obj:
+    """CDI's `cdi-api-datavolume-mutate` as its operator installs it."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": CONFIGURATION, "labels": {"cdi.kubevirt.io": service}},
+            "webhooks": [{
+                "name": WEBHOOK, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": "Fail", "matchPolicy": "Exact", "timeoutSeconds": 10,
+                "reinvocationPolicy": "Never", "namespaceSelector": {}, "objectSelector": {},
+                "clientConfig": {"service": {"namespace": namespace, "name": service, "path": PATH, "port": 443},
+                                 "caBundle": ca_bundle},
+                "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [groups.CDI_GROUP],
+                           "apiVersions": [groups.CDI_VERSION], "resources": ["datavolumes"], "scope": "*"}]}]}
