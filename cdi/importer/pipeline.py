@@ -587,6 +587,10 @@ class _Import:
         ranges = self.origin.ranges
         if info.format != formats.RAW or ranges is None or ranges.size < 2 * vhd.FOOTER:
             return None
+        if ranges.size % (1 << 20) == 0:
+            # raw disks are whole MiBs; a fixed vhd is its data and 512 bytes more (whole MiBs only
+            # by chance): no request for the tail of a raw disk
+            return None
         tail = bytearray(vhd.FOOTER)
         ranges.read_into(ranges.size - vhd.FOOTER, memoryview(tail))
         size = vhd.fixed_footer(bytes(tail), ranges.size)

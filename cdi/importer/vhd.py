@@ -6,7 +6,9 @@ block that reads as zeros) is; each allocated block is a sector bitmap followed 
 data. Like qemu, the data of an allocated block is read whole and its sector bitmap is not fetched
 (the bitmap only matters for differencing disks, which are refused). A fixed vhd is the raw disk
 followed by the footer: it is recognised by that footer (checksum included) and imported without
-it, where a plain raw import would have written the footer into the disk. See `blockmap` for
+it, where a plain raw import (CDI's) would have written the footer into the disk. The footer is
+looked for only behind ranges and when the file is not a whole number of MiB (a raw disk is; a
+fixed vhd is not, but by chance): a stream, or such a chance, imports it as CDI does. See `blockmap` for
 how the blocks are fetched.
 
 The disk size is qemu's: the CHS geometry times 512, except for the creators that write the exact
