@@ -126,7 +126,7 @@ def _crd(plural: str, kind: str, *, group: str = groups.CDI_GROUP, version: str 
          namespaced: bool, spec: Schema | None, status: Schema | None, short_names: tuple[str, ...] = (),
          categories: tuple[str, ...] = (), columns: tuple[dict[str, Any], ...] = (),
          required: tuple[str, ...] = ("spec",), top_level: dict[str, Schema] | None = None,
-         singular: str | None = None) -> Manifest:
+         singular: str | None = None, status_subresource: bool = True) -> Manifest:
     properties: dict[str, Schema] = {
         "apiVersion": string(), "kind": string(), "metadata": obj(),
     }
@@ -145,7 +145,7 @@ def _crd(plural: str, kind: str, *, group: str = groups.CDI_GROUP, version: str 
         "name": version, "served": True, "storage": True,
         "schema": {"openAPIV3Schema": obj(properties, required=tuple(r for r in required if r in properties))},
     }
-    if status is not None:
+    if status is not None and status_subresource:
         served["subresources"] = {"status": {}}
     if columns:
         served["additionalPrinterColumns"] = list(columns)
@@ -324,6 +324,59 @@ def objecttransfer_crd() -> Manifest:
                 columns=(_AGE, {"name": "Phase", "type": "string", "jsonPath": ".status.phase"}))
 
 
+def _checkpoints() -> Schema:
+    return array(obj({"previous": string(), "current": string()}, required=("previous", "current")))
+
+
+def volumeimportsource_crd() -> Manifest:
+    """The import populator's source (CDI: no status subresource, an empty status object)."""
+    return _crd("volumeimportsources", "VolumeImportSource", namespaced=True, status_subresource=False,
+                spec=obj({
+                    "source": obj(_import_sources(), description="Source is the src of the data to be "
+                                                                 "imported in the target PVC"),
+                    "preallocation": boolean("Preallocation controls whether storage for the target PVC "
+                                             "should be allocated in advance."),
+                    "contentType": string("ContentType represents the type of the imported data "
+                                          "(Kubevirt or archive)"),
+                    "targetClaim": string("TargetClaim the name of the specific claim to be populated "
+                                          "with a multistage import."),
+                    "checkpoints": _checkpoints(),
+                    "finalCheckpoint": boolean(),
+                }, description="VolumeImportSourceSpec defines the Spec field for VolumeImportSource"),
+                status=obj(description="VolumeImportSourceStatus provides the most recently observed status "
+                                       "of the VolumeImportSource"))
+
+
+def volumeuploadsource_crd() -> Manifest:
+    return _crd("volumeuploadsources", "VolumeUploadSource", namespaced=True, status_subresource=False,
+                spec=obj({
+                    "contentType": string("ContentType represents the type of the upload data "
+                                          "(Kubevirt or archive)"),
+                    "preallocation": boolean("Preallocation controls whether storage for the target PVC "
+                                             "should be allocated in advance."),
+                }, description="VolumeUploadSourceSpec defines specification for VolumeUploadSource"),
+                status=obj(description="VolumeUploadSourceStatus provides the most recently observed status "
+                                       "of the VolumeUploadSource"))
+
+
+def volumeclonesource_crd() -> Manifest:
+    return _crd("volumeclonesources", "VolumeCloneSource", namespaced=True, status=None,
+                spec=obj({
+                    "source": obj({"apiGroup": string(), "kind": string(), "name": string()},
+                                  required=("kind", "name"),
+                                  description="Source is the src of the data to be cloned to the target PVC"),
+                    "preallocation": boolean("Preallocation controls whether storage for the target PVC "
+                                             "should be allocated in advance."),
+                    "priorityClassName": string("PriorityClassName is the priorityclass for the claim"),
+                }, required=("source",),
+                    description="VolumeCloneSourceSpec defines the Spec field for VolumeCloneSource"))
+
+
+def populator_crds() -> list[Manifest]:
+    """CDI's volume populator kinds, named by a PVC's `spec.dataSourceRef`."""
+    return [volumeimportsource_crd(), volumeuploadsource_crd(), volumeclonesource_crd()]
+
+
 def _snapshot_error() -> Schema:
     return obj({"message": string(), "time": date_time()})
 
@@ -405,7 +458,7 @@ def volumesnapshotclass_crd() -> Manifest:
 
 def cdi_crds() -> list[Manifest]:
     return [datavolume_crd(), datasource_crd(), dataimportcron_crd(), storageprofile_crd(),
-            cdiconfig_crd(), cdi_crd(), objecttransfer_crd()]
+            cdiconfig_crd(), cdi_crd(), objecttransfer_crd(), *populator_crds()]
 
 
 def snapshot_crds() -> list[Manifest]:

@@ -23,6 +23,10 @@ from cdi.controller.datavolume.clones import CloneReconciler
 from cdi.controller.datavolume.imports import ImportReconciler, is_import_claim
 from cdi.controller.datavolume.uploads import UploadReconciler, is_upload_claim
 from cdi.controller.metrics import ControllerMetrics
+from cdi.controller.populators.base import PopulatorReconciler
+from cdi.controller.populators.clones import ClonePopulator
+from cdi.controller.populators.imports import ImportPopulator
+from cdi.controller.populators.uploads import UploadPopulator
 from cdi.controller.runtime import Context, Reconciler, Settings, owner_keys
 from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.kube import KubeClient, LeaderElectionConfig, LeaderElector, object_key
@@ -32,7 +36,8 @@ Obj = dict[str, Any]
 
 WATCHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
            groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
-           groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS, groups.DATAIMPORTCRONS)
+           groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS, groups.DATAIMPORTCRONS,
+           groups.VOLUMEIMPORTSOURCES, groups.VOLUMEUPLOADSOURCES, groups.VOLUMECLONESOURCES, groups.CSIDRIVERS)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 
@@ -49,8 +54,12 @@ class Manager:
         self.datasources = DataSourceReconciler(self.ctx)
         self.clones = CloneReconciler(self.ctx)
         self.crons = DataImportCronReconciler(self.ctx)
+        self.import_populator = ImportPopulator(self.ctx)
+        self.populators: list[PopulatorReconciler] = [self.import_populator, UploadPopulator(self.ctx),
+                                                      ClonePopulator(self.ctx, self.clones)]
         self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.uploads, self.profiles,
-                                              self.config, self.datasources, self.clones, self.crons]
+                                              self.config, self.datasources, self.clones, self.crons,
+                                              *self.populators]
         for gvr in WATCHED:
             self.ctx.informer(gvr)
         self.metrics.count_pending_datavolumes(lambda: self.ctx.cached_list(groups.DATAVOLUMES))
@@ -85,6 +94,9 @@ class Manager:
             for owner in owner_keys(new, "PersistentVolumeClaim"):  # scratch claims
                 self.imports.enqueue(owner)
                 self.uploads.enqueue(owner)
+            for populator in self.populators:  # a claim naming a populator's kind, or its prime
+                for populated in populator.keys_for_claim(new):
+                    populator.enqueue(populated)
 
         def on_pod(obj: Obj, *rest: Obj) -> None:
             new = rest[0] if rest else obj
@@ -147,6 +159,15 @@ class Manager:
             for key in {*cron_keys_of(obj), *(cron_keys_of(rest[0]) if rest else [])}:
                 self.crons.enqueue(key)
 
+        def populator_source(populator: PopulatorReconciler) -> Any:
+            def handler(obj: Obj, *rest: Obj) -> None:
+                for key in populator.keys_for_source(rest[0] if rest else obj):
+                    populator.enqueue(key)
+            return handler
+
+        for populator in self.populators:
+            on_source = populator_source(populator)
+            inf[populator.source_gvr].add_handler(on_source, on_source, on_source)
         inf[groups.DATAIMPORTCRONS].add_handler(on_cron, on_cron, on_cron)
         for gvr in (groups.DATASOURCES, groups.VOLUMESNAPSHOTS):
             inf[gvr].add_handler(on_cron_object, on_cron_object, on_cron_object)
@@ -216,6 +237,7 @@ class Manager:
             await informer.stop()
         await self.datavolumes.close()
         await self.clones.close()
+        await self.import_populator.close()
         await self.ctx.recorder.close()
 
     # -- metrics ---------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ CONTROLLER_CLUSTER_RULES = [
     _rule([""], ["pods", "services", "secrets"], ("get", "list", "watch", "create", "delete")),
     _rule([""], ["configmaps"], ("get", "list", "watch", "create")),
     _rule([""], ["persistentvolumes", "nodes"], READ),
-    _rule([""], ["persistentvolumes"], ("update", "patch")),  # a smart clone's volume rebound to its target
+    _rule([""], ["persistentvolumes"], ("update", "patch")),  # a volume handed over: smart clones, populators
     _rule([""], ["events"], ("create", "patch", "update")),
     _rule(["storage.k8s.io"], ["storageclasses", "csidrivers"], READ),
     _rule([groups.SNAPSHOT_GROUP], ["volumesnapshotclasses", "volumesnapshotcontents"], READ),

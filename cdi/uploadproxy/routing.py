@@ -67,9 +67,27 @@ def _annotations(pvc: Mapping[str, Any]) -> Mapping[str, str]:
     return (pvc.get("metadata") or {}).get("annotations") or {}
 
 
+def _names_upload_source(pvc: Mapping[str, Any]) -> bool:
+    ref = (pvc.get("spec") or {}).get("dataSourceRef") or {}
+    return bool(ref.get("apiGroup") == groups.CDI_GROUP and ref.get("kind") == "VolumeUploadSource")
+
+
+async def _prime_of(client: KubeClient, namespace: str, pvc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The prime claim the populator named on the claim (`storage.populator.pvcPrime`), once there."""
+    prime_name = _annotations(pvc).get(ann.PVC_PRIME_NAME)
+    if not prime_name:
+        return None
+    try:
+        prime: dict[str, Any] = await client.get(groups.PVCS, prime_name, namespace)
+    except NotFound:
+        return None
+    return prime
+
+
 async def wait_until_ready(client: KubeClient, namespace: str, name: str, *,
                            timeout: float = READY_WAIT_SECONDS) -> dict[str, Any]:
-    """The PVC, once its upload server is ready; NotReady with CDI's messages otherwise."""
+    """The PVC whose upload server takes the upload (for a claim naming a VolumeUploadSource, its prime
+    claim, as CDI's proxy), once that server is ready; NotReady with CDI's messages otherwise."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -78,6 +96,17 @@ async def wait_until_ready(client: KubeClient, namespace: str, name: str, *,
             raise NotReady(f"rejecting Upload Request for PVC {name} that doesn't exist") from None
         except ApiError as exc:
             raise NotReady(f"cannot read PVC {namespace}/{name}: {exc}") from None
+        if _names_upload_source(pvc):  # the upload populator: the upload goes to its prime claim
+            if _annotations(pvc).get(ann.POD_PHASE) == "Succeeded":  # mirrored from the prime, now gone
+                raise AlreadyDone(f"rejecting Upload Request for PVC {name} that already finished uploading")
+            prime = await _prime_of(client, namespace, pvc)
+            if prime is None:
+                if time.monotonic() >= deadline:
+                    raise NotReady(f"the upload server for PVC {namespace}/{name} is not ready after "
+                                   f"{timeout:.0f}s (no prime claim yet); try again shortly")
+                await asyncio.sleep(READY_POLL_SECONDS)
+                continue
+            pvc = prime
         annotations = _annotations(pvc)
         if ann.UPLOAD_TARGET not in annotations:
             raise NotReady(f"PVC {name} is not an upload target")

@@ -104,7 +104,8 @@ class UploadProxy:
             return Answer(denied.status, denied.message)
         try:
             pvc = await wait_until_ready(self.client, token.namespace, token.name, timeout=self.ready_timeout)
-            upstream = await upstream_for(self.client, token.namespace, token.name, upload_path(pvc, path))
+            upstream = await upstream_for(self.client, token.namespace, str(pvc["metadata"]["name"]),
+                                          upload_path(pvc, path))
             context = await self.tls.context()
         except NotReady as exc:
             log.info("upload into %s/%s not possible now: %s", token.namespace, token.name, exc)

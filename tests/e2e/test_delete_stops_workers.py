@@ -26,6 +26,10 @@ def stalled_server(served_dir: Path) -> Iterator[FileServer]:
     server.close()
 
 
+# the legacy path: the workers are named after the DataVolume's claim (a populator's after the prime's)
+LEGACY = {"cdi.kubevirt.io/storage.usePopulator": "false"}
+
+
 def delete_and_expect_gone(k: Kubectl, name: str, pod: str) -> None:
     k("delete", "dv", name, "--wait=false")
 
@@ -39,7 +43,7 @@ def test_deleting_a_datavolume_stops_its_import(
         shared_cdi_up: CdiUp, shared_kubectl: Kubectl, stalled_server: FileServer, images: dict[str, Image]) -> None:
     k = shared_kubectl
     image = images["raw.img"]
-    k.apply(datavolume("doomed", {"http": {"url": f"{stalled_server.url}/{image.name}"}}, "64Mi"))
+    k.apply(datavolume("doomed", {"http": {"url": f"{stalled_server.url}/{image.name}"}}, "64Mi", annotations=LEGACY))
     wait_phase(k, "doomed", "ImportInProgress")
     wait_for(lambda: stalled_server.served(image.name) >= 4 << 20, 60, message="import stalled at the gate")
     pods = k.json("get", "pods", "-l", "cdi.kubevirt.io=importer")["items"]
@@ -51,7 +55,9 @@ def test_deleting_a_datavolume_stops_its_import(
 
 def test_deleting_an_upload_datavolume_stops_its_upload_server(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
     k = shared_kubectl
-    k.apply(upload_dv("unwanted"))
+    unwanted = upload_dv("unwanted")
+    unwanted["metadata"]["annotations"] = LEGACY
+    k.apply(unwanted)
     wait_ready(k, "unwanted")
     assert k.exists("pod", "cdi-upload-unwanted")
     delete_and_expect_gone(k, "unwanted", "cdi-upload-unwanted")

@@ -72,7 +72,7 @@ def test_the_cdi_resource_honours_wait_for_first_consumer_as_released(shared_kub
     assert k.get("cdi", "cdi", "")["spec"]["config"]["featureGates"] == ["HonorWaitForFirstConsumer"]
     wait_for(lambda: gates(k) == ["HonorWaitForFirstConsumer"], 30, message="CDIConfig has the released gates")
     k.apply(datavolume("wffc-honoured", {"blank": {}}, "16Mi", storage_class="local-wffc"))
-    wait_phase(k, "wffc-honoured", "WaitForFirstConsumer")
+    wait_phase(k, "wffc-honoured", "PendingPopulation")  # CSI storage: the populator path's phase, as CDI
     claim = k.get("pvc", "wffc-honoured")
     assert claim["status"]["phase"] == "Pending"
     assert BIND_IMMEDIATE not in claim["metadata"]["annotations"]
@@ -192,7 +192,8 @@ def test_a_claim_deleted_after_success_is_created_and_filled_again(
 def test_log_verbosity_turns_on_debug_logs_in_components_and_worker_pods(
         shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:
     k = shared_kubectl
-    retain = {"cdi.kubevirt.io/storage.pod.retainAfterCompletion": "true"}
+    retain = {"cdi.kubevirt.io/storage.pod.retainAfterCompletion": "true",
+              "cdi.kubevirt.io/storage.usePopulator": "false"}  # the legacy path: pods named after the claim
     k.apply(datavolume("quiet", {"blank": {}}, "16Mi", annotations=retain))
     wait_phase(k, "quiet", "Succeeded")
     assert "reconciled default/quiet" not in shared_cdi_up.log_path.read_text()
@@ -224,7 +225,8 @@ def test_check_static_volume_takes_the_volume_pre_bound_to_the_datavolume(
                       "claimRef": {"namespace": "default", "name": "static-dv"}}})
     wait_for(lambda: k.get("pv", "static-for-dv", "").get("status", {}).get("phase") == "Available", 30,
              message="the pre-bound volume Available")
-    static = {"cdi.kubevirt.io/storage.checkStaticVolume": ""}
+    static = {"cdi.kubevirt.io/storage.checkStaticVolume": "",
+              "cdi.kubevirt.io/storage.usePopulator": "false"}  # the claim filled as usual keeps the import API
     for name in ("static-dv", "static-none"):  # the second has no volume waiting: it is filled as usual
         dv = datavolume(name, {"blank": {}}, "64Mi", api="pvc", annotations=static)
         dv["spec"]["pvc"]["storageClassName"] = ""

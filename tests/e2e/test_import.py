@@ -41,6 +41,9 @@ def k(cluster: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
     return kubectl
 
 
+LEGACY = {"cdi.kubevirt.io/storage.usePopulator": "false"}  # CDI's opt-out of the populator path
+
+
 def expect_bytes(k: Kubectl, name: str, image: Image, *, block: bool = False) -> None:
     assert read_back(k, name, image.virtual_size, block=block) == image.sha256
 
@@ -146,8 +149,11 @@ def test_scratch_only_where_the_format_needs_it(
         k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
     """A compressed vmdk must be staged for qemu-img; a compressed qcow2 converts as it streams."""
     compressed_vmdk, qcow2_gz = images["vmdk.vmdk.gz"], images["qcow2.qcow2.gz"]
-    k.apply(datavolume("needs-scratch", {"http": {"url": f"{range_server.url}/{compressed_vmdk.name}"}}, "64Mi"))
-    k.apply(datavolume("no-scratch", {"http": {"url": f"{range_server.url}/{qcow2_gz.name}"}}, "64Mi"))
+    # the legacy path, where the scratch claim is named after the DataVolume's (a populator's is the prime's)
+    k.apply(datavolume("needs-scratch", {"http": {"url": f"{range_server.url}/{compressed_vmdk.name}"}}, "64Mi",
+                       annotations=LEGACY))
+    k.apply(datavolume("no-scratch", {"http": {"url": f"{range_server.url}/{qcow2_gz.name}"}}, "64Mi",
+                       annotations=LEGACY))
     wait_phase(k, "needs-scratch", "Succeeded")
     wait_phase(k, "no-scratch", "Succeeded")
     expect_bytes(k, "needs-scratch", compressed_vmdk)
@@ -173,7 +179,8 @@ def test_scratch_is_the_importers_call_and_the_controller_never_fetches_the_sour
     proxy = FileServer(served_dir)  # answers absolute-form requests: a plain-HTTP proxy to the same files
     try:
         set_import_proxy(k, {"HTTPProxy": proxy.url})
-        k.apply(datavolume("proxied-vmdk", {"http": {"url": f"{origin.url}/{image.name}"}}, "64Mi"))
+        k.apply(datavolume("proxied-vmdk", {"http": {"url": f"{origin.url}/{image.name}"}}, "64Mi",
+                           annotations=LEGACY))
         dv = wait_phase(k, "proxied-vmdk", "Succeeded")
     finally:
         set_import_proxy(k, None)
@@ -201,7 +208,7 @@ def test_wait_for_first_consumer(k: Kubectl, range_server: FileServer, images: d
     k.apply(datavolume("wffc-now", {"http": {"url": url}}, "64Mi", storage_class="local-wffc",
                        annotations={"cdi.kubevirt.io/storage.bind.immediate.requested": "true"}))
     wait_phase(k, "wffc-now", "Succeeded")
-    assert phase(k, "wffc-waits") == "WaitForFirstConsumer"
+    assert phase(k, "wffc-waits") == "PendingPopulation"  # CSI storage: the import populator's phase, as CDI
     assert k.get("pvc", "wffc-waits")["status"]["phase"] == "Pending"
     consumer = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "first-consumer"},
                 "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "c", "command": ["true"]}],

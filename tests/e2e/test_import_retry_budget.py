@@ -42,7 +42,9 @@ def test_a_source_that_never_delivers_fails_within_the_budget(
     name = "cut" if cut else "silent"
     retrying: list[str] = []
     try:
-        k.apply(datavolume(name, {"http": {"url": f"{server.url}/disk.img"}}, "64Mi"))
+        # the legacy path: the importer pod is named after the DataVolume's claim
+        k.apply(datavolume(name, {"http": {"url": f"{server.url}/disk.img"}}, "64Mi",
+                           annotations={"cdi.kubevirt.io/storage.usePopulator": "false"}))
         wait_for(lambda: phase(k, name) == "ImportInProgress", 60, interval=0.2, message=f"{name} in progress")
         started = time.monotonic()
 

@@ -20,6 +20,7 @@ import stat
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,14 @@ from tests.e2e.workloads import run_to_completion
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 
 IMAGE_SIZE = 4 << 20
+
+
+def legacy_upload_dv(name: str) -> dict[str, Any]:
+    """The legacy path: the upload server and its Service are named after the claim (a populator's after
+    its prime claim)."""
+    dv = upload_dv(name)
+    dv["metadata"]["annotations"] = {"cdi.kubevirt.io/storage.usePopulator": "false"}
+    return dv
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +104,7 @@ def test_two_instances_keep_their_addresses_and_uploads_apart_across_restarts(
         image = tmp_path / f"image-{index}.raw"
         image.write_bytes(random.Random(index).randbytes(IMAGE_SIZE))
         images.append(image)
-        k.apply(upload_dv("disk"))
+        k.apply(legacy_upload_dv("disk"))
     for _, k in pair:
         wait_ready(k, "disk")
 
@@ -128,7 +137,7 @@ def test_two_instances_keep_their_addresses_and_uploads_apart_across_restarts(
     assert [announced_service_range(up) for up, _ in pair] == ranges
     assert [cluster_ip(k, "cdi-api", "cdi") for _, k in pair] == api_ips
     for (_, k), service_range in zip(pair, ranges, strict=True):
-        k.apply(upload_dv("after-restart"))
+        k.apply(legacy_upload_dv("after-restart"))
         wait_ready(k, "after-restart")
         assert ipaddress.IPv4Address(cluster_ip(k, "cdi-upload-after-restart")) in service_range
         assert_service_reaches_own_upload_server(k, "after-restart")

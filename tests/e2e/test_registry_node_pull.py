@@ -19,6 +19,9 @@ from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
 
+# the legacy path: these tests look at the importer pod named after the DataVolume's claim
+LEGACY = {"cdi.kubevirt.io/storage.usePopulator": "false"}
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
@@ -52,7 +55,7 @@ def test_a_containerdisk_is_imported_by_the_node(k: Kubectl, registries: Any, im
     dv_name, repo = f"node-{stem}", f"e2e/node-{stem}"
     url = push_disk(registries, registries.tls, repo, image)
     k.apply(datavolume(dv_name, node_pull(url), "64Mi", annotations={
-        "cdi.kubevirt.io/storage.pod.retainAfterCompletion": "true"}))
+        "cdi.kubevirt.io/storage.pod.retainAfterCompletion": "true", **LEGACY}))
     wait_phase(k, dv_name, "Succeeded", timeout=240)
     assert read_back(k, dv_name, image.virtual_size) == image.sha256
     labels = k.get("pvc", dv_name)["metadata"].get("labels", {})
@@ -102,7 +105,7 @@ def test_image_pull_secrets_reach_the_node(k: Kubectl, registries: Any, images: 
 
 def test_a_missing_image_is_reported_as_cdi_does(k: Kubectl, registries: Any) -> None:
     image = f"{registries.tls.host}/e2e/never-pushed:v1"
-    k.apply(datavolume("node-missing", node_pull(f"docker://{image}"), "64Mi"))
+    k.apply(datavolume("node-missing", node_pull(f"docker://{image}"), "64Mi", annotations=LEGACY))
 
     def surfaced() -> dict[str, Any] | None:
         dv: dict[str, Any] = k.get("dv", "node-missing")

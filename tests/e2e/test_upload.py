@@ -143,7 +143,8 @@ def test_wait_for_first_consumer_needs_force_bind(cluster: CdiUp, k: Kubectl, im
     result = image_upload(cluster, "dv", "wffc", "--size", "64Mi", "--storage-class", "local-wffc",
                           "--image-path", str(image.path), "--wait-secs", "30")
     assert result.returncode == 1
-    assert "cannot upload to DataVolume in WaitForFirstConsumer state" in result.stderr
+    # CSI storage: the upload populator's phase, as CDI
+    assert "cannot upload to DataVolume in PendingPopulation state" in result.stderr
     result = image_upload(cluster, "dv", "wffc-bound", "--size", "64Mi", "--storage-class", "local-wffc",
                           "--force-bind", "--image-path", str(image.path))
     assert result.returncode == 0, result.stdout + result.stderr

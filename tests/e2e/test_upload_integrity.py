@@ -25,8 +25,11 @@ SHA256 = hashlib.sha256(IMAGE).hexdigest()
 SIZE = "100Mi"
 
 
-def _ready(k: Kubectl, name: str, size: str = SIZE) -> str:
-    k.apply(upload_dv(name, size))
+def _ready(k: Kubectl, name: str, size: str = SIZE, annotations: dict[str, str] | None = None) -> str:
+    dv = upload_dv(name, size)
+    if annotations:
+        dv["metadata"]["annotations"] = annotations
+    k.apply(dv)
     wait_ready(k, name)
     return token(k, name)
 
@@ -109,7 +112,9 @@ def test_long_names_that_share_a_prefix_get_their_own_upload_servers(cluster: Cd
     prefix = "golden-image-for-the-team-that-runs-the-windows-builds-"
     names = [prefix + "a", prefix + "b"]
     images = {name: os.urandom(4 << 20) for name in names}
-    bearers = {name: _ready(k, name, "16Mi") for name in names}  # both upload servers up at once
+    # the legacy path, where the upload server is named after the claim (a populator's after its prime)
+    legacy = {"cdi.kubevirt.io/storage.usePopulator": "false"}
+    bearers = {name: _ready(k, name, "16Mi", legacy) for name in names}  # both upload servers up at once
     services = k.json("get", "svc", "-l", "app=containerized-data-importer", "-o", "json")["items"]
     service_names = {item["metadata"]["name"] for item in services}
     assert len([s for s in service_names if s.startswith("cdi-upload-golden")]) == 2

@@ -168,11 +168,13 @@ def test_a_killed_upload_server_restarts_and_the_upload_resumes_from_the_volume(
     proxy = urlsplit(proxy_url(k))
     relay = CuttingRelay((str(proxy.hostname), int(proxy.port or 443)), cut_after=SIZE // 2, stall=True)
     name = f"server-killed-{mode}"
-    pod = f"cdi-upload-{name}"
     client = start_image_upload(cluster, "dv", name, "--size", "128Mi", "--volume-mode", mode,
                                 "--image-path", str(disk), "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
     try:
         wait_for(relay.stalled.is_set, 120, message="half the image on its way")
+        # the upload server is named after the claim that takes the upload: the populator's prime claim
+        prime = k.get("pvc", name)["metadata"].get("annotations", {}).get("cdi.kubevirt.io/storage.populator.pvcPrime")
+        pod = f"cdi-upload-{prime or name}"
         kept = wait_for(lambda: kept_offsets(k, pod), 60, interval=0.5, message="the upload server's checkpoint")
         container = k.json("get", "pod", pod)["status"]["containerStatuses"][0]
         os.killpg(int(container["containerID"].removeprefix("bwrap://")), signal.SIGKILL)

@@ -24,6 +24,9 @@ from tests.support.servers import FileServer
 
 CDI_NAMESPACE = "cdi"
 
+# the legacy path: these tests look at the pods and objects named after the DataVolume's claim
+LEGACY = {"cdi.kubevirt.io/storage.usePopulator": "false"}
+
 
 def patch_cdi(k: Kubectl, spec: dict[str, Any]) -> None:
     k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": spec}))
@@ -62,7 +65,8 @@ def test_trusted_ca_proxy_is_copied_into_the_import_namespace_and_trusted(
     try:
         set_import_proxy(k, {"HTTPSProxy": proxy.url, "trustedCAProxy": bundle})
         source = {"http": {"url": f"{https_server.url}/{image.name}", "secretRef": "creds"}}
-        k.apply({**datavolume(name, source, "64Mi"), "metadata": {"name": name, "namespace": ns}})
+        k.apply({**datavolume(name, source, "64Mi"),
+                 "metadata": {"name": name, "namespace": ns, "annotations": LEGACY}})
         wait_for(lambda: proxy.tunnels, 90, message="the importer's CONNECT at the proxy")
         assert proxy.tunnels[0] == https_server.url.removeprefix("https://")
         copied = k.get("configmap", copy, ns)
@@ -98,7 +102,7 @@ def test_a_missing_trusted_ca_proxy_bundle_is_reported_and_waited_for(
     try:
         set_import_proxy(k, {"trustedCAProxy": bundle})
         k.apply({**datavolume(name, {"http": {"url": f"{range_server.url}/{image.name}"}}, "64Mi"),
-                 "metadata": {"name": name, "namespace": ns}})
+                 "metadata": {"name": name, "namespace": ns, "annotations": LEGACY}})
 
         def reported() -> bool:
             conditions = (k.get("dv", name, ns).get("status") or {}).get("conditions") or []
@@ -165,7 +169,8 @@ def test_upload_and_importer_pods_share_placement_resources_and_pass_through_ann
                               annotations={"cdi.kubevirt.io/storage.pod.retainAfterCompletion": "true"})
         uploaded = upload_dv("uploaded", "16Mi")
         for dv in (imported, uploaded):
-            dv["metadata"].update(namespace=ns, annotations={**dv["metadata"].get("annotations", {}), **PASS_THROUGH})
+            dv["metadata"].update(namespace=ns, annotations={**dv["metadata"].get("annotations", {}), **PASS_THROUGH,
+                                                             **LEGACY})
             dv["spec"]["priorityClassName"] = "system-cluster-critical"
         imported["spec"]["serviceAccountName"] = "worker-sa"
         uploaded["metadata"]["annotations"][SERVICE_ACCOUNT] = "worker-sa"

@@ -183,7 +183,8 @@ class Cluster:
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         if annotations.get(ann.POD_PHASE) == "Succeeded":
             raise ClusterError(f"PVC {request.name} already successfully imported/cloned/updated")
-        if not request.no_create and ann.UPLOAD_TARGET not in annotations:
+        populated = (dig(pvc, "spec", "dataSourceRef") or {}).get("kind") == "VolumeUploadSource"  # its prime takes it
+        if not request.no_create and ann.UPLOAD_TARGET not in annotations and not populated:
             raise ClusterError(f"PVC {request.name} not available for upload")
         return pvc
 
@@ -197,7 +198,8 @@ class Cluster:
     async def mark_upload_target(self, pvc: Obj, request: Request) -> None:
         """An existing PVC becomes an upload target (virtctl's ensurePVCSupportsUpload)."""
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        if ann.UPLOAD_TARGET in annotations:
+        if ann.UPLOAD_TARGET in annotations or \
+                (dig(pvc, "spec", "dataSourceRef") or {}).get("kind") == "VolumeUploadSource":
             return
         wanted = {ann.UPLOAD_TARGET: ""}
         if request.upload_format:
@@ -231,8 +233,8 @@ class Cluster:
             except NotFound:
                 return False, ""
             phase = dig(dv, "status", "phase")
-            if phase == "WaitForFirstConsumer":
-                return False, ("cannot upload to DataVolume in WaitForFirstConsumer state, make sure the PVC is Bound "
+            if phase in ("WaitForFirstConsumer", "PendingPopulation"):
+                return False, (f"cannot upload to DataVolume in {phase} state, make sure the PVC is Bound "
                                "(or use --force-bind)")
             if phase == "Failed":
                 return False, f"DataVolume {request.key} failed: {_conditions(dv)}"

@@ -28,6 +28,13 @@ from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
 from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.populators.datavolumes import (
+    claim_uses_populator,
+    delete_volume_source,
+    ensure_volume_source,
+    pending_population,
+    uses_populator,
+)
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
@@ -104,7 +111,11 @@ class DataVolumeReconciler(Reconciler):
                 ann.PRE_POPULATED: str(dig(pvc, "metadata", "name"))}}}, namespace)
         await self._delayed_annotations(view, pvc)
         self._set_pending(key, False)
-        return await self._update_status(dv, pvc, requires_work=requires_work)
+        requeue = await self._update_status(dv, pvc, requires_work=requires_work)
+        if claim_uses_populator(pvc) and dig(pvc, "status", "phase") == "Bound" and \
+                (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_PHASE) == "Succeeded":
+            await delete_volume_source(self.ctx, dv)
+        return requeue
 
     async def _static_claim(self, dv: Body, pvc: Body) -> float | None:
         """CDI's handleStaticVolume once the claim exists: Pending until bound; bound to one of the volumes
@@ -177,7 +188,18 @@ class DataVolumeReconciler(Reconciler):
         annotations = {k: v for k, v in view.annotations.items() if k in _PASSED_ANNOTATIONS}
         static = staticvolumes.available_for(self.ctx.cached_list(groups.PVS), view.namespace, view.name, spec) \
             if ann.CHECK_STATIC_VOLUME in view.annotations else []
-        if static:
+        populate = False
+        if not static and view.source_kind is not None:
+            # as CDI: CSI storage is filled through a populator, unless the DataVolume says otherwise;
+            # the DataVolume remembers the choice
+            populate = uses_populator(self.ctx, dv, spec)
+            if view.annotations.get(ann.USE_POPULATOR) is None:  # the status below is written on this version
+                dv = await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
+                    ann.USE_POPULATOR: "true" if populate else "false"}}}, view.namespace)
+        if populate:
+            spec["dataSourceRef"] = await ensure_volume_source(self.ctx, dv)
+            annotations[ann.USE_POPULATOR] = "true"
+        elif static:
             # as CDI: a claim for the pre-bound volume(s) that holds the data already, with nothing to fill
             annotations[ann.PERSISTENT_VOLUME_LIST] = json.dumps(static)
         elif view.source_kind == "upload":
@@ -263,10 +285,11 @@ class DataVolumeReconciler(Reconciler):
             self.ctx.recorder.record(dv, *event)
         if error_event is not None:
             self.ctx.recorder.record(dv, *error_event)
-        self._condition_events(dv, old_conditions, status["conditions"], error_event)
+        self._condition_events(dv, old_conditions, status["conditions"], error_event, str(status.get("phase", "")))
         return requeue
 
-    def _condition_events(self, dv: Body, before: list[Obj], after: list[Obj], error_event: Event | None) -> None:
+    def _condition_events(self, dv: Body, before: list[Obj], after: list[Obj], error_event: Event | None,
+                          phase: str = "") -> None:
         bound, was_bound = conditions.find(after, "Bound"), conditions.find(before, "Bound")
         told = error_event is not None and bound is not None and \
             (bound.get("reason"), bound.get("message")) == error_event[1:]
@@ -275,8 +298,11 @@ class DataVolumeReconciler(Reconciler):
             self.ctx.recorder.record(dv, NORMAL, str(bound["reason"]), str(bound.get("message", "")))
         ready, running = conditions.find(after, "Ready"), conditions.find(after, "Running")
         was_running = conditions.find(before, "Running")
+        # CDI's dvBoundOrPopulationInProgress: a populated claim binds only at the end
+        populating = DataVolumeView(dv).annotations.get(ann.USE_POPULATOR) == "true" and \
+            phase not in ("Pending", "PendingPopulation")
         if ready and running and bound and ready.get("status") == "False" and running.get("status") == "False" \
-                and bound.get("status") == "True" and running.get("message") and \
+                and (bound.get("status") == "True" or populating) and running.get("message") and \
                 running.get("message") != conditions.SCRATCH_REQUIRED_MESSAGE and \
                 (was_running is None or was_running.get("message") != running.get("message")):
             self.ctx.recorder.record(dv, WARNING, str(running.get("reason", "")), str(running["message"]))
@@ -301,13 +327,23 @@ class DataVolumeReconciler(Reconciler):
         name = str(dig(pvc, "metadata", "name"))
         claim_phase = dig(pvc, "status", "phase")
         pod_phase = annotations.get(ann.POD_PHASE, "")
-        upload = ann.UPLOAD_TARGET in annotations
+        upload = ann.UPLOAD_TARGET in annotations or view.source_kind == "upload"
+        populating = claim_uses_populator(pvc)
+        if pod_phase == "Succeeded" and populating and claim_phase != "Bound":
+            # filled, and the volume on its way to the claim: Succeeded once the claim can be used
+            # (CDI says Succeeded a moment earlier, while its claim is still Pending)
+            return None, 0.5
         if pod_phase == "Succeeded":
             status["phase"], status["progress"] = "Succeeded", PROGRESS_COMPLETE
             what = "Upload" if upload else "Import"
             message = f"Successfully {'uploaded' if upload else 'imported'} into PVC {name}"
             return (NORMAL, f"{what}Succeeded", message), None
-        if claim_phase == "Pending":
+        if claim_phase == "Pending" and populating:
+            # the claim binds only once the prime's volume is handed over: the phase follows the pod
+            if pending_population(self.ctx, pvc):
+                status["phase"] = "PendingPopulation"
+                return None, None
+        elif claim_phase == "Pending":
             storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
             if wffc and waits_for_first_consumer(self.ctx, pvc):
@@ -352,20 +388,30 @@ class DataVolumeReconciler(Reconciler):
         """Read the importer's progress into `status`; returns the Running condition's message: what the
         importer is retrying ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the
         pod could not be asked, to keep what the condition says."""
-        pod_name = (dig(pvc, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        populated = claim_uses_populator(pvc)
+        worker_claim, owner_uid = pvc, view.uid
+        if populated:
+            # the import populator keeps the progress on the claim (CDI); what the importer retries is
+            # read from the prime claim's pod, which reports for the user's claim
+            status["progress"] = annotations.get(ann.POPULATOR_PROGRESS, PROGRESS_UNKNOWN)
+            worker_claim = self.ctx.cached(groups.PVCS, annotations.get(ann.PVC_PRIME_NAME, ""), view.namespace) \
+                or {}
+            owner_uid = str(dig(pvc, "metadata", "uid"))
+        pod_name = (dig(worker_claim, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
         pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
         pod_ip = dig(pod, "status", "podIP") if pod else None
         if not pod_ip:
             return None
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, str(pod_ip), view.uid)
+        report = await scrape(self._session, str(pod_ip), owner_uid)
         if report is None:
             running = conditions.find(status.get("conditions") or [], "Running")
             return str(running.get("message", "")) if running and running.get("status") == "True" else None
         if report.progress is not None:
-            # 100 is held back until the importer's result is in: conversion may still be running
-            status["progress"] = format_progress(min(report.progress, 99.99))
+            if not populated:
+                # 100 is held back until the importer's result is in: conversion may still be running
+                status["progress"] = format_progress(min(report.progress, 99.99))
             self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
-        return report.retry.describe() if report.retry else \
-            (dig(pvc, "metadata", "annotations") or {}).get(ann.CONDITION_RUNNING_MESSAGE, "")
+        return report.retry.describe() if report.retry else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")

@@ -157,8 +157,50 @@ def _update_pod(obj: Obj, old: Obj | None) -> list[Cause]:
 def _create_pvc(obj: Obj, _: Obj | None) -> list[Cause]:
     spec = obj.setdefault("spec", {})
     spec.setdefault("volumeMode", "Filesystem")
+    _normalize_data_sources(spec)
     obj["status"] = {"phase": "Pending"}
     return []
+
+
+def _normalize_data_sources(spec: Obj) -> None:
+    """kube-apiserver's NormalizeDataSources (AnyVolumeDataSource is on by default): the old field
+    fills the new one, and a same-namespace dataSourceRef fills the old one, so that readers of either
+    see the claim's source."""
+    source, ref = spec.get("dataSource"), spec.get("dataSourceRef")
+    if isinstance(source, dict) and ref is None:
+        spec["dataSourceRef"] = {k: source[k] for k in ("apiGroup", "kind", "name") if source.get(k) is not None}
+    elif isinstance(ref, dict) and source is None and not ref.get("namespace"):
+        spec["dataSource"] = {k: ref[k] for k in ("apiGroup", "kind", "name") if ref.get(k) is not None}
+
+
+def _data_source_causes(ref: Obj, field: str) -> list[Cause]:
+    """kube-apiserver's validateDataSource / validateDataSourceRef."""
+    causes = []
+    if not ref.get("name"):
+        causes.append(Cause(f"{field}.name", "Required value", "FieldValueRequired"))
+    if not ref.get("kind"):
+        causes.append(Cause(f"{field}.kind", "Required value", "FieldValueRequired"))
+    if not ref.get("apiGroup") and ref.get("kind") != "PersistentVolumeClaim":
+        causes.append(Cause(field, f'Invalid value: "{ref.get("kind") or ""}": must be \'PersistentVolumeClaim\' '
+                                   "when referencing the default apiGroup", "FieldValueInvalid"))
+    return causes
+
+
+def _data_sources_causes(spec: Obj) -> list[Cause]:
+    source, ref = spec.get("dataSource"), spec.get("dataSourceRef")
+    causes = []
+    if isinstance(source, dict):
+        causes += _data_source_causes(source, "spec.dataSource")
+    if isinstance(ref, dict):
+        causes += _data_source_causes(ref, "spec.dataSourceRef")
+    if isinstance(ref, dict) and ref.get("namespace"):
+        if source is not None:
+            causes.append(Cause("spec", 'Invalid value: "spec.dataSource": may not be specified when '
+                                        "dataSourceRef.namespace is specified", "FieldValueInvalid"))
+    elif isinstance(source, dict) and isinstance(ref, dict) and \
+            any((source.get(k) or None) != (ref.get(k) or None) for k in ("apiGroup", "kind", "name")):
+        causes.append(Cause("spec", 'Invalid value: "spec.dataSource": must match dataSourceRef', "FieldValueInvalid"))
+    return causes
 
 
 def _validate_pvc(obj: Obj) -> list[Cause]:
@@ -181,6 +223,7 @@ def _validate_pvc(obj: Obj) -> list[Cause]:
                                                '"Block", "Filesystem"', "FieldValueNotSupported"))
     if not ((spec.get("resources") or {}).get("requests") or {}).get("storage"):
         causes.append(Cause("spec.resources[storage]", "Required value", "FieldValueRequired"))
+    causes += _data_sources_causes(spec)
     return causes
 
 

@@ -1,0 +1,252 @@
+"""What the populators share (CDI's populator-base and its util): which claims a populator serves,
+the prime claim it creates for them, the annotations it mirrors from the prime onto the user's claim,
+the hand-over of the prime's volume, and the deletion of the prime once it is Lost.
+
+A populator's reconcile key is the user's claim (`namespace/name`); events on the prime claim, on
+the source object and on the pods map back to it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cdi.api import annotations as ann
+from cdi.api import groups
+from cdi.api.upload import FORMAT_ANNOTATION
+from cdi.api.views import dig
+from cdi.controller.claims import annotate, owner_reference
+from cdi.controller.runtime import Context, Reconciler
+from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+
+Obj = dict[str, Any]
+Body = Mapping[str, Any]
+
+PRIME_PREFIX = "prime"
+PVC_PRIME_NAME = ann.PVC_PRIME_NAME
+DATA_SOURCE_NAMESPACE = "cdi.kubevirt.io/dataSourceNamespace"  # CDI's AnnDataSourceNamespace
+
+# events, as CDI names them
+ERR_CREATING_PVC_PRIME = "ErrCreatingPVCPrime"
+CREATED_PVC_PRIME = "CreatedPVCPrimeSuccessfully"
+MESSAGE_CREATED_PVC_PRIME = "PVC Prime created successfully"
+RETAINED_PVC_PRIME = "RetainedPVCPrime"
+MESSAGE_RETAINED_PVC_PRIME = "PVC Prime retained in Lost state for debugging purposes"
+MIGRATED_TO = "pv.kubernetes.io/migrated-to"
+
+# what the worker reconcilers write on the prime and the user's claim shows (CDI's desiredAnnotations,
+# plus ours that say why an import failed or what it verified)
+MIRRORED_ANNOTATIONS = (
+    ann.POD_PHASE, ann.POD_READY, ann.POD_RESTARTS, ann.PREALLOCATION_REQUESTED, ann.PREALLOCATION_APPLIED,
+    ann.CONDITION_RUNNING, ann.CONDITION_RUNNING_MESSAGE, ann.CONDITION_RUNNING_REASON, ann.POD_SCHEDULABLE,
+    ann.IMPORT_FATAL_ERROR, ann.IMPORT_REASON, ann.IMPORT_RETRIES, ann.IMPORT_CHECKSUM_RESULT, ann.REQUIRES_SCRATCH,
+)
+
+
+def prime_name(pvc: Body) -> str:
+    """`prime-<uid of the user's claim>` (CDI's PVCPrimeName)."""
+    return f"{PRIME_PREFIX}-{dig(pvc, 'metadata', 'uid')}"
+
+
+def data_source_ref(pvc: Body) -> Body:
+    ref: Body = dig(pvc, "spec", "dataSourceRef") or {}
+    return ref
+
+
+def refers_to(pvc: Body, kind: str) -> bool:
+    """The claim's dataSourceRef names a cdi.kubevirt.io object of this kind (CDI's IsPVCDataSourceRefKind)."""
+    ref = data_source_ref(pvc)
+    return ref.get("apiGroup") == groups.CDI_GROUP and ref.get("kind") == kind and bool(ref.get("name"))
+
+
+def source_namespace(pvc: Body) -> str:
+    annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    return str(annotations.get(DATA_SOURCE_NAMESPACE) or data_source_ref(pvc).get("namespace")
+               or dig(pvc, "metadata", "namespace"))
+
+
+def owning_claim(pvc: Body) -> str | None:
+    """The user's claim a prime claim serves (its controller owner), as `namespace/name`."""
+    for ref in dig(pvc, "metadata", "ownerReferences") or []:
+        if ref.get("kind") == "PersistentVolumeClaim" and ref.get("controller"):
+            return f"{dig(pvc, 'metadata', 'namespace')}/{ref['name']}"
+    return None
+
+
+def is_complete(pvc: Body) -> bool:
+    return (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_PHASE) == "Succeeded"
+
+
+def is_bound(pvc: Body) -> bool:
+    return bool(dig(pvc, "status", "phase") == "Bound")
+
+
+async def rebind(ctx: Context, source: Body, target: Body) -> None:
+    """Hand `source`'s volume to `target`: the PV's claimRef moves (CDI's Rebind). Nothing to do when it
+    already names the target; an error when it names neither."""
+    pv_name = str(dig(source, "spec", "volumeName") or "")
+    if not pv_name:
+        raise RuntimeError(f"PVC {dig(source, 'metadata', 'name')} has no volume to hand over")
+    pv = await ctx.client.get(groups.PVS, pv_name)
+    ref = dig(pv, "spec", "claimRef") or {}
+    if ref.get("uid") == dig(target, "metadata", "uid"):
+        return
+    if ref.get("uid") != dig(source, "metadata", "uid"):
+        raise RuntimeError(f"PV {pv_name} bound to unexpected claim {ref.get('name')}")
+    # an update carrying the PV's resourceVersion (CDI's controller may update PVs, not patch them)
+    pv["spec"]["claimRef"] = {
+        "kind": "PersistentVolumeClaim", "apiVersion": "v1",
+        "namespace": dig(target, "metadata", "namespace"), "name": dig(target, "metadata", "name"),
+        "uid": dig(target, "metadata", "uid"), "resourceVersion": dig(target, "metadata", "resourceVersion")}
+    await ctx.client.replace(groups.PVS, pv)
+
+
+class PopulatorReconciler(Reconciler):
+    """One populator kind. Subclasses say which source kind they serve, how its object is read, what
+    the prime claim gets from it, and what happens on the user's claim while the prime fills."""
+
+    source_kind = ""
+    source_gvr: groups.GVR = groups.VOLUMEIMPORTSOURCES
+
+    # -- what each kind provides ----------------------------------------------------------------------
+
+    def population_source(self, pvc: Body) -> Body | None:
+        """The source object the claim names, if it exists and is meant for this claim."""
+        return self.ctx.cached(self.source_gvr, str(data_source_ref(pvc).get("name")), source_namespace(pvc))
+
+    def prime_annotations(self, pvc: Body, source: Body) -> dict[str, str]:
+        """What the prime claim needs so that the worker reconciler picks it up (CDI's updatePVCForPopulation)."""
+        raise NotImplementedError  # pragma: no cover - every populator overrides it
+
+    async def reconcile_target(self, pvc: Body, prime: Body) -> float | None:
+        raise NotImplementedError  # pragma: no cover - every populator overrides it
+
+    # -- event mapping --------------------------------------------------------------------------------
+
+    def keys_for_claim(self, pvc: Body) -> Iterable[str]:
+        """A claim event: the claim itself if it names our kind; its owner if it is our prime."""
+        if refers_to(pvc, self.source_kind):
+            yield f"{dig(pvc, 'metadata', 'namespace')}/{dig(pvc, 'metadata', 'name')}"
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        if annotations.get(ann.POPULATOR_KIND) == self.source_kind:
+            owner = owning_claim(pvc)
+            if owner:
+                yield owner
+
+    def keys_for_source(self, source: Body) -> Iterable[str]:
+        """A source event: every claim naming it (CDI's mapSourceToPVCs)."""
+        namespace, name = dig(source, "metadata", "namespace"), dig(source, "metadata", "name")
+        for pvc in self.ctx.cached_list(groups.PVCS):
+            if refers_to(pvc, self.source_kind) and data_source_ref(pvc).get("name") == name and \
+                    source_namespace(pvc) == namespace:
+                yield f"{dig(pvc, 'metadata', 'namespace')}/{dig(pvc, 'metadata', 'name')}"
+
+    # -- the shared flow ------------------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace, name = split_key(key)
+        pvc = self.ctx.cached(groups.PVCS, name, namespace)
+        if pvc is None or dig(pvc, "metadata", "deletionTimestamp") or not refers_to(pvc, self.source_kind):
+            return None
+        prime = self.ctx.cached(groups.PVCS, prime_name(pvc), namespace)
+        if prime is None:
+            return await self._create_prime(pvc)
+        requeue = await self.reconcile_target(pvc, prime)
+        if is_complete(pvc) and is_bound(pvc):
+            await self._cleanup(prime)
+        return requeue
+
+    async def _create_prime(self, pvc: Body) -> float | None:
+        if data_source_ref(pvc).get("namespace"):
+            return None  # cross-namespace population is not supported (as CDI)
+        if dig(pvc, "status", "phase") not in (None, "", "Pending"):
+            return None
+        source = self.population_source(pvc)
+        if source is None:
+            return None  # a source event brings the claim back
+        ready, node = self._ready_for_population(pvc)
+        if not ready:
+            return None
+        annotations: dict[str, str] = {ann.BIND_IMMEDIATE: ""}
+        claim_annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        if node:
+            annotations[ann.SELECTED_NODE] = node
+        if ann.RETAIN_AFTER_COMPLETION in claim_annotations:
+            annotations[ann.RETAIN_AFTER_COMPLETION] = claim_annotations[ann.RETAIN_AFTER_COMPLETION]
+        for key in (ann.MULTUS_NETWORKS, ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT,
+                    ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION):
+            if claim_annotations.get(key):
+                annotations[key] = claim_annotations[key]
+        annotations.update(self.prime_annotations(pvc, source))
+        spec: Obj = {k: dig(pvc, "spec", k) for k in ("accessModes", "resources", "storageClassName", "volumeMode")
+                     if dig(pvc, "spec", k) is not None}
+        namespace = str(dig(pvc, "metadata", "namespace"))
+        prime: Obj = {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": prime_name(pvc), "namespace": namespace,
+                         "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true"},
+                         "annotations": annotations, "ownerReferences": [owner_reference(pvc)]},
+            "spec": spec,
+        }
+        try:
+            await self.ctx.client.create(groups.PVCS, prime, namespace)
+        except AlreadyExists:
+            return None
+        except Exception as exc:
+            self.ctx.recorder.record(pvc, WARNING, ERR_CREATING_PVC_PRIME, str(exc))
+            raise
+        self.ctx.recorder.record(pvc, NORMAL, CREATED_PVC_PRIME, MESSAGE_CREATED_PVC_PRIME)
+        return None
+
+    def _ready_for_population(self, pvc: Body) -> tuple[bool, str]:
+        """CDI's claimReadyForPopulation: a CSI (not in-tree) class, and on WaitForFirstConsumer a node
+        chosen by the scheduler for a consumer, unless immediate binding is asked for."""
+        class_name = dig(pvc, "spec", "storageClassName")
+        if not class_name:
+            return False, ""
+        storage_class = self.ctx.cached(groups.STORAGECLASSES, str(class_name))
+        if storage_class is None:
+            return False, ""
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        if str(storage_class.get("provisioner", "")).startswith("kubernetes.io/") and not annotations.get(MIGRATED_TO):
+            return False, ""
+        if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer":
+            node = annotations.get(ann.SELECTED_NODE, "")
+            if not node and ann.BIND_IMMEDIATE not in annotations:
+                return False, ""
+            return True, node
+        return True, ""
+
+    async def mirror(self, pvc: Body, prime: Body, extra: Mapping[str, str | None] | None = None) -> None:
+        """Copy the worker's annotations from the prime onto the user's claim (present or removed),
+        with the prime's name (CDI's AnnPVCPrimeName) and what the kind adds."""
+        theirs: Mapping[str, str] = dig(prime, "metadata", "annotations") or {}
+        mine: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        changes: dict[str, str | None] = {k: theirs.get(k) for k in MIRRORED_ANNOTATIONS if k in theirs or k in mine}
+        if PVC_PRIME_NAME not in mine:
+            changes[PVC_PRIME_NAME] = str(dig(prime, "metadata", "name"))
+        changes.update(extra or {})
+        await annotate(self.ctx, pvc, changes)
+
+    async def hand_over(self, pvc: Body, prime: Body) -> None:
+        """The prime is filled: the user's claim gets the prime's CDI labels, then its volume."""
+        labels = {k: v for k, v in (dig(prime, "metadata", "labels") or {}).items()
+                  if k not in (dig(pvc, "metadata", "labels") or {}) and "kubevirt.io" in k}
+        if labels:
+            await self.ctx.client.patch(groups.PVCS, str(dig(pvc, "metadata", "name")),
+                                        {"metadata": {"labels": labels}}, str(dig(pvc, "metadata", "namespace")))
+        fresh = await self.ctx.client.get(groups.PVCS, str(dig(pvc, "metadata", "name")),
+                                          str(dig(pvc, "metadata", "namespace")))
+        await rebind(self.ctx, prime, fresh)
+
+    async def _cleanup(self, prime: Body) -> None:
+        """The prime, Lost once its volume moved, goes (or stays, with an event, when asked to)."""
+        if dig(prime, "status", "phase") != "Lost":
+            return
+        if (dig(prime, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION) == "true":
+            self.ctx.recorder.record(prime, WARNING, RETAINED_PVC_PRIME, MESSAGE_RETAINED_PVC_PRIME)
+            return
+        try:
+            await self.ctx.client.delete(groups.PVCS, str(dig(prime, "metadata", "name")),
+                                         str(dig(prime, "metadata", "namespace")))
+        except NotFound:
+            pass

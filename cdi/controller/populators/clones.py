@@ -1,0 +1,103 @@
+"""The clone populator (CDI's clone-populator): a claim naming a `VolumeCloneSource` is cloned from
+the PVC or VolumeSnapshot the source names, with the strategy the clone planner picks (csi-clone,
+snapshot, host-assisted copy), through the same phases and temporary objects as a clone DataVolume:
+the claim records them in `cdi.kubevirt.io/clonePhase` and the clone reconciler's strategies carry
+them out, ending with the volume rebound to the claim and the temporary objects deleted.
+
+Claims created by a clone DataVolume are the clone reconciler's own and are left to it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cdi.api import annotations as ann
+from cdi.api import groups
+from cdi.api.views import dig
+from cdi.controller.claims import annotate
+from cdi.controller.clone import planner
+from cdi.controller.datavolume import clones
+from cdi.controller.populators.base import Body, PopulatorReconciler, source_namespace
+from cdi.controller.runtime import Context
+from cdi.kube import WARNING, split_key
+
+VOLUME_CLONE_SOURCE = "VolumeCloneSource"
+SOURCE_MISSING_POLL = 5.0  # seconds: nothing maps a source claim's creation back to the claims naming it
+
+
+class ClonePopulator(PopulatorReconciler):
+    name = "clone-populator"
+    source_kind = VOLUME_CLONE_SOURCE
+    source_gvr = groups.VOLUMECLONESOURCES
+
+    def __init__(self, ctx: Context, strategies: clones.CloneReconciler) -> None:
+        super().__init__(ctx)
+        self.strategies = strategies
+
+    async def reconcile(self, key: str) -> float | None:
+        namespace, name = split_key(key)
+        pvc = self.ctx.cached(groups.PVCS, name, namespace)
+        if pvc is None or dig(pvc, "metadata", "deletionTimestamp") or not self.refers_to_us(pvc):
+            return None
+        if any(r.get("kind") == "DataVolume" for r in dig(pvc, "metadata", "ownerReferences") or []):
+            return None  # a clone DataVolume's target: the clone reconciler drives it
+        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        if clones.CLONE_SOURCE_ANNOTATION not in annotations:
+            return await self._plan(pvc)
+        if annotations.get(ann.CLONE_PHASE) in (clones.SUCCEEDED, clones.ERROR):
+            return None
+        await self.strategies._advance(pvc)
+        return clones.POLL
+
+    def refers_to_us(self, pvc: Body) -> bool:
+        ref: Body = dig(pvc, "spec", "dataSourceRef") or {}
+        return ref.get("apiGroup") == groups.CDI_GROUP and ref.get("kind") == VOLUME_CLONE_SOURCE and \
+            bool(ref.get("name"))
+
+    async def _plan(self, pvc: Body) -> float | None:
+        """Pick the strategy (CDI's planner) and record it with the source on the claim."""
+        if dig(pvc, "status", "phase") not in (None, "", "Pending"):
+            return None
+        source = self.population_source(pvc)
+        if source is None:
+            return None
+        ref: Body = dig(source, "spec", "source") or {}
+        namespace = source_namespace(pvc)
+        kind = "snapshot" if ref.get("kind") == "VolumeSnapshot" else "pvc"
+        source_name = str(ref.get("name") or "")
+        cluster = clones.planner_cluster(self.ctx)
+        spec: Body = pvc.get("spec") or {}
+        try:
+            if kind == "pvc":
+                source_obj = self.ctx.cached(groups.PVCS, source_name, namespace)
+                if source_obj is None:
+                    return SOURCE_MISSING_POLL
+                plan = planner.plan_from_pvc(source_obj, spec, dig(pvc, "metadata", "annotations") or {}, cluster)
+            else:
+                source_obj = self.ctx.cached(groups.VOLUMESNAPSHOTS, source_name, namespace)
+                if source_obj is None:
+                    return SOURCE_MISSING_POLL
+                content_name = dig(source_obj, "status", "boundVolumeSnapshotContentName")
+                content = self.ctx.cached(groups.VOLUMESNAPSHOTCONTENTS, str(content_name)) if content_name else None
+                plan = planner.plan_from_snapshot(source_obj, content, spec, cluster)
+        except planner.CloneValidationError as exc:
+            self.ctx.recorder.record(pvc, WARNING, planner.CLONE_VALIDATION_FAILED,
+                                     f"{planner.MESSAGE_CLONE_VALIDATION_FAILED}: {exc}")
+            return None
+        changes: dict[str, str | None] = {
+            ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: clones.PENDING,
+            clones.CLONE_SOURCE_ANNOTATION: f"{kind}/{namespace}/{source_name}",
+            ann.CLONE_REQUEST: f"{namespace}/{source_name}"}
+        if plan.fallback_message:
+            changes[ann.CLONE_FALLBACK_REASON] = plan.fallback_message
+        await annotate(self.ctx, pvc, changes)
+        if plan.fallback_reason and plan.fallback_message:
+            self.ctx.recorder.record(pvc, WARNING, plan.fallback_reason, plan.fallback_message)
+        return clones.POLL
+
+    def prime_annotations(self, pvc: Body, source: Body) -> dict[str, str]:
+        return {}  # no prime claim: the strategies' temporary claims stand in for it
+
+    async def reconcile_target(self, pvc: Body, prime: Body) -> float | None:
+        return None
+
+

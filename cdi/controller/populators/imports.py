@@ -1,0 +1,105 @@
+"""The import populator (CDI's import-populator): a claim naming a `VolumeImportSource` gets a prime
+claim annotated with the source as the PVC import API says, so the import reconciler runs the usual
+importer pod on it; the user's claim shows the pod's annotations and the import's progress in
+`cdi.kubevirt.io/storage.populator.progress`, and gets the volume once the import succeeded."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from cdi.api import annotations as ann
+from cdi.api import groups
+from cdi.api.importrequest import ImportRequest
+from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
+from cdi.api.views import dig
+from cdi.controller.claims import config_status
+from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.populators.base import Body, PopulatorReconciler, is_bound, is_complete
+from cdi.kube import NORMAL, WARNING
+
+Obj = dict[str, Any]
+
+VOLUME_IMPORT_SOURCE = "VolumeImportSource"
+IMPORT_FAILED = "importFailed"
+IMPORT_SUCCEEDED = "importSucceeded"
+RUNNING_POLL = 2.0  # seconds between progress looks while the importer runs (CDI's requeue)
+
+
+class ImportPopulator(PopulatorReconciler):
+    name = "import-populator"
+    source_kind = VOLUME_IMPORT_SOURCE
+    source_gvr = groups.VOLUMEIMPORTSOURCES
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def population_source(self, pvc: Body) -> Body | None:
+        source = super().population_source(pvc)
+        target = dig(source, "spec", "targetClaim") if source else None
+        if target and target != dig(pvc, "metadata", "name"):
+            return None  # meant for another claim
+        return source
+
+    def prime_annotations(self, pvc: Body, source: Body) -> dict[str, str]:
+        spec: Body = source.get("spec") or {}
+        sources: Body = {k: v for k, v in (spec.get("source") or {}).items() if v is not None}
+        out: dict[str, str] = {ann.POPULATOR_KIND: VOLUME_IMPORT_SOURCE}
+        if sources:
+            out.update(ImportRequest.from_source(sources, str(spec.get("contentType") or "kubevirt")).to_annotations())
+        else:
+            out.update({ann.IMPORT_SOURCE: "none", ann.CONTENT_TYPE: str(spec.get("contentType") or "kubevirt")})
+        preallocation = spec.get("preallocation")
+        if preallocation is None:
+            preallocation = bool(config_status(self.ctx).get("preallocation"))
+        out[ann.PREALLOCATION_REQUESTED] = "true" if preallocation else "false"
+        return out
+
+    async def reconcile_target(self, pvc: Body, prime: Body) -> float | None:
+        theirs: Mapping[str, str] = dig(prime, "metadata", "annotations") or {}
+        phase = theirs.get(ann.POD_PHASE, "")
+        name = str(dig(pvc, "metadata", "name"))
+        progress = await self._progress(pvc, prime, phase)
+        extra = {ann.POPULATOR_PROGRESS: progress} if progress else {}
+        await self.mirror(pvc, prime, extra)
+        if phase == "Running":
+            return RUNNING_POLL
+        if phase == "Failed":
+            self.ctx.recorder.record(pvc, WARNING, IMPORT_FAILED, f"import into {name} failed")
+        if is_complete(prime):
+            if not is_bound(pvc):
+                await self.hand_over(pvc, prime)
+            self.ctx.recorder.record(pvc, NORMAL, IMPORT_SUCCEEDED, f"Successfully imported into {name}")
+        return None
+
+    async def _progress(self, pvc: Body, prime: Body, phase: str) -> str | None:
+        """CDI's updateImportProgress: 100% once the pod succeeded; while it runs, the importer's counter
+        for the user's claim (values from 100 held back: conversion may still be running); N/A when the
+        prime is bound and no pod reports."""
+        if phase == "Succeeded":
+            return PROGRESS_COMPLETE
+        mine: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        pod_name = (dig(prime, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
+        if not pod_name:
+            return None
+        pod = self.ctx.cached(groups.PODS, pod_name, str(dig(prime, "metadata", "namespace")))
+        if pod is None:
+            if ann.POPULATOR_PROGRESS not in mine and is_bound(prime):
+                return PROGRESS_UNKNOWN
+            return None
+        pod_ip = dig(pod, "status", "podIP")
+        if dig(pod, "status", "phase") != "Running" or not pod_ip:
+            return None
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        report = await scrape(self._session, str(pod_ip), str(dig(pvc, "metadata", "uid")))
+        if report is None or report.progress is None or report.progress >= 100:
+            return None
+        return format_progress(report.progress)
