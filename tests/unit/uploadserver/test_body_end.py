@@ -12,9 +12,9 @@ import pytest
 
 from cdi.importer import ImporterError
 from cdi.importer.source import StreamOrigin
-from cdi.importer.streams import BytesStream
 from cdi.uploadserver.feed import FedStream
 from cdi.uploadserver.front import _Pieces
+from tests.support.streams import BytesStream
 
 
 async def test_an_empty_chunk_is_not_the_end_of_the_body() -> None:
