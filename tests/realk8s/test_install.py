@@ -77,11 +77,11 @@ def clone(name: str, source: str) -> dict[str, Any]:
             "spec": {"source": {"pvc": {"namespace": NS, "name": source}}, "storage": storage()}}
 
 
-def populated_claim(name: str, kind: str, source: str) -> dict[str, Any]:
+def populated_claim(name: str, kind: str, source: str, size: str = SIZE) -> dict[str, Any]:
     """A plain PVC filled by one of CDI's populators."""
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NS},
             "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
-                     "resources": {"requests": {"storage": SIZE}},
+                     "resources": {"requests": {"storage": size}},
                      "dataSourceRef": {"apiGroup": "cdi.kubevirt.io", "kind": kind, "name": source}}}
 
 
@@ -371,7 +371,9 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     k8s.apply(json.dumps({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeCloneSource",
                           "metadata": {"name": "pop-clone-src", "namespace": NS},
                           "spec": {"source": {"kind": "PersistentVolumeClaim", "name": "raw-fs"}}}))
-    k8s.apply(json.dumps(populated_claim("pop-clone", "VolumeCloneSource", "pop-clone-src")))
+    # no smaller than the source (a DataVolume's claim holds 64Mi plus the filesystem overhead): CDI refuses less
+    source_size = k8s.get("pvc", "raw-fs", NS)["status"]["capacity"]["storage"]
+    k8s.apply(json.dumps(populated_claim("pop-clone", "VolumeCloneSource", "pop-clone-src", source_size)))
     wait_for(lambda: (k8s.get("pvc", "pop-clone", NS) or {}).get("status", {}).get("phase") == "Bound",
              timeout=300, interval=1.0, message="pop-clone Bound")
     assert read_back(k8s, "pop-clone", False, images["size"]) == images["sha256"], "clone populator: wrong bytes"
