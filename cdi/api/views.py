@@ -67,6 +67,16 @@ class ObjectView:
         return int(self.metadata.get("generation") or 0)
 
     @property
+    def spec(self) -> Body:
+        spec = self.raw.get("spec")
+        return spec if isinstance(spec, Mapping) else {}
+
+    @property
+    def status(self) -> Body:
+        status = self.raw.get("status")
+        return status if isinstance(status, Mapping) else {}
+
+    @property
     def labels(self) -> Mapping[str, str]:
         return self.metadata.get("labels") or {}
 
@@ -96,16 +106,13 @@ class DataVolumeView(ObjectView):
     __slots__ = ()
 
     @property
-    def spec(self) -> Body:
-        return self.raw.get("spec") or {}
-
-    @property
-    def status(self) -> Body:
-        return self.raw.get("status") or {}
-
-    @property
     def source(self) -> Body:
         return self.spec.get("source") or {}
+
+    @property
+    def source_ref(self) -> Body | None:
+        """`spec.sourceRef` (a DataSource the clone source is resolved through), None when unset."""
+        return self.spec.get("sourceRef")
 
     @property
     def source_kind(self) -> str | None:
@@ -136,19 +143,14 @@ class DataVolumeView(ObjectView):
         return str(self.status.get("phase") or "")
 
 
-
 class ClaimView(ObjectView):
     """A PersistentVolumeClaim: what the worker-pod reconcilers read of it."""
 
     __slots__ = ()
 
     @property
-    def spec(self) -> Body:
-        return self.raw.get("spec") or {}
-
-    @property
     def phase(self) -> str:
-        return str(dig(self.raw, "status", "phase") or "")
+        return str(self.status.get("phase") or "")
 
     @property
     def bound(self) -> bool:
@@ -163,9 +165,24 @@ class ClaimView(ObjectView):
         return self.spec.get("volumeMode") == "Block"
 
     @property
+    def volume_mode(self) -> str:
+        """`spec.volumeMode`, Filesystem when unset (the API server's default)."""
+        return str(self.spec.get("volumeMode") or "Filesystem")
+
+    @property
+    def volume_name(self) -> str:
+        """The PersistentVolume it is bound to ("" while unbound)."""
+        return str(self.spec.get("volumeName") or "")
+
+    @property
     def requested_storage(self) -> str:
         """`spec.resources.requests.storage` as written ("" when unset)."""
         return str(dig(self.spec, "resources", "requests", "storage") or "")
+
+    @property
+    def capacity(self) -> str:
+        """`status.capacity.storage` as written ("" while unbound)."""
+        return str(dig(self.status, "capacity", "storage") or "")
 
 
 class PodView(ObjectView):
@@ -198,9 +215,84 @@ class PodView(ObjectView):
         """The claims its volumes mount."""
         return [str(name) for v in self.volumes if (name := dig(v, "persistentVolumeClaim", "claimName"))]
 
+    @property
+    def pod_ip(self) -> str:
+        return str(self.status.get("podIP") or "")
+
+    @property
+    def first_terminated(self) -> Body | None:
+        """The first container's `state.terminated` (None while it runs or has not started)."""
+        statuses = self.container_statuses
+        terminated = dig(statuses[0], "state", "terminated") if statuses else None
+        return terminated if isinstance(terminated, Mapping) else None
+
     def owned_by_claim(self, name: str) -> bool:
         return any(r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name
                    for r in self.owner_references)
+
+
+class DataSourceView(ObjectView):
+    """A DataSource: the PVC, snapshot or DataSource its `spec.source` names."""
+
+    __slots__ = ()
+
+    @property
+    def source(self) -> Body:
+        return self.spec.get("source") or {}
+
+    def source_of(self, kind: str) -> Body | None:
+        """`spec.source.<kind>` (pvc, snapshot or dataSource), None when unset."""
+        ref = self.source.get(kind)
+        return ref if isinstance(ref, Mapping) else None
+
+
+class SnapshotView(ObjectView):
+    """A VolumeSnapshot: whether it can be restored, and to what size."""
+
+    __slots__ = ()
+
+    @property
+    def ready_to_use(self) -> bool:
+        return self.status.get("readyToUse") is True
+
+    @property
+    def restore_size(self) -> str:
+        """`status.restoreSize` as written ("" until the snapshotter reports it)."""
+        return str(self.status.get("restoreSize") or "")
+
+    @property
+    def content_name(self) -> str:
+        """The VolumeSnapshotContent it is bound to ("" while unbound)."""
+        return str(self.status.get("boundVolumeSnapshotContentName") or "")
+
+
+class SnapshotContentView(ObjectView):
+    """A VolumeSnapshotContent: the driver that took it and the mode of the volume it came from."""
+
+    __slots__ = ()
+
+    @property
+    def driver(self) -> str:
+        return str(self.spec.get("driver") or "")
+
+    @property
+    def source_volume_mode(self) -> str:
+        """`spec.sourceVolumeMode` ("" when the snapshotter did not record it)."""
+        return str(self.spec.get("sourceVolumeMode") or "")
+
+
+class StorageProfileView(ObjectView):
+    """A StorageProfile: the clone strategy and snapshot class it settles on for its storage class."""
+
+    __slots__ = ()
+
+    @property
+    def clone_strategy(self) -> str:
+        return str(self.status.get("cloneStrategy") or "")
+
+    @property
+    def snapshot_class(self) -> str:
+        return str(self.status.get("snapshotClass") or "")
 
 def condition(body: Body, type_: str) -> Body | None:
     for cond in dig(body, "status", "conditions") or []:

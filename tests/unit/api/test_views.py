@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from cdi.api.views import ClaimView, PodView
+from cdi.api.views import (
+    ClaimView,
+    DataSourceView,
+    DataVolumeView,
+    ObjectView,
+    PodView,
+    SnapshotContentView,
+    SnapshotView,
+    StorageProfileView,
+)
 
 
 def test_a_claim_view() -> None:
@@ -32,3 +41,50 @@ def test_a_pod_view() -> None:
     assert pod.conditions[0]["type"] == "PodScheduled"
     empty = PodView({"metadata": {"name": "p"}})
     assert (empty.phase, empty.finished, empty.claim_names, empty.container_statuses) == ("", False, [], [])
+
+
+def test_every_view_reads_spec_and_status_as_empty_when_absent() -> None:
+    for view in (ObjectView({}), DataVolumeView({"spec": None}), ClaimView({"status": "odd"})):
+        assert (view.spec, view.status) == ({}, {})
+
+
+def test_a_data_volume_view() -> None:
+    dv = DataVolumeView({"metadata": {"name": "dv", "namespace": "ns"},
+                         "spec": {"source": {"pvc": {"name": "src"}}, "sourceRef": {"kind": "DataSource",
+                                                                                     "name": "golden"}},
+                         "status": {"phase": "Succeeded"}})
+    assert (dv.source_kind, dv.phase, dv.source_ref) == ("pvc", "Succeeded", {"kind": "DataSource", "name": "golden"})
+    assert DataVolumeView({}).source_ref is None
+
+
+def test_claim_view_volume_and_capacity() -> None:
+    claim = ClaimView({"spec": {"volumeName": "pv-1"}, "status": {"capacity": {"storage": "1Gi"}}})
+    assert (claim.volume_mode, claim.volume_name, claim.capacity) == ("Filesystem", "pv-1", "1Gi")
+    assert (ClaimView({}).volume_name, ClaimView({}).capacity) == ("", "")
+
+
+def test_pod_view_ip_and_termination() -> None:
+    pod = PodView({"status": {"podIP": "10.0.0.5", "containerStatuses": [
+        {"state": {"terminated": {"exitCode": 0, "message": "done"}}}]}})
+    assert pod.pod_ip == "10.0.0.5" and pod.first_terminated == {"exitCode": 0, "message": "done"}
+    running = PodView({"status": {"containerStatuses": [{"state": {"running": {}}}]}})
+    assert (running.first_terminated, PodView({}).first_terminated, PodView({}).pod_ip) == (None, None, "")
+
+
+def test_a_data_source_view() -> None:
+    ds = DataSourceView({"spec": {"source": {"pvc": {"name": "disk", "namespace": "golden"}}}})
+    assert ds.source_of("pvc") == {"name": "disk", "namespace": "golden"}
+    assert ds.source_of("snapshot") is None and DataSourceView({}).source == {}
+
+
+def test_snapshot_views_and_storage_profile_view() -> None:
+    snap = SnapshotView({"status": {"readyToUse": True, "restoreSize": "2Gi",
+                                    "boundVolumeSnapshotContentName": "content-1"}})
+    assert (snap.ready_to_use, snap.restore_size, snap.content_name) == (True, "2Gi", "content-1")
+    assert (SnapshotView({"status": {"readyToUse": "true"}}).ready_to_use, SnapshotView({}).restore_size) == \
+        (False, "")
+    content = SnapshotContentView({"spec": {"driver": "csi.example", "sourceVolumeMode": "Block"}})
+    assert (content.driver, content.source_volume_mode) == ("csi.example", "Block")
+    profile = StorageProfileView({"status": {"cloneStrategy": "snapshot", "snapshotClass": "snap"}})
+    assert (profile.clone_strategy, profile.snapshot_class) == ("snapshot", "snap")
+    assert (StorageProfileView({}).clone_strategy, StorageProfileView({}).snapshot_class) == ("", "")
