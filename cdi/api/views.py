@@ -185,6 +185,18 @@ class ClaimView(ObjectView):
         return str(dig(self.status, "capacity", "storage") or "")
 
 
+class PersistentVolumeView(ObjectView):
+    """A PersistentVolume: the claim it is bound to."""
+
+    __slots__ = ()
+
+    @property
+    def claim_ref(self) -> Body:
+        """`spec.claimRef` ({} while it is available)."""
+        ref = self.spec.get("claimRef")
+        return ref if isinstance(ref, Mapping) else {}
+
+
 class PodView(ObjectView):
     """A pod: phase, container states and the claims it mounts."""
 

@@ -7,6 +7,7 @@ from cdi.api.views import (
     DataSourceView,
     DataVolumeView,
     ObjectView,
+    PersistentVolumeView,
     PodView,
     SnapshotContentView,
     SnapshotView,
@@ -88,3 +89,8 @@ def test_snapshot_views_and_storage_profile_view() -> None:
     profile = StorageProfileView({"status": {"cloneStrategy": "snapshot", "snapshotClass": "snap"}})
     assert (profile.clone_strategy, profile.snapshot_class) == ("snapshot", "snap")
     assert (StorageProfileView({}).clone_strategy, StorageProfileView({}).snapshot_class) == ("", "")
+
+
+def test_a_persistent_volume_view() -> None:
+    pv = PersistentVolumeView({"spec": {"claimRef": {"name": "tmp-pvc-1", "uid": "u1"}}})
+    assert pv.claim_ref == {"name": "tmp-pvc-1", "uid": "u1"} and PersistentVolumeView({}).claim_ref == {}
