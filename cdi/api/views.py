@@ -306,6 +306,49 @@ class StorageProfileView(ObjectView):
     def snapshot_class(self) -> str:
         return str(self.status.get("snapshotClass") or "")
 
+    @property
+    def import_source_format(self) -> str:
+        """`status.dataImportCronSourceFormat`: what a DataImportCron keeps (pvc, the default, or snapshot)."""
+        return str(self.status.get("dataImportCronSourceFormat") or "pvc")
+
+
+class DataImportCronView(ObjectView):
+    """A DataImportCron: its schedule, the DataVolume template it imports with, and what it keeps."""
+
+    __slots__ = ()
+
+    @property
+    def managed_data_source(self) -> str:
+        return str(self.spec.get("managedDataSource") or "")
+
+    @property
+    def schedule(self) -> str:
+        return str(self.spec.get("schedule") or "")
+
+    @property
+    def template(self) -> Body:
+        """`spec.template`, the DataVolume each import is made from ({} when unset)."""
+        template = self.spec.get("template")
+        return template if isinstance(template, Mapping) else {}
+
+    @property
+    def template_spec(self) -> Body:
+        return self.template.get("spec") or {}
+
+    @property
+    def retention_policy(self) -> str:
+        return str(self.spec.get("retentionPolicy") or "")
+
+    @property
+    def garbage_collect(self) -> str:
+        """`spec.garbageCollect`, Outdated when unset (CDI's default)."""
+        return str(self.spec.get("garbageCollect") or "Outdated")
+
+    @property
+    def imports_to_keep(self) -> int | None:
+        keep = self.spec.get("importsToKeep")
+        return None if keep is None else int(keep)
+
 def condition(body: Body, type_: str) -> Body | None:
     for cond in dig(body, "status", "conditions") or []:
         if isinstance(cond, Mapping) and cond.get("type") == type_:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cdi.api.views import (
     ClaimView,
+    DataImportCronView,
     DataSourceView,
     DataVolumeView,
     ObjectView,
@@ -94,3 +95,17 @@ def test_snapshot_views_and_storage_profile_view() -> None:
 def test_a_persistent_volume_view() -> None:
     pv = PersistentVolumeView({"spec": {"claimRef": {"name": "tmp-pvc-1", "uid": "u1"}}})
     assert pv.claim_ref == {"name": "tmp-pvc-1", "uid": "u1"} and PersistentVolumeView({}).claim_ref == {}
+
+
+def test_a_data_import_cron_view() -> None:
+    cron = DataImportCronView({"spec": {"managedDataSource": "fedora", "schedule": "0 */12 * * *",
+                                        "template": {"spec": {"source": {"registry": {"url": "docker://f"}}}},
+                                        "retentionPolicy": "None", "importsToKeep": 2}})
+    assert (cron.managed_data_source, cron.schedule, cron.retention_policy, cron.imports_to_keep) == \
+        ("fedora", "0 */12 * * *", "None", 2)
+    assert cron.template_spec == {"source": {"registry": {"url": "docker://f"}}} and cron.garbage_collect == "Outdated"
+    empty = DataImportCronView({})
+    assert (empty.template, empty.template_spec, empty.schedule, empty.imports_to_keep) == ({}, {}, "", None)
+    assert StorageProfileView({}).import_source_format == "pvc"
+    assert StorageProfileView({"status": {"dataImportCronSourceFormat": "snapshot"}}).import_source_format == \
+        "snapshot"
