@@ -196,6 +196,19 @@ class PersistentVolumeView(ObjectView):
         ref = self.spec.get("claimRef")
         return ref if isinstance(ref, Mapping) else {}
 
+    @property
+    def storage_class(self) -> str:
+        return str(self.spec.get("storageClassName") or "")
+
+    @property
+    def access_modes(self) -> list[str]:
+        return [str(mode) for mode in self.spec.get("accessModes") or []]
+
+    @property
+    def volume_mode(self) -> str:
+        """`spec.volumeMode`, Filesystem when unset (the API server's default)."""
+        return str(self.spec.get("volumeMode") or "Filesystem")
+
 
 class PodView(ObjectView):
     """A pod: phase, container states and the claims it mounts."""

@@ -95,6 +95,10 @@ def test_snapshot_views_and_storage_profile_view() -> None:
 def test_a_persistent_volume_view() -> None:
     pv = PersistentVolumeView({"spec": {"claimRef": {"name": "tmp-pvc-1", "uid": "u1"}}})
     assert pv.claim_ref == {"name": "tmp-pvc-1", "uid": "u1"} and PersistentVolumeView({}).claim_ref == {}
+    local = PersistentVolumeView({"spec": {"storageClassName": "local", "accessModes": ["ReadWriteOnce"],
+                                           "volumeMode": "Block"}})
+    assert (local.storage_class, local.access_modes, local.volume_mode) == ("local", ["ReadWriteOnce"], "Block")
+    assert (PersistentVolumeView({}).access_modes, PersistentVolumeView({}).volume_mode) == ([], "Filesystem")
 
 
 def test_a_data_import_cron_view() -> None:
