@@ -5,9 +5,10 @@
 
 It builds its own images (cached under bench/out/): a virtual disk of --size, about half of it data
 (random blocks, text-like blocks, structured binary records) and half zero regions, as raw,
-raw.gz, raw.xz, qcow2 and compressed qcow2 (`qemu-img convert -c`). They are served over loopback by
-a range-capable aiohttp static server (sendfile) in its own process. Each case is imported three
-ways, into a fresh target directory each time:
+raw.gz, raw.xz, qcow2, compressed qcow2 (`qemu-img convert -c`), vmdk (monolithicSparse and
+streamOptimized), vhd (dynamic and fixed), vhdx, vdi and iso (the raw disk with an ISO 9660
+signature). They are served over loopback by a range-capable aiohttp static server (sendfile) in
+its own process. Each case is imported three ways, into a fresh target directory each time:
 
 * ours:  `python -m cdi.importer`, configured as an importer pod, with a scratch dir available
          (its use is measured);
@@ -55,7 +56,7 @@ OVERHEAD = "0.055"
 CHUNK = 4 << 20
 CASES = [
     "raw", "raw.gz", "raw.xz", "qcow2", "qcow2-compressed",
-    "vmdk", "vmdk-stream", "vhd", "vhdx", "vdi", "iso",
+    "vmdk", "vmdk-stream", "vhd", "vhd-fixed", "vhdx", "vdi", "iso",
 ]
 FILES = {
     "raw": "disk.raw",
@@ -66,6 +67,7 @@ FILES = {
     "vmdk": "disk.vmdk",
     "vmdk-stream": "disk.stream.vmdk",
     "vhd": "disk.vhd",
+    "vhd-fixed": "disk.fixed.vhd",
     "vhdx": "disk.vhdx",
     "vdi": "disk.vdi",
     "iso": "disk.iso",
@@ -135,6 +137,7 @@ def build_images(size: int, cases: list[str]) -> Path:
         ("vmdk", lambda out: sh(f"qemu-img convert -f raw -O vmdk {raw} {out}")),  # monolithicSparse
         ("vmdk-stream", lambda out: sh(f"qemu-img convert -f raw -O vmdk -o subformat=streamOptimized {raw} {out}")),
         ("vhd", lambda out: sh(f"qemu-img convert -f raw -O vpc -o force_size=on {raw} {out}")),  # dynamic
+        ("vhd-fixed", lambda out: sh(f"qemu-img convert -f raw -O vpc -o subformat=fixed,force_size=on {raw} {out}")),
         ("vhdx", lambda out: sh(f"qemu-img convert -f raw -O vhdx {raw} {out}")),
         ("vdi", lambda out: sh(f"qemu-img convert -f raw -O vdi {raw} {out}")),
         ("iso", lambda out: write_iso(raw, out)),
@@ -381,6 +384,8 @@ def targets(rows: list[Row]) -> str:
     """The importer's acceptance targets, checked against this run."""
     by_case = {r.case: r for r in rows}
     checks = [("every case faster than CDI's pipeline", all(r.cdi.seconds > r.ours.seconds for r in rows))]
+    below = [r.case for r in rows if r.cdi.seconds / r.ours.seconds < 2.0]
+    checks.append(("every case at least 2x faster" + (f" (not: {', '.join(below)})" if below else ""), not below))
     for case in ("vmdk", "vmdk-stream"):
         if case in by_case:
             r = by_case[case]
@@ -448,7 +453,10 @@ def main() -> int:
                     if name == "ours":
                         m = ours(url, work, requested)
                     elif name == "cdi":
-                        m = cdi_pipeline(url, work, case, usable)
+                        # CDI's qemu-img sees a fixed vhd as raw, footer included: a volume 512 bytes
+                        # larger than the disk is what it needs (a smaller one fails its size check)
+                        fits = max(usable, path.stat().st_size) if case == "vhd-fixed" else usable
+                        m = cdi_pipeline(url, work, case, fits)
                     else:
                         m = curl_floor(url, work)
                     if not m.ok:

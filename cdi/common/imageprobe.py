@@ -58,21 +58,40 @@ def decompress_head(head: bytes, kind: str, limit: int = HEAD_BYTES) -> bytes:
     return head
 
 
+# The one table of what an image's first bytes say: (offset, magic, kind). The kinds beyond the
+# formats are images the importer refuses by name (a vmdk descriptor, ESX COWD, QED, LUKS,
+# Parallels); `detect_format` folds them into the format they would be read as.
+VMDK_DESCRIPTOR, COWD, QED, LUKS, PARALLELS = "vmdk-descriptor", "cowd", "qed", "luks", "parallels"
+MAGICS: Final = (
+    (0, b"QFI\xfb", QCOW2),
+    (0, b"KDMV", VMDK),
+    (0, b"# Disk DescriptorFile", VMDK_DESCRIPTOR),
+    (0, b"#Disk DescriptorFile", VMDK_DESCRIPTOR),
+    (0, b"COWD", COWD),
+    (0, b"conectix", VHD),
+    (0, b"vhdxfile", VHDX),
+    (0x40, b"\x7f\x10\xda\xbe", VDI),
+    (0, b"QED\x00", QED),
+    (0, b"LUKS\xba\xbe", LUKS),
+    (0, b"WithoutFreeSpace", PARALLELS),
+    (0, b"WithouFreSpacExt", PARALLELS),
+    (0x8001, b"CD001", ISO),
+)
+_FOLDED: Final = {VMDK_DESCRIPTOR: VMDK, COWD: RAW, QED: RAW, LUKS: RAW, PARALLELS: RAW}
+
+
+def detect_kind(head: bytes) -> str:
+    """What the first bytes say, from `MAGICS`: a format, a refused kind, or raw."""
+    for offset, magic, kind in MAGICS:
+        if head[offset : offset + len(magic)] == magic:
+            return kind
+    return RAW
+
+
 def detect_format(head: bytes) -> str:
     """The container format by magic; anything unrecognised is raw (ISO is raw with a label)."""
-    if head.startswith(b"QFI\xfb"):
-        return QCOW2
-    if head.startswith(b"KDMV") or head.startswith(b"# Disk DescriptorFile"):
-        return VMDK
-    if head.startswith(b"vhdxfile"):
-        return VHDX
-    if head.startswith(b"conectix"):
-        return VHD
-    if head[0x40:0x44] == b"\x7f\x10\xda\xbe":
-        return VDI
-    if head[0x8001:0x8006] == b"CD001":
-        return ISO
-    return RAW
+    kind = detect_kind(head)
+    return _FOLDED.get(kind, kind)
 
 
 def sniff(head: bytes) -> tuple[str | None, str]:

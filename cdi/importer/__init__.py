@@ -11,23 +11,25 @@ an `Origin`: its first MiB, its size, a range reader when the server serves rang
 sequential stream. The pipeline (`pipeline.py`) recognises the format from those first bytes
 (`formats.py`, `compression.py`), refuses unsafe or oversized images before writing anything,
 and picks a route: parallel range reads written in place (raw), a native range-reading qcow2
-converter (`qcow2.py`), decompression while downloading (gz/xz/zst raw), qemu-img reading through
-nbdkit (vmdk/vhd/vhdx/vdi), or, only where no streaming path exists, a scratch copy converted by
-qemu-img (`qemu.py`). Writes are sparse with a bounded page cache (`sparse_writer.py`); range
-routes keep a resume checkpoint next to the image (`resume.py`); the target is sized exactly as
-CDI sizes it (`target.py`). Failures carry a stable reason code (`errors.py`) into the
-termination message (`termination.py`); progress is exported per phase (`progress.py`).
+converter (`qcow2.py`) and its kin for vmdk grain tables (`vmdk.py`) and vdi/vhd/vhdx block maps
+(`vdi.py`, `vhd.py`, `vhdx.py`, `blockmap.py`), decompression while downloading (gz/xz/zst raw),
+qemu-img reading through nbdkit (the images those readers leave alone), or, only where no
+streaming path exists, a scratch copy converted by qemu-img (`qemu.py`). Writes are sparse with a
+bounded page cache (`sparse_writer.py`); range routes keep a resume checkpoint next to the image
+(`resume.py`); the target is sized exactly as CDI sizes it (`target.py`). Failures carry a stable
+reason code (`errors.py`) into the termination message (`termination.py`); progress is exported per
+phase (`progress.py`).
 
 Importing a plain stream (for the upload server)
 ------------------------------------------------
 The upload server pushes a request body through the same code::
 
-    from cdi.importer import ImportOptions, QueueStream, detect_target, import_stream, Paths
+    from cdi.importer import ImportOptions, detect_target, import_stream, Paths
 
     target = detect_target(Paths.from_env(os.environ))  # or FileTarget(dir) / BlockTarget(device)
     options = ImportOptions(requested_size=..., filesystem_overhead="0.055", preallocation=False,
                             checksum=Checksum.parse("sha256:..."), scratch_dir=Path("/scratch"))
-    body = QueueStream()            # feed(bytes) from the aiohttp handler, finish() at the end
+    body = ...                      # any object with read(n) -> bytes (b"" at the end)
     result = import_stream(body, target, options)   # run in a thread; blocking
 
 `import_stream(stream, target, options, progress=None, stop=None, *, name="upload", size=None)`
@@ -41,7 +43,7 @@ from .checksum import Checksum
 from .errors import REASONS, ImporterError, Reason
 from .pipeline import ImportOptions, ImportResult, import_blank, import_stream, run_import
 from .progress import Progress
-from .streams import QueueStream, Stream
+from .streams import Stream
 from .target import BlockTarget, FileTarget, Paths, Target, detect_target
 
 __all__ = [
@@ -54,7 +56,6 @@ __all__ = [
     "ImporterError",
     "Paths",
     "Progress",
-    "QueueStream",
     "Reason",
     "Stream",
     "Target",

@@ -22,15 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ImporterError, Reason
+from cdi.common import imageprobe
+from cdi.common.imageprobe import ISO, QCOW2, RAW, VDI, VHD, VHDX, VMDK
 
-RAW = "raw"
-ISO = "iso"
-QCOW2 = "qcow2"
-VMDK = "vmdk"
-VHD = "vhd"
-VHDX = "vhdx"
-VDI = "vdi"
+from .errors import ImporterError, Reason
 
 QEMU_NAMES = {RAW: "raw", ISO: "raw", QCOW2: "qcow2", VMDK: "vmdk", VHD: "vpc", VHDX: "vhdx", VDI: "vdi"}
 
@@ -69,33 +64,35 @@ def _invalid(message: str) -> ImporterError:
 
 
 def probe(head: bytes, size: int | None, fetch: Fetch | None = None) -> ImageInfo:
-    """Recognise the image whose first bytes are `head` (total `size` if known) and check it is safe."""
-    if head.startswith(b"QFI\xfb"):
+    """Recognise the image whose first bytes are `head` (total `size` if known) and check it is safe.
+
+    Which format it is comes from `imageprobe.MAGICS`, the table the controller and `cdi
+    image-upload` read too; here each format's header is then checked."""
+    kind = imageprobe.detect_kind(head)
+    if kind == QCOW2:
         return _qcow2(head, size)
-    if head.startswith(b"KDMV"):
+    if kind == VMDK:
         return _vmdk(head, fetch)
-    if head.startswith(b"# Disk DescriptorFile") or head.startswith(b"#Disk DescriptorFile"):
+    if kind == imageprobe.VMDK_DESCRIPTOR:
         raise _backing(
             "vmdk descriptor file: its extents are stored in other files, which cannot be "
             "imported; convert it to a monolithic vmdk or qcow2 first"
         )
-    if head.startswith(b"COWD"):
+    if kind == imageprobe.COWD:
         raise _unsupported("ESX sparse (COWD) vmdk extents are not supported")
-    if head.startswith(b"conectix"):
+    if kind == VHD:
         return _vhd(head)
-    if head.startswith(b"vhdxfile"):
+    if kind == VHDX:
         return _vhdx(head, fetch)
-    if head[0x40:0x44] == b"\x7f\x10\xda\xbe":
+    if kind == VDI:
         return _vdi(head)
-    if head.startswith(b"QED\x00"):
+    if kind == imageprobe.QED:
         raise _unsupported("QED images are not supported; convert to qcow2 or raw")
-    if head.startswith(b"LUKS\xba\xbe"):
+    if kind == imageprobe.LUKS:
         raise _unsupported("LUKS-encrypted images are not supported")
-    if head.startswith((b"WithoutFreeSpace", b"WithouFreSpacExt")):
+    if kind == imageprobe.PARALLELS:
         raise _unsupported("Parallels images are not supported")
-    if head[0x8001:0x8006] == b"CD001":
-        return ImageInfo(ISO, size)
-    return ImageInfo(RAW, size)
+    return ImageInfo(kind, size)  # raw or iso
 
 
 # -- qcow2 ---------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """The queue from a request body (the event loop, or a reading thread) to the importer's thread (the
 pipeline).
 
-The importer reads a blocking `Stream` (`read(n)`); the body arrives in an asyncio handler. The
-importer's own `QueueStream` makes the producer block on a full queue, which an event loop can only
-do through a worker thread per chunk. This queue is the same idea with an asyncio producer side: a
+The importer reads a blocking `Stream` (`read(n)`); the body arrives in an asyncio handler. A plain
+thread queue makes the producer block when full, which an event loop can only do through a worker
+thread per chunk. This queue is the same idea with an asyncio producer side: a
 full queue makes `put` await a future that the consumer completes (once, when it frees space), so
 backpressure costs no thread hand-off per chunk. A producer that is a thread (the upload server's
 reading thread, `front.BodyBridge`) uses `put_blocking` and skips the event loop altogether. Memory

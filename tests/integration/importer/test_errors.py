@@ -19,7 +19,9 @@ CHECKSUM_CASES = [  # (image, route) covering every way the bytes can travel
     (file_name("raw", "gz"), "stream"),
     (file_name("qcow2-compressed"), "qcow2-ranges"),
     (file_name("vmdk"), "vmdk-ranges"),
-    (file_name("vhd"), "nbdkit-convert"),
+    (file_name("vhd"), "vhd-ranges"),
+    (file_name("vhdx"), "vhdx-ranges"),
+    (file_name("vdi"), "vdi-ranges"),
     (file_name("qcow2", "xz"), "qcow2-stream"),
     (file_name("vdi", "zst"), "scratch-convert"),
 ]

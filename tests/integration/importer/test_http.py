@@ -36,6 +36,9 @@ NATIVE = {
     "qcow2-zstd": "qcow2-ranges",
     "vmdk": "vmdk-ranges",
     "vmdk-stream": "vmdk-ranges",
+    "vhd": "vhd-ranges",
+    "vhdx": "vhdx-ranges",
+    "vdi": "vdi-ranges",
 }
 
 

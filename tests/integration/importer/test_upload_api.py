@@ -13,11 +13,11 @@ from cdi.importer import (
     FileTarget,
     ImporterError,
     ImportOptions,
-    QueueStream,
     Reason,
     import_stream,
 )
 from tests.support.images import Image, file_name, sha256_file
+from tests.support.streams import QueueStream
 
 from .harness import OVERHEAD, REQUESTED, USABLE
 

@@ -58,3 +58,29 @@ def test_zstd_bomb_decompresses_to_a_bounded_head() -> None:
     bomb = zstandard.ZstdCompressor().compress(bytes(1 << 30))
     assert len(bomb) < ip.HEAD_BYTES
     assert len(ip.decompress_head(bomb, ip.ZSTD)) == ip.HEAD_BYTES
+
+
+def test_the_importer_recognises_formats_by_the_same_table() -> None:
+    """One magic table (`ip.MAGICS`): what the controller reads from a head is what the
+    importer detects (or refuses by name), so the two cannot drift apart."""
+    from cdi.importer import formats
+    from cdi.importer.errors import ImporterError
+
+    for offset, magic, kind in ip.MAGICS:
+        head = bytearray(1 << 20)
+        head[offset : offset + len(magic)] = magic
+        expected = ip.detect_format(bytes(head))
+        if kind in (ip.COWD, ip.QED, ip.LUKS, ip.PARALLELS,
+                    ip.VMDK_DESCRIPTOR):
+            with pytest.raises(ImporterError):
+                formats.probe(bytes(head), len(head))
+            continue
+        message = ""
+        try:
+            info = formats.probe(bytes(head), len(head))
+        except ImporterError as exc:  # a header of zeros is refused as invalid, after being recognised
+            message = exc.message
+        if message:
+            assert expected in message, (kind, message)
+        else:
+            assert info.format == expected, kind

@@ -12,9 +12,9 @@ from aiohttp import streams
 
 from cdi.importer import ImporterError
 from cdi.importer.source import StreamOrigin
-from cdi.importer.streams import BytesStream
 from cdi.uploadserver.feed import FedStream
 from cdi.uploadserver.server import _as_received
+from tests.support.streams import BytesStream
 
 
 async def test_an_empty_chunk_is_not_the_end_of_the_body() -> None:
