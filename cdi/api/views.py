@@ -209,6 +209,15 @@ class PersistentVolumeView(ObjectView):
         """`spec.volumeMode`, Filesystem when unset (the API server's default)."""
         return str(self.spec.get("volumeMode") or "Filesystem")
 
+    @property
+    def capacity(self) -> str:
+        """`spec.capacity.storage` as written ("" when unset)."""
+        return str(dig(self.spec, "capacity", "storage") or "")
+
+    @property
+    def phase(self) -> str:
+        return str(self.status.get("phase") or "")
+
 
 class PodView(ObjectView):
     """A pod: phase, container states and the claims it mounts."""
@@ -232,8 +241,24 @@ class PodView(ObjectView):
         return list(dig(self.raw, "status", "conditions") or [])
 
     @property
+    def containers(self) -> list[Body]:
+        return list(self.spec.get("containers") or [])
+
+    @property
     def volumes(self) -> list[Body]:
-        return list(dig(self.raw, "spec", "volumes") or [])
+        return list(self.spec.get("volumes") or [])
+
+    def volume(self, name: str) -> Body | None:
+        """The volume called `name` (None when the pod has none)."""
+        return next((v for v in self.volumes if v.get("name") == name), None)
+
+    def configmap_of(self, volume: str) -> str:
+        """The ConfigMap the volume `volume` mounts ("" when it is absent or not a ConfigMap volume)."""
+        return str(dig(self.volume(volume), "configMap", "name") or "")
+
+    def secret_of(self, volume: str) -> str:
+        """The Secret the volume `volume` mounts ("" when it is absent or not a Secret volume)."""
+        return str(dig(self.volume(volume), "secret", "secretName") or "")
 
     @property
     def claim_names(self) -> list[str]:

@@ -113,3 +113,18 @@ def test_a_data_import_cron_view() -> None:
     assert StorageProfileView({}).import_source_format == "pvc"
     assert StorageProfileView({"status": {"dataImportCronSourceFormat": "snapshot"}}).import_source_format == \
         "snapshot"
+
+
+def test_pod_view_containers_and_the_objects_its_volumes_mount() -> None:
+    pod = PodView({"spec": {"containers": [{"name": "importer"}], "volumes": [
+        {"name": "cdi-cert-vol", "configMap": {"name": "ca"}},
+        {"name": "cdi-secret-vol", "secret": {"secretName": "creds"}}]}})
+    assert [c["name"] for c in pod.containers] == ["importer"]
+    assert (pod.configmap_of("cdi-cert-vol"), pod.secret_of("cdi-secret-vol")) == ("ca", "creds")
+    assert (pod.configmap_of("cdi-secret-vol"), pod.secret_of("absent"), pod.volume("absent")) == ("", "", None)
+
+
+def test_persistent_volume_view_capacity_and_phase() -> None:
+    pv = PersistentVolumeView({"spec": {"capacity": {"storage": "5Gi"}}, "status": {"phase": "Available"}})
+    assert (pv.capacity, pv.phase) == ("5Gi", "Available")
+    assert (PersistentVolumeView({}).capacity, PersistentVolumeView({}).phase) == ("", "")
