@@ -184,6 +184,12 @@ class ClaimView(ObjectView):
         """`status.capacity.storage` as written ("" while unbound)."""
         return str(dig(self.status, "capacity", "storage") or "")
 
+    @property
+    def data_source_ref(self) -> Body:
+        """What populates it: `spec.dataSourceRef`, else `spec.dataSource` ({} when neither is set)."""
+        ref = self.spec.get("dataSourceRef") or self.spec.get("dataSource")
+        return ref if isinstance(ref, Mapping) else {}
+
 
 class PersistentVolumeView(ObjectView):
     """A PersistentVolume: the claim it is bound to."""

@@ -128,3 +128,11 @@ def test_persistent_volume_view_capacity_and_phase() -> None:
     pv = PersistentVolumeView({"spec": {"capacity": {"storage": "5Gi"}}, "status": {"phase": "Available"}})
     assert (pv.capacity, pv.phase) == ("5Gi", "Available")
     assert (PersistentVolumeView({}).capacity, PersistentVolumeView({}).phase) == ("", "")
+
+
+def test_claim_view_data_source_ref_prefers_the_ref() -> None:
+    both = ClaimView({"spec": {"dataSourceRef": {"kind": "VolumeImportSource", "name": "a"},
+                               "dataSource": {"kind": "PersistentVolumeClaim", "name": "b"}}})
+    assert both.data_source_ref["name"] == "a"
+    assert ClaimView({"spec": {"dataSource": {"name": "b"}}}).data_source_ref == {"name": "b"}
+    assert ClaimView({}).data_source_ref == {}
