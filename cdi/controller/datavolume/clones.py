@@ -361,12 +361,11 @@ class CloneReconciler(Reconciler):
         """Record the clone phase on the target; the DataVolume's status is computed from the
         written claim at once, so that every phase shows (and has its event) however short."""
         changes: dict[str, str | None] = {ann.CLONE_PHASE: phase, **(extra or {})}
-        current = ClaimView(target).annotations
-        if all(current.get(k) == v for k, v in changes.items()):
+        claim = ClaimView(target)
+        if all(claim.annotations.get(k) == v for k, v in changes.items()):
             return None
-        result: Obj = await self.ctx.client.patch(groups.PVCS, ClaimView(target).name,
-                                                  {"metadata": {"annotations": changes}},
-                                                  ClaimView(target).namespace)
+        result: Obj = await self.ctx.client.patch(groups.PVCS, claim.name, {"metadata": {"annotations": changes}},
+                                                  claim.namespace)
         return result
 
     async def _advance(self, target: Body) -> Obj | None:
@@ -400,12 +399,12 @@ class CloneReconciler(Reconciler):
     async def _host_clone(self, target: Body, temp: Body | None, source_ns: str, source_name: str) -> Obj | None:
         """Host-assisted copy (HostClone): the temporary claim is an upload target that takes the
         stream of a clone source pod reading the source; then its volume goes to the target (Rebind)."""
+        target_claim = ClaimView(target)
         if temp is None:
-            client_name = f"{source_ns}/{source_name}-{ClaimView(target).namespace}/" \
-                          f"{ClaimView(target).name}"
+            client_name = f"{source_ns}/{source_name}-{target_claim.key}"
             if len(client_name) > 64:  # a certificate's CN holds 64 characters
-                client_name = f"clone-source-{ClaimView(target).uid}"
-            claim = self._temp_claim(target, source_ns, ClaimView(target).requested_storage, None)
+                client_name = f"clone-source-{target_claim.uid}"
+            claim = self._temp_claim(target, source_ns, target_claim.requested_storage, None)
             claim["metadata"]["annotations"].update({
                 ann.UPLOAD_TARGET: "", UPLOAD_CLIENT_NAME: client_name, ann.CONTENT_TYPE: "kubevirt",
                 ann.CLONE_REQUEST: f"{source_ns}/{source_name}"})
@@ -416,10 +415,10 @@ class CloneReconciler(Reconciler):
             return await self._set_phase(target, HOST_CLONE)
         temp_annotations = ClaimView(temp).annotations
         restarts = temp_annotations.get(ann.POD_RESTARTS)
-        if restarts and restarts != ClaimView(target).annotations.get(ann.POD_RESTARTS):
+        if restarts and restarts != target_claim.annotations.get(ann.POD_RESTARTS):
             # the upload server's restarts are the DataVolume's restartCount, as CDI's populator copies them
-            await self.ctx.client.patch(groups.PVCS, ClaimView(target).name, {"metadata": {
-                "annotations": {ann.POD_RESTARTS: restarts}}}, ClaimView(target).namespace)
+            await self.ctx.client.patch(groups.PVCS, target_claim.name, {"metadata": {
+                "annotations": {ann.POD_RESTARTS: restarts}}}, target_claim.namespace)
         pod_name = source_pod_name(temp)
         if temp_annotations.get(ann.POD_PHASE) == "Succeeded":
             for gvr in (groups.PODS, groups.SECRETS):
@@ -433,7 +432,7 @@ class CloneReconciler(Reconciler):
         if temp_annotations.get(ann.POD_READY) != "true" or \
                 self.ctx.cached(groups.PODS, pod_name, source_ns) is not None:
             return None
-        users = self._pods_using(source_ns, source_name, ClaimView(target).uid)
+        users = self._pods_using(source_ns, source_name, target_claim.uid)
         if users:
             return await self._source_in_use(target, users, source_name)
         written = await self._set_phase(target, HOST_CLONE, {
@@ -457,11 +456,10 @@ class CloneReconciler(Reconciler):
         """CloneSourceInUse: a Warning event per pod on the DataVolume, and its Running condition says so."""
         messages = [f"pod {PodView(p).key} using "
                     f"PersistentVolumeClaim {claim}" for p in users]
-        annotations = ClaimView(target).annotations
-        if annotations.get(ann.CONDITION_RUNNING_MESSAGE) == "; ".join(messages):
+        target_claim = ClaimView(target)
+        if target_claim.annotations.get(ann.CONDITION_RUNNING_MESSAGE) == "; ".join(messages):
             return None
-        owner = self.ctx.cached(groups.DATAVOLUMES, ClaimView(target).name,
-                                ClaimView(target).namespace)
+        owner = self.ctx.cached(groups.DATAVOLUMES, target_claim.name, target_claim.namespace)
         for message in messages:
             self.ctx.recorder.record(owner or target, WARNING, CLONE_SOURCE_IN_USE, message)
         return await self._set_phase(target, HOST_CLONE, {
@@ -617,15 +615,14 @@ class CloneReconciler(Reconciler):
         pv = await self._get(groups.PVS, pv_name, "") if pv_name else None
         if pv is None:
             return
-        ref = PersistentVolumeView(pv).claim_ref
-        if ref.get("uid") == ClaimView(target).uid:
+        ref, claim = PersistentVolumeView(pv).claim_ref, ClaimView(target)
+        if ref.get("uid") == claim.uid:
             return
         if ref.get("uid") != ClaimView(temp).uid:
             raise RuntimeError(f"PV {pv_name} bound to unexpected claim {ref.get('name')}")
         await self.ctx.client.patch(groups.PVS, pv_name, {"spec": {"claimRef": {
-            "kind": "PersistentVolumeClaim", "apiVersion": "v1",
-            "namespace": ClaimView(target).namespace, "name": ClaimView(target).name,
-            "uid": ClaimView(target).uid, "resourceVersion": ClaimView(target).resource_version}}})
+            "kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": claim.namespace, "name": claim.name,
+            "uid": claim.uid, "resourceVersion": claim.resource_version}}})
 
     async def _finish(self, target: Body, source_ns: str) -> Obj | None:
         """The target holds the volume: remove every temporary object, then say so."""
