@@ -6,7 +6,9 @@ install -> `Deployed`/`Available=True` -> the Prometheus operator's CRDs appear 
 CDI's PrometheusRule and ServiceMonitor -> `certConfig` and `customizeComponents` change and the
 components follow -> HTTP imports (raw and qcow2, Filesystem and Block) whose bytes a pod reads back ->
 a smart clone (csi-clone or snapshot, as the planner picks) and a host-assisted clone of an imported
-volume -> a DataImportCron importing from the test's HTTP server, its DataSource Ready -> an upload
+volume -> the populators (a DataVolume on CSI storage and its opt-out, plain PVCs naming a VolumeImportSource,
+VolumeCloneSource or VolumeUploadSource, PendingPopulation under WaitForFirstConsumer, no prime claim left
+after a failure) -> a DataImportCron importing from the test's HTTP server, its DataSource Ready -> an upload
 through the proxy with `cdi image-upload` -> a bad DataVolume refused at admission -> uninstall refused
 while DataVolumes exist under `BlockUninstallIfWorkloadsExist`, then everything the operator created
 gone. Skipped without the kit."""
@@ -38,6 +40,8 @@ CLASS = "csi-hostpath-sc"
 SIZE = "64Mi"
 PORT = 18080
 MONITORING_CRDS = {"prometheusrules": "PrometheusRule", "servicemonitors": "ServiceMonitor"}
+USE_POPULATOR = "cdi.kubevirt.io/storage.usePopulator"
+WFFC_CLASS = "cdi-realk8s-wffc"  # the kit's hostpath driver, WaitForFirstConsumer (the kit's own class is Immediate)
 NEVER = "0 0 1 1 *"  # a DataImportCron schedule that does not come during the test: only its first import runs
 
 
@@ -73,6 +77,19 @@ def clone(name: str, source: str) -> dict[str, Any]:
             "spec": {"source": {"pvc": {"namespace": NS, "name": source}}, "storage": storage()}}
 
 
+def populated_claim(name: str, kind: str, source: str) -> dict[str, Any]:
+    """A plain PVC filled by one of CDI's populators."""
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NS},
+            "spec": {"storageClassName": CLASS, "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                     "resources": {"requests": {"storage": SIZE}},
+                     "dataSourceRef": {"apiGroup": "cdi.kubevirt.io", "kind": kind, "name": source}}}
+
+
+def primes(k8s: RealK8s) -> list[str]:
+    claims = json.loads(k8s.kubectl("get", "pvc", "-n", NS, "-o", "json").stdout)["items"]
+    return [c["metadata"]["name"] for c in claims if c["metadata"]["name"].startswith("prime-")]
+
+
 def read_back(k8s: RealK8s, claim: str, block: bool, length: int) -> str:
     """sha256 of the image's bytes on the volume, as a pod on the node reads them."""
     source = "/dev/cdi-block-volume" if block else "/data/disk.img"
@@ -105,6 +122,7 @@ def clean_slate(k8s: RealK8s) -> None:
         k8s.kubectl("delete", "cdi", "cdi", "--wait=true", timeout=300)
     for plural in MONITORING_CRDS:
         k8s.kubectl("delete", "crd", f"{plural}.monitoring.coreos.com", "--ignore-not-found", "--wait=true")
+    k8s.kubectl("delete", "storageclass", WFFC_CLASS, "--ignore-not-found")
     wait_for(lambda: (k8s.get("namespace", "cdi") or {}).get("status", {}).get("phase") != "Terminating",
              timeout=300, interval=1.0, message="namespace cdi deleted")
 
@@ -242,6 +260,9 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     assert api_args[-2:] == ["--v", "2"]
 
     # -- HTTP imports into a namespace that enforces the restricted Pod Security profile --------------------
+    k8s.apply(json.dumps({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": WFFC_CLASS},
+                          "provisioner": "hostpath.csi.k8s.io", "reclaimPolicy": "Delete",
+                          "volumeBindingMode": "WaitForFirstConsumer"}))
     k8s.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": NS, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
     server = subprocess.Popen([str(k8s.kit / "exec.sh"), sys.executable, "-m", "http.server", "--bind", NODE_IP,
@@ -266,6 +287,44 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
         if importer is not None:  # spec.workload and imagePullPolicy reach worker pods
             assert importer["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
             assert importer["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+
+        # -- populators: CSI storage (hostpath has a CSIDriver) takes CDI's populator path; the opt-out the legacy
+        # one; a plain PVC naming a VolumeImportSource; WaitForFirstConsumer shows PendingPopulation ----------
+        t0 = time.monotonic()
+        assert k8s.get("datavolume", "raw-fs", NS)["metadata"]["annotations"][USE_POPULATOR] == "true"
+        legacy = datavolume("raw-legacy", f"http://{NODE_IP}:{PORT}/disk.qcow2", False)
+        legacy["metadata"]["annotations"] = {USE_POPULATOR: "false"}
+        k8s.apply(json.dumps(legacy))
+        k8s.apply(json.dumps({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeImportSource",
+                              "metadata": {"name": "pop-src", "namespace": NS},
+                              "spec": {"source": {"http": {"url": f"http://{NODE_IP}:{PORT}/disk.qcow2"}}}}))
+        k8s.apply(json.dumps(populated_claim("pop-import", "VolumeImportSource", "pop-src")))
+        k8s.apply(json.dumps({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeImportSource",
+                              "metadata": {"name": "pop-missing", "namespace": NS},
+                              "spec": {"source": {"http": {"url": f"http://{NODE_IP}:{PORT}/missing.img"}}}}))
+        k8s.apply(json.dumps(populated_claim("pop-fails", "VolumeImportSource", "pop-missing")))
+        wffc = datavolume("wffc", f"http://{NODE_IP}:{PORT}/disk.qcow2", False)
+        wffc["spec"]["storage"]["storageClassName"] = WFFC_CLASS
+        k8s.apply(json.dumps(wffc))
+        wait_phase(k8s, "raw-legacy", "Succeeded")
+        assert k8s.get("pvc", "raw-legacy", NS)["spec"].get("dataSourceRef") is None  # the legacy flow
+        assert read_back(k8s, "raw-legacy", False, images["size"]) == images["sha256"], "legacy path: wrong bytes"
+        wait_for(lambda: (k8s.get("pvc", "pop-import", NS) or {}).get("status", {}).get("phase") == "Bound",
+                 timeout=300, interval=1.0, message="pop-import Bound")
+        assert read_back(k8s, "pop-import", False, images["size"]) == images["sha256"], "import populator: wrong bytes"
+        wait_phase(k8s, "wffc", "PendingPopulation")
+        assert read_back(k8s, "wffc", False, images["size"]) == images["sha256"], "WaitForFirstConsumer: wrong bytes"
+        wait_phase(k8s, "wffc", "Succeeded")
+
+        def failed_import() -> bool:
+            events = json.loads(k8s.kubectl("get", "events", "-n", NS, "--field-selector",
+                                            "involvedObject.name=pop-fails", "-o", "json").stdout)["items"]
+            return any(e["reason"] == "importFailed" for e in events)
+        wait_for(failed_import, timeout=300, interval=1.0, message="pop-fails reports importFailed")
+        assert k8s.get("pvc", "pop-fails", NS)["status"]["phase"] == "Pending"
+        k8s.kubectl("delete", "pvc", "-n", NS, "pop-fails", "--wait=true", timeout=120)
+        wait_for(lambda: primes(k8s) == [], timeout=120, interval=1.0, message="no prime claim left")
+        timings["populators + read back"] = round(time.monotonic() - t0, 1)
 
         # -- golden images: a DataImportCron imports from the HTTP server, its DataSource becomes Ready ------
         t0 = time.monotonic()
@@ -308,6 +367,15 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     assert k8s.get("pvc", "clone-copy", NS)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
     assert read_back(k8s, "clone-copy", False, images["size"]) == images["sha256"], "host-assisted clone: wrong bytes"
     timings["host-assisted clone + read back"] = round(time.monotonic() - t0, 1)
+    t0 = time.monotonic()
+    k8s.apply(json.dumps({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeCloneSource",
+                          "metadata": {"name": "pop-clone-src", "namespace": NS},
+                          "spec": {"source": {"kind": "PersistentVolumeClaim", "name": "raw-fs"}}}))
+    k8s.apply(json.dumps(populated_claim("pop-clone", "VolumeCloneSource", "pop-clone-src")))
+    wait_for(lambda: (k8s.get("pvc", "pop-clone", NS) or {}).get("status", {}).get("phase") == "Bound",
+             timeout=300, interval=1.0, message="pop-clone Bound")
+    assert read_back(k8s, "pop-clone", False, images["size"]) == images["sha256"], "clone populator: wrong bytes"
+    timings["clone populator + read back"] = round(time.monotonic() - t0, 1)
 
     # -- upload through the proxy ------------------------------------------------------------------------
     proxy_ip = k8s.get("service", "cdi-uploadproxy", "cdi")["spec"]["clusterIP"]
@@ -321,6 +389,19 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     assert upload.returncode == 0
     wait_phase(k8s, "uploaded", "Succeeded")
     assert read_back(k8s, "uploaded", False, images["size"]) == images["sha256"]
+
+    k8s.apply(json.dumps({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeUploadSource",
+                          "metadata": {"name": "pop-upload-src", "namespace": NS},
+                          "spec": {"contentType": "kubevirt"}}))
+    k8s.apply(json.dumps(populated_claim("pop-upload", "VolumeUploadSource", "pop-upload-src")))
+    upload = k8s.run(sys.executable, "-m", "cdi.cli.main", "image-upload", "pvc", "pop-upload", "-n", NS,
+                     "--no-create", "--image-path", str(images["raw"]),
+                     "--uploadproxy-url", f"https://{proxy_ip}:443", timeout=300)
+    assert upload.returncode == 0
+    wait_for(lambda: (k8s.get("pvc", "pop-upload", NS) or {}).get("status", {}).get("phase") == "Bound",
+             timeout=300, interval=1.0, message="pop-upload Bound")
+    assert read_back(k8s, "pop-upload", False, images["size"]) == images["sha256"], "upload populator: wrong bytes"
+    assert primes(k8s) == []
 
     # -- a bad DataVolume is refused at admission ------------------------------------------------------------
     bad = datavolume("bad", "ftp://example.org/disk.img", False)
@@ -368,6 +449,7 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, images: dict[
     assert k8s.get("deployment", "cdi-operator", "cdi") is not None  # the operator stays until its manifests go
     for plural in MONITORING_CRDS:
         k8s.kubectl("delete", "crd", f"{plural}.monitoring.coreos.com", "--wait=true")
+    k8s.kubectl("delete", "storageclass", WFFC_CLASS)
     timings["total"] = round(time.monotonic() - started, 1)
     (IMAGES_DIR.parent / "realk8s-timings.json").write_text(json.dumps(timings, indent=1) + "\n")
     print("realk8s tier timings (s):", json.dumps(timings))

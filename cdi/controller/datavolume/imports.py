@@ -322,7 +322,10 @@ class ImportReconciler(Reconciler):
         if retryable:
             message = f"{message} (gave up after {attempt + 1} attempts)"
             changes[ann.CONDITION_RUNNING_MESSAGE] = message
-        changes[ann.IMPORT_FATAL_ERROR] = "true"
+        # the pod (restartPolicy Never) has ended for good: its phase is Failed even where the node has not
+        # said so yet (a real kubelet reports the container's end before the phase), and this claim is not
+        # looked at again, so the annotation must not keep the Running seen a moment earlier
+        changes[ann.IMPORT_FATAL_ERROR], changes[ann.POD_PHASE] = "true", "Failed"
         await annotate(self.ctx, pvc, changes)
         self.ctx.metrics.import_failures.labels(reason).inc()
         self.ctx.recorder.record(dv or pvc, WARNING, "ImportFailed", f"Failed to import into PVC {name}: "

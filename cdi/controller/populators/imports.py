@@ -69,10 +69,14 @@ class ImportPopulator(PopulatorReconciler):
         progress = await self._progress(pvc, prime, phase)
         extra = {ann.POPULATOR_PROGRESS: progress} if progress else {}
         await self.mirror(pvc, prime, extra)
+        # a permanent failure is final as soon as the importer's termination message says so; on a real
+        # node the pod's phase may still read Running at that moment (its container has ended, the phase
+        # follows), and the import reconciler does not look at a failed import's pod again
+        if phase == "Failed" or theirs.get(ann.IMPORT_FATAL_ERROR) == "true":
+            self.ctx.recorder.record(pvc, WARNING, IMPORT_FAILED, f"import into {name} failed")
+            return None
         if phase == "Running":
             return RUNNING_POLL
-        if phase == "Failed":
-            self.ctx.recorder.record(pvc, WARNING, IMPORT_FAILED, f"import into {name} failed")
         if is_complete(prime):
             if not is_bound(pvc):
                 await self.hand_over(pvc, prime)

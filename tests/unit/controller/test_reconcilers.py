@@ -9,6 +9,8 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from cdi.api import groups
 from cdi.controller.datasource import DataSourceReconciler
 from cdi.controller.datavolume.base import DataVolumeReconciler
@@ -240,13 +242,14 @@ async def test_a_retryable_failure_starts_the_next_attempt_later(kube: FakeKube,
     assert any(reason == "TransportError" and "retrying" in message for _, reason, message in events)
 
 
-async def test_a_permanent_failure_is_fatal_without_retries(kube: FakeKube, ctx: Context) -> None:
+@pytest.mark.parametrize("pod_phase", ["Failed", "Running"])  # a real kubelet reports the container's end first
+async def test_a_permanent_failure_is_fatal_without_retries(kube: FakeKube, ctx: Context, pod_phase: str) -> None:
     await import_claim(kube, ctx)
     reconciler = ImportReconciler(ctx)
     await reconciler.reconcile(f"{NAMESPACE}/disk")
     pod = kube.object(groups.PODS, "importer-disk", NAMESPACE)
     assert pod is not None
-    pod["status"] = {"phase": "Failed", "containerStatuses": [{"name": "importer", "ready": False, "state": {
+    pod["status"] = {"phase": pod_phase, "containerStatuses": [{"name": "importer", "ready": False, "state": {
         "terminated": {"exitCode": 1, "reason": "Error", "message": json.dumps(
             {"message": "404 Not Found", "reason": "NotFound", "retryable": False})}}}]}
     kube.add(groups.PODS, pod)
@@ -256,6 +259,7 @@ async def test_a_permanent_failure_is_fatal_without_retries(kube: FakeKube, ctx:
     assert pvc is not None
     annotations = pvc["metadata"]["annotations"]
     assert annotations[A + "import.fatalError"] == "true"
+    assert annotations[A + "pod.phase"] == "Failed"  # what the DataVolume and the import populator go by
     assert annotations[A + "pod.restarts"] == "0"
     assert kube.created(groups.PODS) == [f"{NAMESPACE}/importer-disk"]
     assert ("Warning", "ImportFailed", "Failed to import into PVC disk: NotFound: 404 Not Found") in \
