@@ -67,6 +67,16 @@ class ObjectView:
         return int(self.metadata.get("generation") or 0)
 
     @property
+    def spec(self) -> Body:
+        spec = self.raw.get("spec")
+        return spec if isinstance(spec, Mapping) else {}
+
+    @property
+    def status(self) -> Body:
+        status = self.raw.get("status")
+        return status if isinstance(status, Mapping) else {}
+
+    @property
     def labels(self) -> Mapping[str, str]:
         return self.metadata.get("labels") or {}
 
@@ -96,16 +106,13 @@ class DataVolumeView(ObjectView):
     __slots__ = ()
 
     @property
-    def spec(self) -> Body:
-        return self.raw.get("spec") or {}
-
-    @property
-    def status(self) -> Body:
-        return self.raw.get("status") or {}
-
-    @property
     def source(self) -> Body:
         return self.spec.get("source") or {}
+
+    @property
+    def source_ref(self) -> Body | None:
+        """`spec.sourceRef` (a DataSource the clone source is resolved through), None when unset."""
+        return self.spec.get("sourceRef")
 
     @property
     def source_kind(self) -> str | None:
@@ -136,19 +143,14 @@ class DataVolumeView(ObjectView):
         return str(self.status.get("phase") or "")
 
 
-
 class ClaimView(ObjectView):
     """A PersistentVolumeClaim: what the worker-pod reconcilers read of it."""
 
     __slots__ = ()
 
     @property
-    def spec(self) -> Body:
-        return self.raw.get("spec") or {}
-
-    @property
     def phase(self) -> str:
-        return str(dig(self.raw, "status", "phase") or "")
+        return str(self.status.get("phase") or "")
 
     @property
     def bound(self) -> bool:
@@ -163,9 +165,64 @@ class ClaimView(ObjectView):
         return self.spec.get("volumeMode") == "Block"
 
     @property
+    def volume_mode(self) -> str:
+        """`spec.volumeMode`, Filesystem when unset (the API server's default)."""
+        return str(self.spec.get("volumeMode") or "Filesystem")
+
+    @property
+    def volume_name(self) -> str:
+        """The PersistentVolume it is bound to ("" while unbound)."""
+        return str(self.spec.get("volumeName") or "")
+
+    @property
     def requested_storage(self) -> str:
         """`spec.resources.requests.storage` as written ("" when unset)."""
         return str(dig(self.spec, "resources", "requests", "storage") or "")
+
+    @property
+    def capacity(self) -> str:
+        """`status.capacity.storage` as written ("" while unbound)."""
+        return str(dig(self.status, "capacity", "storage") or "")
+
+    @property
+    def data_source_ref(self) -> Body:
+        """What populates it: `spec.dataSourceRef`, else `spec.dataSource` ({} when neither is set)."""
+        ref = self.spec.get("dataSourceRef") or self.spec.get("dataSource")
+        return ref if isinstance(ref, Mapping) else {}
+
+
+class PersistentVolumeView(ObjectView):
+    """A PersistentVolume: the claim it is bound to."""
+
+    __slots__ = ()
+
+    @property
+    def claim_ref(self) -> Body:
+        """`spec.claimRef` ({} while it is available)."""
+        ref = self.spec.get("claimRef")
+        return ref if isinstance(ref, Mapping) else {}
+
+    @property
+    def storage_class(self) -> str:
+        return str(self.spec.get("storageClassName") or "")
+
+    @property
+    def access_modes(self) -> list[str]:
+        return [str(mode) for mode in self.spec.get("accessModes") or []]
+
+    @property
+    def volume_mode(self) -> str:
+        """`spec.volumeMode`, Filesystem when unset (the API server's default)."""
+        return str(self.spec.get("volumeMode") or "Filesystem")
+
+    @property
+    def capacity(self) -> str:
+        """`spec.capacity.storage` as written ("" when unset)."""
+        return str(dig(self.spec, "capacity", "storage") or "")
+
+    @property
+    def phase(self) -> str:
+        return str(self.status.get("phase") or "")
 
 
 class PodView(ObjectView):
@@ -190,17 +247,151 @@ class PodView(ObjectView):
         return list(dig(self.raw, "status", "conditions") or [])
 
     @property
+    def containers(self) -> list[Body]:
+        return list(self.spec.get("containers") or [])
+
+    @property
     def volumes(self) -> list[Body]:
-        return list(dig(self.raw, "spec", "volumes") or [])
+        return list(self.spec.get("volumes") or [])
+
+    def volume(self, name: str) -> Body | None:
+        """The volume called `name` (None when the pod has none)."""
+        return next((v for v in self.volumes if v.get("name") == name), None)
+
+    def configmap_of(self, volume: str) -> str:
+        """The ConfigMap the volume `volume` mounts ("" when it is absent or not a ConfigMap volume)."""
+        return str(dig(self.volume(volume), "configMap", "name") or "")
+
+    def secret_of(self, volume: str) -> str:
+        """The Secret the volume `volume` mounts ("" when it is absent or not a Secret volume)."""
+        return str(dig(self.volume(volume), "secret", "secretName") or "")
 
     @property
     def claim_names(self) -> list[str]:
         """The claims its volumes mount."""
         return [str(name) for v in self.volumes if (name := dig(v, "persistentVolumeClaim", "claimName"))]
 
+    @property
+    def pod_ip(self) -> str:
+        return str(self.status.get("podIP") or "")
+
+    @property
+    def first_terminated(self) -> Body | None:
+        """The first container's `state.terminated` (None while it runs or has not started)."""
+        statuses = self.container_statuses
+        terminated = dig(statuses[0], "state", "terminated") if statuses else None
+        return terminated if isinstance(terminated, Mapping) else None
+
     def owned_by_claim(self, name: str) -> bool:
         return any(r.get("kind") == "PersistentVolumeClaim" and r.get("name") == name
                    for r in self.owner_references)
+
+
+class DataSourceView(ObjectView):
+    """A DataSource: the PVC, snapshot or DataSource its `spec.source` names."""
+
+    __slots__ = ()
+
+    @property
+    def source(self) -> Body:
+        return self.spec.get("source") or {}
+
+    def source_of(self, kind: str) -> Body | None:
+        """`spec.source.<kind>` (pvc, snapshot or dataSource), None when unset."""
+        ref = self.source.get(kind)
+        return ref if isinstance(ref, Mapping) else None
+
+
+class SnapshotView(ObjectView):
+    """A VolumeSnapshot: whether it can be restored, and to what size."""
+
+    __slots__ = ()
+
+    @property
+    def ready_to_use(self) -> bool:
+        return self.status.get("readyToUse") is True
+
+    @property
+    def restore_size(self) -> str:
+        """`status.restoreSize` as written ("" until the snapshotter reports it)."""
+        return str(self.status.get("restoreSize") or "")
+
+    @property
+    def content_name(self) -> str:
+        """The VolumeSnapshotContent it is bound to ("" while unbound)."""
+        return str(self.status.get("boundVolumeSnapshotContentName") or "")
+
+
+class SnapshotContentView(ObjectView):
+    """A VolumeSnapshotContent: the driver that took it and the mode of the volume it came from."""
+
+    __slots__ = ()
+
+    @property
+    def driver(self) -> str:
+        return str(self.spec.get("driver") or "")
+
+    @property
+    def source_volume_mode(self) -> str:
+        """`spec.sourceVolumeMode` ("" when the snapshotter did not record it)."""
+        return str(self.spec.get("sourceVolumeMode") or "")
+
+
+class StorageProfileView(ObjectView):
+    """A StorageProfile: the clone strategy and snapshot class it settles on for its storage class."""
+
+    __slots__ = ()
+
+    @property
+    def clone_strategy(self) -> str:
+        return str(self.status.get("cloneStrategy") or "")
+
+    @property
+    def snapshot_class(self) -> str:
+        return str(self.status.get("snapshotClass") or "")
+
+    @property
+    def import_source_format(self) -> str:
+        """`status.dataImportCronSourceFormat`: what a DataImportCron keeps (pvc, the default, or snapshot)."""
+        return str(self.status.get("dataImportCronSourceFormat") or "pvc")
+
+
+class DataImportCronView(ObjectView):
+    """A DataImportCron: its schedule, the DataVolume template it imports with, and what it keeps."""
+
+    __slots__ = ()
+
+    @property
+    def managed_data_source(self) -> str:
+        return str(self.spec.get("managedDataSource") or "")
+
+    @property
+    def schedule(self) -> str:
+        return str(self.spec.get("schedule") or "")
+
+    @property
+    def template(self) -> Body:
+        """`spec.template`, the DataVolume each import is made from ({} when unset)."""
+        template = self.spec.get("template")
+        return template if isinstance(template, Mapping) else {}
+
+    @property
+    def template_spec(self) -> Body:
+        return self.template.get("spec") or {}
+
+    @property
+    def retention_policy(self) -> str:
+        return str(self.spec.get("retentionPolicy") or "")
+
+    @property
+    def garbage_collect(self) -> str:
+        """`spec.garbageCollect`, Outdated when unset (CDI's default)."""
+        return str(self.spec.get("garbageCollect") or "Outdated")
+
+    @property
+    def imports_to_keep(self) -> int | None:
+        keep = self.spec.get("importsToKeep")
+        return None if keep is None else int(keep)
 
 def condition(body: Body, type_: str) -> Body | None:
     for cond in dig(body, "status", "conditions") or []:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api.views import dig
+from cdi.api.views import ObjectView, PersistentVolumeView
 
 Body = Mapping[str, Any]
 Params = Mapping[str, str]
@@ -412,12 +412,13 @@ def claim_property_sets(storage_class: Body, volumes: Sequence[Body] = ()) -> Se
     key = provisioner_key(storage_class)
     if key != NO_PROVISIONER:
         return CLAIM_PROPERTY_SETS.get(key)
-    name = dig(storage_class, "metadata", "name")
+    name = ObjectView(storage_class).name
     pairs: dict[tuple[str, str], None] = {}
     for pv in volumes:
-        if dig(pv, "spec", "storageClassName") == name:
-            for mode in dig(pv, "spec", "accessModes") or []:
-                pairs[(str(mode), str(dig(pv, "spec", "volumeMode") or FS))] = None
+        volume = PersistentVolumeView(pv)
+        if volume.storage_class == name:
+            for mode in volume.access_modes:
+                pairs[(mode, volume.volume_mode)] = None
     return tuple(pairs) or None
 
 
@@ -433,11 +434,11 @@ def data_import_cron_snapshot_class(storage_class: Body, snapshot_classes: Seque
         return None
     matching = [vsc for vsc in snapshot_classes if vsc.get("driver") == storage_class.get("provisioner")
                 and all((vsc.get("parameters") or {}).get(k) == v for k, v in wanted.items())]
-    defaults = [v for v in matching if (dig(v, "metadata", "annotations") or {}).get(ann.DEFAULT_SNAPSHOT_CLASS)
+    defaults = [v for v in matching if ObjectView(v).annotations.get(ann.DEFAULT_SNAPSHOT_CLASS)
                 == "true"]
     if defaults:
-        return str(dig(defaults[0], "metadata", "name"))
-    names = sorted(str(dig(v, "metadata", "name")) for v in matching)
+        return ObjectView(defaults[0]).name
+    names = sorted(ObjectView(v).name for v in matching)
     return names[0] if names else None
 
 
@@ -466,11 +467,11 @@ def snapshot_class_for(storage_class: Body, wanted: str | None, snapshot_classes
     driver = storage_class.get("provisioner")
     matching = [vsc for vsc in snapshot_classes if vsc.get("driver") == driver]
     if wanted:
-        return wanted if any(dig(v, "metadata", "name") == wanted for v in matching) else None
-    defaults = [v for v in matching if (dig(v, "metadata", "annotations") or {}).get(ann.DEFAULT_SNAPSHOT_CLASS)
+        return wanted if any(ObjectView(v).name == wanted for v in matching) else None
+    defaults = [v for v in matching if ObjectView(v).annotations.get(ann.DEFAULT_SNAPSHOT_CLASS)
                 == "true"]
-    chosen = sorted(defaults or matching, key=lambda v: str(dig(v, "metadata", "name")))
-    return str(dig(chosen[0], "metadata", "name")) if chosen else None
+    chosen = sorted(defaults or matching, key=lambda v: ObjectView(v).name)
+    return ObjectView(chosen[0]).name if chosen else None
 
 
 def profile_status(storage_class: Body, spec: Body, snapshot_classes: Sequence[Body],
@@ -479,13 +480,13 @@ def profile_status(storage_class: Body, spec: Body, snapshot_classes: Sequence[B
     table, then defaults (snapshot clones where a snapshot class exists, else copy)."""
     key = provisioner_key(storage_class)
     snapshot_class = snapshot_class_for(storage_class, spec.get("snapshotClass"), snapshot_classes)
-    status: dict[str, Any] = {"storageClass": dig(storage_class, "metadata", "name"),
+    status: dict[str, Any] = {"storageClass": ObjectView(storage_class).name,
                               "provisioner": storage_class.get("provisioner")}
     if snapshot_class:
         status["snapshotClass"] = snapshot_class
     clone = spec.get("cloneStrategy")
     if clone is None:
-        annotated = (dig(storage_class, "metadata", "annotations") or {}).get(ann.CLONE_STRATEGY)
+        annotated = ObjectView(storage_class).annotations.get(ann.CLONE_STRATEGY)
         if annotated in (COPY, SNAPSHOT, CSI_CLONE):
             clone = annotated
         else:

@@ -12,7 +12,7 @@ from typing import Any
 
 from cdi.api import groups
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
-from cdi.api.views import dig
+from cdi.api.views import ObjectView
 from cdi.common.verbosity import log_level
 from cdi.controller.runtime import Reconciler, write_status
 from cdi.kube import AlreadyExists
@@ -42,7 +42,7 @@ def effective_status(spec: Mapping[str, Any], storage_classes: Sequence[Mapping[
     per_class: dict[str, str] = {}
     wanted = overhead.get("storageClass") or {}
     for sc in storage_classes:
-        name = str(dig(sc, "metadata", "name"))
+        name = ObjectView(sc).name
         value = str(wanted.get(name, ""))
         per_class[name] = value if _PERCENT.match(value) else global_overhead
     names = set(per_class)

@@ -11,7 +11,7 @@ from cdi.api import featuregates, groups, naming
 from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space, round_up, usable_space
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, StorageProfileView
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
@@ -31,13 +31,13 @@ def filesystem_overhead(ctx: Context, storage_class: str | None) -> str:
 
 def claim_overhead(ctx: Context, pvc: Body) -> str:
     """The overhead the worker must leave on this claim: none on a Block device."""
-    if dig(pvc, "spec", "volumeMode") == "Block":
+    if ClaimView(pvc).block:
         return "0"
-    return filesystem_overhead(ctx, dig(pvc, "spec", "storageClassName"))
+    return filesystem_overhead(ctx, ClaimView(pvc).storage_class)
 
 
 def preallocation_wanted(ctx: Context, pvc: Body) -> bool:
-    requested = (dig(pvc, "metadata", "annotations") or {}).get(ann.PREALLOCATION_REQUESTED)
+    requested = ClaimView(pvc).annotations.get(ann.PREALLOCATION_REQUESTED)
     return requested == "true" if requested is not None else bool(config_status(ctx).get("preallocation"))
 
 
@@ -45,39 +45,39 @@ def waits_for_first_consumer(ctx: Context, pvc: Body) -> bool:
     """CDI's IsWaitForFirstConsumerEnabled: a worker pod waits for a first consumer to bind the claim only
     with the `HonorWaitForFirstConsumer` gate, and never for a claim annotated for immediate binding (the
     annotation counts whatever its value, as in CDI)."""
-    if ann.BIND_IMMEDIATE in (dig(pvc, "metadata", "annotations") or {}):
+    if ann.BIND_IMMEDIATE in ClaimView(pvc).annotations:
         return False
     return featuregates.enabled(ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME),
                                 featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER)
 
 
 def owner_reference(pvc: Body) -> Obj:
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": dig(pvc, "metadata", "name"),
-            "uid": dig(pvc, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": ClaimView(pvc).name,
+            "uid": ClaimView(pvc).uid, "controller": True, "blockOwnerDeletion": True}
 
 
 async def annotate(ctx: Context, pvc: Body, changes: Mapping[str, str | None]) -> None:
     """Merge `changes` into the claim's annotations (None removes one); no write when nothing changes."""
-    current: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    claim = ClaimView(pvc)
+    current = claim.annotations
     if all(current.get(k) == v for k, v in changes.items()):
         return
-    await ctx.client.patch(groups.PVCS, str(dig(pvc, "metadata", "name")),
-                           {"metadata": {"annotations": dict(changes)}}, str(dig(pvc, "metadata", "namespace")))
+    await ctx.client.patch(groups.PVCS, claim.name, {"metadata": {"annotations": dict(changes)}}, claim.namespace)
 
 
 def scratch_name(pvc: Body | str) -> str:
     """`<pvc>-scratch`, shortened as CDI does for long claim names."""
-    return naming.resource_name(pvc if isinstance(pvc, str) else str(dig(pvc, "metadata", "name")), "scratch")
+    return naming.resource_name(pvc if isinstance(pvc, str) else ClaimView(pvc).name, "scratch")
 
 
 async def ensure_scratch(ctx: Context, pvc: Body) -> str:
     """`<pvc>-scratch` as CDI sizes it: room for the target's usable bytes plus the scratch class's
     overhead; Filesystem, RWO, CDIConfig's scratch class else the target's; owned by the target claim."""
-    namespace, name = str(dig(pvc, "metadata", "namespace")), scratch_name(pvc)
+    namespace, name = ClaimView(pvc).namespace, scratch_name(pvc)
     if ctx.cached(groups.PVCS, name, namespace) is not None:
         return name
-    scratch_class = config_status(ctx).get("scratchSpaceStorageClass") or dig(pvc, "spec", "storageClassName")
-    requested = parse_bytes(dig(pvc, "spec", "resources", "requests", "storage") or 0)
+    scratch_class = config_status(ctx).get("scratchSpaceStorageClass") or ClaimView(pvc).storage_class or None
+    requested = parse_bytes(ClaimView(pvc).requested_storage or 0)
     size = round_up(required_space(filesystem_overhead(ctx, scratch_class),
                                    usable_space(claim_overhead(ctx, pvc), requested)))
     claim: Obj = {
@@ -111,5 +111,5 @@ def cluster_storage(ctx: Context) -> ClusterStorage:
     """What rendering a claim needs from the cluster, from the controller's caches: the StorageClasses,
     the StorageProfiles by class, and CDIConfig's status."""
     config = ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
-    profiles = {str(dig(p, "metadata", "name")): p for p in ctx.cached_list(groups.STORAGEPROFILES)}
+    profiles = {StorageProfileView(p).name: p for p in ctx.cached_list(groups.STORAGEPROFILES)}
     return ClusterStorage(ctx.cached_list(groups.STORAGECLASSES), profiles, config.get("status") or {})

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api.views import dig
+from cdi.api.views import ClaimView
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -48,9 +48,8 @@ def update_bound(conditions: list[Obj], pvc: Body | None, message: str = "", rea
     if pvc is None:
         update(conditions, "Bound", "False", message or "No PVC found", reason or "NotFound")
         return update(conditions, "Ready", "False", "", "")
-    name = dig(pvc, "metadata", "name")
-    phase = dig(pvc, "status", "phase")
-    annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    claim = ClaimView(pvc)
+    name, phase, annotations = claim.name, claim.phase, claim.annotations
     claim_condition = annotations.get(ann.CONDITION_BOUND)
     if phase == "Bound":
         if claim_condition in (None, "true"):
@@ -101,7 +100,7 @@ def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "
     ready = "True" if phase == "Succeeded" else "Unknown" if phase == "Unknown" else "False"
     update_bound(conditions, pvc, message, reason)
     update(conditions, "Ready", ready, message, reason)
-    annotations: Mapping[str, str] = (dig(pvc, "metadata", "annotations") or {}) if pvc else {}
+    annotations = ClaimView(pvc).annotations if pvc else {}
     update_running(conditions, annotations, running_message)
     for condition in conditions:
         old = before.get(condition.get("type"))

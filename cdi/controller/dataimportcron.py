@@ -32,7 +32,16 @@ from croniter import croniter
 from cdi.api import annotations as ann
 from cdi.api import env, groups, naming
 from cdi.api.importrequest import ImportRequest
-from cdi.api.views import dig
+from cdi.api.views import (
+    ClaimView,
+    DataImportCronView,
+    DataSourceView,
+    DataVolumeView,
+    ObjectView,
+    PodView,
+    SnapshotView,
+    StorageProfileView,
+)
 from cdi.controller import conditions
 from cdi.controller.claims import config_status
 from cdi.controller.datavolume.importpod import DATA_VOLUME, WorkerSettings, importer_pod
@@ -116,7 +125,7 @@ def run_due(schedule: str, annotations: Mapping[str, str],
 
 def poller_name(cron: Body) -> str:
     """CDI's poller pod name: `poller-<cron>-<first 8 of its uid>`."""
-    return naming.resource_name(f"poller-{dig(cron, 'metadata', 'name')}", str(dig(cron, "metadata", "uid"))[:8])
+    return naming.resource_name(f"poller-{DataImportCronView(cron).name}", DataImportCronView(cron).uid[:8])
 
 
 def pinned_registry_url(url: str, digest: str) -> str:
@@ -157,7 +166,7 @@ class DataImportCronReconciler(Reconciler):
         namespace_or_none, name = split_key(key)
         namespace = namespace_or_none or ""
         cron = self.ctx.cached(groups.DATAIMPORTCRONS, name, namespace)
-        if cron is None or dig(cron, "metadata", "deletionTimestamp"):
+        if cron is None or DataImportCronView(cron).deleting:
             self.ctx.metrics.cron_gone(namespace, name)
             await self._cleanup(namespace, name)
             return None
@@ -173,12 +182,13 @@ class DataImportCronReconciler(Reconciler):
     async def _manages_its_source(self, cron: Obj) -> bool:
         """One cron per DataSource (CDI's shouldReconcileCron): a DataSource labelled for another live cron
         is left alone, and this cron says why."""
-        namespace, name = dig(cron, "metadata", "namespace"), dig(cron, "metadata", "name")
-        source = self.ctx.cached(groups.DATASOURCES, str(dig(cron, "spec", "managedDataSource")), namespace)
-        owner = (dig(source, "metadata", "labels") or {}).get(ann.LABEL_DATAIMPORTCRON, "") if source else ""
+        view = DataImportCronView(cron)
+        namespace, name = view.namespace, view.name
+        source = self.ctx.cached(groups.DATASOURCES, view.managed_data_source, namespace)
+        owner = DataSourceView(source).labels.get(ann.LABEL_DATAIMPORTCRON, "") if source else ""
         if owner in ("", name) or self.ctx.cached(groups.DATAIMPORTCRONS, owner, namespace) is None:
             return True
-        message = f"DataSource {dig(cron, 'spec', 'managedDataSource')} is already managed by DataImportCron {owner}"
+        message = f"DataSource {view.managed_data_source} is already managed by DataImportCron {owner}"
         status: Obj = copy.deepcopy(cron.get("status") or {})
         set_condition(status, "UpToDate", "False", message, ALREADY_MANAGED)
         if status != (cron.get("status") or {}):
@@ -191,10 +201,10 @@ class DataImportCronReconciler(Reconciler):
     async def _poll(self, cron: Obj) -> float | None:
         """Run the poller pod when a run is due; returns seconds until the next run, or -1 when the cron's
         annotations were written (a new digest, a new next run time)."""
-        annotations: Obj = dig(cron, "metadata", "annotations") or {}
-        schedule = str(dig(cron, "spec", "schedule") or "")
+        view = DataImportCronView(cron)
+        annotations, schedule = view.annotations, view.schedule
         now = self.clock()
-        pod = self.ctx.cached(groups.PODS, poller_name(cron), str(dig(cron, "metadata", "namespace")))
+        pod = self.ctx.cached(groups.PODS, poller_name(cron), DataImportCronView(cron).namespace)
         if pod is not None:
             return await self._poll_result(cron, pod, schedule, now)
         due, next_time = run_due(schedule, annotations, now)
@@ -207,23 +217,24 @@ class DataImportCronReconciler(Reconciler):
         return None
 
     async def _start_poller(self, cron: Obj) -> None:
-        namespace = str(dig(cron, "metadata", "namespace"))
-        template = dig(cron, "spec", "template") or {}
+        namespace = DataImportCronView(cron).namespace
+        template = DataImportCronView(cron).template
         request = ImportRequest.from_datavolume(template)
-        pseudo = {"metadata": {"name": dig(cron, "metadata", "name"), "namespace": namespace,
-                               "uid": dig(cron, "metadata", "uid"), "annotations": request.to_annotations()},
+        pseudo = {"metadata": {"name": DataImportCronView(cron).name, "namespace": namespace,
+                               "uid": DataImportCronView(cron).uid, "annotations": request.to_annotations()},
                   "spec": {}}
         config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
         settings = WorkerSettings(
             importer_image=self.ctx.settings.importer_image, import_proxy=config_status(self.ctx).get("importProxy"),
-            insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()), pod=pod_settings(self.ctx),
+            insecure_registries=tuple(ObjectView(config).spec.get("insecureRegistries") or ()),
+            pod=pod_settings(self.ctx),
             retry_budget=POLL_RETRY_BUDGET)
         pod = importer_pod(pseudo, request, settings)
         pod["metadata"]["name"] = poller_name(cron)
         pod["metadata"]["ownerReferences"] = [{
-            "apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": dig(cron, "metadata", "name"),
-            "uid": dig(cron, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}]
-        pod["metadata"].setdefault("labels", {})[ann.LABEL_DATAIMPORTCRON] = dig(cron, "metadata", "name")
+            "apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": DataImportCronView(cron).name,
+            "uid": DataImportCronView(cron).uid, "controller": True, "blockOwnerDeletion": True}]
+        pod["metadata"].setdefault("labels", {})[ann.LABEL_DATAIMPORTCRON] = DataImportCronView(cron).name
         spec = pod["spec"]
         spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
         for container in spec["containers"]:
@@ -240,8 +251,8 @@ class DataImportCronReconciler(Reconciler):
             pass
 
     async def _poll_result(self, cron: Obj, pod: Body, schedule: str, now: datetime.datetime) -> float | None:
-        phase = dig(pod, "status", "phase")
-        if phase not in ("Succeeded", "Failed") or dig(pod, "metadata", "deletionTimestamp"):
+        phase = PodView(pod).phase
+        if phase not in ("Succeeded", "Failed") or PodView(pod).deleting:
             # look again soon: a poller whose result was taken is still going away, and a run that came due
             # meanwhile (refreshNow, a missed slot) must not wait for an event that says it is gone
             return POLLER_RECHECK
@@ -250,7 +261,7 @@ class DataImportCronReconciler(Reconciler):
         if schedule:
             changes[ann.NEXT_CRON_TIME] = _stamp(next_run(schedule, now))
         digest = str(result.get("sourceDigest") or "")
-        annotations: Mapping[str, str] = dig(cron, "metadata", "annotations") or {}
+        annotations: Mapping[str, str] = DataImportCronView(cron).annotations
         if phase == "Succeeded" and digest:
             if annotations.get(SOURCE_DESIRED_DIGEST) != digest:
                 changes[SOURCE_DESIRED_DIGEST] = digest
@@ -260,28 +271,28 @@ class DataImportCronReconciler(Reconciler):
             self.ctx.recorder.record(cron, WARNING, "PollFailed", f"Polling the source failed: {message}")
         await self._annotate(cron, changes)
         try:
-            await self.ctx.client.delete(groups.PODS, str(dig(pod, "metadata", "name")),
-                                         str(dig(pod, "metadata", "namespace")))
+            await self.ctx.client.delete(groups.PODS, PodView(pod).name,
+                                         PodView(pod).namespace)
         except NotFound:
             pass
         return -1.0
 
     async def _annotate(self, cron: Body, changes: Mapping[str, str | None]) -> None:
-        await self.ctx.client.patch(groups.DATAIMPORTCRONS, str(dig(cron, "metadata", "name")),
+        await self.ctx.client.patch(groups.DATAIMPORTCRONS, DataImportCronView(cron).name,
                                     {"metadata": {"annotations": dict(changes)}},
-                                    str(dig(cron, "metadata", "namespace")))
+                                    DataImportCronView(cron).namespace)
 
     # -- imports ---------------------------------------------------------------------------------------
 
     def _storage_class(self, cron: Body) -> Body | None:
-        template = dig(cron, "spec", "template", "spec") or {}
+        template = DataImportCronView(cron).template_spec
         claim = template.get("storage") if template.get("storage") is not None else template.get("pvc") or {}
         name = (claim or {}).get("storageClassName")
         classes = self.ctx.cached_list(groups.STORAGECLASSES)
         if name:
-            return next((c for c in classes if dig(c, "metadata", "name") == name), None)
+            return next((c for c in classes if ObjectView(c).name == name), None)
         for key in (ann.DEFAULT_VIRT_STORAGE_CLASS, ann.DEFAULT_STORAGE_CLASS):
-            found = next((c for c in classes if (dig(c, "metadata", "annotations") or {}).get(key) == "true"), None)
+            found = next((c for c in classes if ObjectView(c).annotations.get(key) == "true"), None)
             if found is not None:
                 return found
         return None
@@ -289,11 +300,11 @@ class DataImportCronReconciler(Reconciler):
     def _source_format(self, storage_class: Body | None) -> tuple[str, Body]:
         if storage_class is None:
             return "pvc", {}
-        profile = self.ctx.cached(groups.STORAGEPROFILES, str(dig(storage_class, "metadata", "name"))) or {}
-        return str(dig(profile, "status", "dataImportCronSourceFormat") or "pvc"), profile
+        profile = self.ctx.cached(groups.STORAGEPROFILES, ObjectView(storage_class).name) or {}
+        return StorageProfileView(profile).import_source_format, profile
 
     async def _update(self, cron: Obj) -> float | None:
-        namespace = str(dig(cron, "metadata", "namespace"))
+        namespace = DataImportCronView(cron).namespace
         status: Obj = copy.deepcopy(cron.get("status") or {})
         imports: list[Obj] = list(status.get("currentImports") or [])
         current = str(imports[0].get("DataVolumeName", "")) if imports else ""
@@ -302,12 +313,12 @@ class DataImportCronReconciler(Reconciler):
         snapshot = self.ctx.cached(groups.VOLUMESNAPSHOTS, current, namespace) if current else None
         storage_class = self._storage_class(cron)
         if storage_class is not None:
-            wanted = str(dig(storage_class, "metadata", "name"))
-            if pvc is not None and dig(pvc, "status", "phase") == "Pending" and \
-                    dig(pvc, "spec", "storageClassName") not in (None, wanted):
+            wanted = ObjectView(storage_class).name
+            if pvc is not None and ClaimView(pvc).phase == "Pending" and \
+                    ClaimView(pvc).storage_class not in ("", wanted):
                 await self._delete(groups.PVCS, current, namespace)  # CDI's deleteOutdatedPendingPvc
                 return 1.0
-            recorded = (dig(cron, "metadata", "annotations") or {}).get(ann.CRON_STORAGE_CLASS)
+            recorded = DataImportCronView(cron).annotations.get(ann.CRON_STORAGE_CLASS)
             if recorded is not None and recorded != wanted:
                 return await self._storage_class_changed(cron, wanted)
             if recorded is None:
@@ -317,8 +328,8 @@ class DataImportCronReconciler(Reconciler):
         requeue: float | None = None
         failed_dv: Body | None = None
 
-        if dv is not None and not dig(dv, "metadata", "deletionTimestamp"):
-            phase = str(dig(dv, "status", "phase") or "")
+        if dv is not None and not DataVolumeView(dv).deleting:
+            phase = DataVolumeView(dv).phase
             if phase == "Succeeded":
                 succeeded = True
                 if pvc is not None:
@@ -333,8 +344,8 @@ class DataImportCronReconciler(Reconciler):
                 set_condition(status, "Progressing", "False", f"Import DataVolume phase {phase}", phase)
                 if phase == "Failed":
                     failed_dv = dv
-        elif pvc is not None and dig(pvc, "status", "phase") == "Bound" and \
-                not dig(pvc, "metadata", "deletionTimestamp"):
+        elif pvc is not None and ClaimView(pvc).bound and \
+                not ClaimView(pvc).deleting:
             succeeded = True
             await self._touch(cron, groups.PVCS, pvc)
             if source_format == "snapshot":
@@ -360,18 +371,18 @@ class DataImportCronReconciler(Reconciler):
 
         await self._update_data_source(cron, status, source_format)
 
-        annotations: Mapping[str, str] = dig(cron, "metadata", "annotations") or {}
+        annotations: Mapping[str, str] = DataImportCronView(cron).annotations
         desired = annotations.get(SOURCE_DESIRED_DIGEST, "")
         if desired and (not imports or desired != imports[0].get("Digest")):
             set_condition(status, "UpToDate", "False", "Source digest updated since last import", OUTDATED)
             if failed_dv is not None:  # unlike CDI: a failed import never blocks the next version
-                await self._delete_dv_pvc(str(dig(failed_dv, "metadata", "name")), namespace)
+                await self._delete_dv_pvc(DataVolumeView(failed_dv).name, namespace)
                 imports = []
             if succeeded or not imports:
                 imports = await self._create_import(cron, desired, storage_class, profile) or imports
         elif succeeded:
             status["sourceFormat"] = source_format
-            if source_format == "snapshot" and not (snapshot and dig(snapshot, "status", "readyToUse")):
+            if source_format == "snapshot" and not (snapshot and SnapshotView(snapshot).ready_to_use):
                 set_condition(status, "UpToDate", "False", "Snapshot of imported data is progressing", IN_PROGRESS)
             else:
                 set_condition(status, "UpToDate", "True", "Latest import is up to date", UP_TO_DATE)
@@ -396,9 +407,9 @@ class DataImportCronReconciler(Reconciler):
     async def _storage_class_changed(self, cron: Body, wanted: str) -> float:
         """CDI's handleStorageClassChange: the desired image on the old class goes (snapshot, DataVolume,
         claim); once it is gone the new class is recorded and the image is imported again onto it."""
-        namespace = str(dig(cron, "metadata", "namespace"))
-        digest = (dig(cron, "metadata", "annotations") or {}).get(SOURCE_DESIRED_DIGEST, "")
-        name = dv_name(str(dig(cron, "spec", "managedDataSource")), digest) if digest else None
+        namespace = DataImportCronView(cron).namespace
+        digest = DataImportCronView(cron).annotations.get(SOURCE_DESIRED_DIGEST, "")
+        name = dv_name(DataImportCronView(cron).managed_data_source, digest) if digest else None
         if name is not None:
             gvrs = (groups.VOLUMESNAPSHOTS, groups.DATAVOLUMES, groups.PVCS)
             for gvr in gvrs:
@@ -416,11 +427,11 @@ class DataImportCronReconciler(Reconciler):
     def _metric(self, cron: Body, status: Body) -> None:
         up = conditions.find(list(status.get("conditions") or []), "UpToDate")
         up_to_date = bool(up and up.get("status") == "True")
-        template = dig(cron, "spec", "template", "spec") or {}
+        template = DataImportCronView(cron).template_spec
         claim = template.get("storage") if template.get("storage") is not None else template.get("pvc") or {}
-        pending = not up_to_date and ann.CRON_STORAGE_CLASS not in (dig(cron, "metadata", "annotations") or {}) \
+        pending = not up_to_date and ann.CRON_STORAGE_CLASS not in DataImportCronView(cron).annotations \
             and not (claim or {}).get("storageClassName") and self._storage_class(cron) is None
-        self.ctx.metrics.cron_outdated(str(dig(cron, "metadata", "namespace")), str(dig(cron, "metadata", "name")),
+        self.ctx.metrics.cron_outdated(DataImportCronView(cron).namespace, DataImportCronView(cron).name,
                                        not up_to_date, pending)
 
     def _condition_events(self, cron: Body, old: Body, new: Body) -> None:
@@ -433,30 +444,30 @@ class DataImportCronReconciler(Reconciler):
 
     def _labels(self, cron: Body, base: Mapping[str, str] | None = None) -> dict[str, str]:
         labels = dict(base or {})
-        cron_labels: Mapping[str, str] = dig(cron, "metadata", "labels") or {}
+        cron_labels: Mapping[str, str] = DataImportCronView(cron).labels
         labels.update({k: v for k, v in cron_labels.items() if k in PASSED_LABELS})
         labels[LABEL_COMPONENT] = "storage"
         labels[LABEL_MANAGED_BY] = "cdi-controller"
-        labels[ann.LABEL_DATAIMPORTCRON] = str(dig(cron, "metadata", "name"))
-        if dig(cron, "spec", "retentionPolicy") == "None":
+        labels[ann.LABEL_DATAIMPORTCRON] = DataImportCronView(cron).name
+        if DataImportCronView(cron).retention_policy == "None":
             labels[ann.LABEL_DATAIMPORTCRON_CLEANUP] = "true"
         return labels
 
     async def _touch(self, cron: Body, gvr: groups.GVR, obj: Body) -> None:
         """CDI's updateSource: the cron's labels and a fresh last-use time (what garbage collection sorts by)."""
-        labels = self._labels(cron, dig(obj, "metadata", "labels") or {})
+        labels = self._labels(cron, ObjectView(obj).labels)
         patch: Obj = {"metadata": {"annotations": {LAST_USE_TIME: _stamp(self.clock())}}}
-        if labels != (dig(obj, "metadata", "labels") or {}):
+        if labels != ObjectView(obj).labels:
             patch["metadata"]["labels"] = labels
-        elif LAST_USE_TIME in (dig(obj, "metadata", "annotations") or {}):
+        elif LAST_USE_TIME in ObjectView(obj).annotations:
             return  # in use and labelled; CDI stamps every reconcile, once is enough to order them
-        await self.ctx.client.patch(gvr, str(dig(obj, "metadata", "name")), patch,
-                                    str(dig(obj, "metadata", "namespace")))
+        await self.ctx.client.patch(gvr, ObjectView(obj).name, patch,
+                                    ObjectView(obj).namespace)
 
     async def _create_import(self, cron: Body, digest: str, storage_class: Body | None,
                              profile: Body) -> list[Obj] | None:
-        namespace = str(dig(cron, "metadata", "namespace"))
-        name = dv_name(str(dig(cron, "spec", "managedDataSource")), digest)
+        namespace = DataImportCronView(cron).namespace
+        name = dv_name(DataImportCronView(cron).managed_data_source, digest)
         if name is None:
             return None
         entry = [{"DataVolumeName": name, "Digest": digest}]
@@ -465,10 +476,10 @@ class DataImportCronReconciler(Reconciler):
             if existing is not None:  # already imported (a restart between create and status): adopt it
                 await self._touch(cron, gvr, existing)
                 return entry
-        template: Obj = copy.deepcopy(dig(cron, "spec", "template") or {})
+        template: Obj = copy.deepcopy(dict(DataImportCronView(cron).template))
         meta = template.get("metadata") or {}
         spec = template.setdefault("spec", {})
-        registry = dig(spec, "source", "registry")
+        registry = (spec.get("source") or {}).get("registry")
         if registry and registry.get("url"):
             registry["url"] = pinned_registry_url(str(registry["url"]), digest)
         if (profile.get("metadata") or {}).get("annotations", {}).get(ann.USE_RWO_FOR_DATA_IMPORT_CRON) == "true" \
@@ -477,7 +488,7 @@ class DataImportCronReconciler(Reconciler):
         annotations = dict(meta.get("annotations") or {})
         annotations[ann.BIND_IMMEDIATE] = "true"
         annotations[LAST_USE_TIME] = _stamp(self.clock())
-        retain = (dig(cron, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION)
+        retain = DataImportCronView(cron).annotations.get(ann.RETAIN_AFTER_COMPLETION)
         if retain:
             annotations[ann.RETAIN_AFTER_COMPLETION] = retain
         dv = {"apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume",
@@ -494,7 +505,7 @@ class DataImportCronReconciler(Reconciler):
     async def _snapshot(self, cron: Body, pvc: Body, snapshot: Body | None, profile: Body) -> float | None:
         """`dataImportCronSourceFormat: snapshot`: a VolumeSnapshot of the imported claim, named as it; once
         ready the DataVolume and claim go (the snapshot is the golden image)."""
-        namespace, name = str(dig(pvc, "metadata", "namespace")), str(dig(pvc, "metadata", "name"))
+        namespace, name = ClaimView(pvc).namespace, ClaimView(pvc).name
         if snapshot is None:
             body: Obj = {
                 "apiVersion": f"{groups.SNAPSHOT_GROUP}/{groups.SNAPSHOT_VERSION}", "kind": "VolumeSnapshot",
@@ -502,13 +513,13 @@ class DataImportCronReconciler(Reconciler):
                              "labels": self._labels(cron, {"cdi.kubevirt.io": ""}),
                              "annotations": {LAST_USE_TIME: _stamp(self.clock())}},
                 "spec": {"source": {"persistentVolumeClaimName": name}}}
-            size = dig(pvc, "spec", "resources", "requests", "storage")
-            if size:
-                body["metadata"]["annotations"][ADVISED_RESTORE_SIZE] = str(size)
-            if dig(pvc, "spec", "volumeMode"):
-                body["metadata"]["annotations"][SOURCE_VOLUME_MODE] = str(dig(pvc, "spec", "volumeMode"))
-            snapshot_class = (dig(profile, "metadata", "annotations") or {}).get(
-                ann.SNAPSHOT_CLASS_FOR_DATA_IMPORT_CRON) or dig(profile, "status", "snapshotClass")
+            claim = ClaimView(pvc)
+            if claim.requested_storage:
+                body["metadata"]["annotations"][ADVISED_RESTORE_SIZE] = claim.requested_storage
+            if claim.spec.get("volumeMode"):
+                body["metadata"]["annotations"][SOURCE_VOLUME_MODE] = str(claim.spec["volumeMode"])
+            snapshot_class = StorageProfileView(profile).annotations.get(
+                ann.SNAPSHOT_CLASS_FOR_DATA_IMPORT_CRON) or StorageProfileView(profile).snapshot_class
             if snapshot_class:
                 body["spec"]["volumeSnapshotClassName"] = snapshot_class
             try:
@@ -516,17 +527,17 @@ class DataImportCronReconciler(Reconciler):
             except AlreadyExists:
                 pass
             return 1.0
-        if dig(snapshot, "status", "readyToUse"):
+        if SnapshotView(snapshot).ready_to_use:
             await self._delete_dv_pvc(name, namespace)
             return None
         return 1.0
 
     async def _update_data_source(self, cron: Body, status: Body, source_format: str) -> None:
-        namespace = str(dig(cron, "metadata", "namespace"))
-        name = str(dig(cron, "spec", "managedDataSource"))
+        namespace = DataImportCronView(cron).namespace
+        name = DataImportCronView(cron).managed_data_source
         existing = self.ctx.cached(groups.DATASOURCES, name, namespace)
-        if existing is not None and (dig(existing, "metadata", "labels") or {}).get(ann.LABEL_DATAIMPORTCRON) != \
-                dig(cron, "metadata", "name"):
+        if existing is not None and DataSourceView(existing).labels.get(ann.LABEL_DATAIMPORTCRON) != \
+                DataImportCronView(cron).name:
             return  # not ours (CDI's ErrNotManagedByCron)
         last = status.get("lastImportedPVC")
         source: Obj | None = None
@@ -542,11 +553,11 @@ class DataImportCronReconciler(Reconciler):
             except AlreadyExists:
                 pass
             return
-        labels = self._labels(cron, dig(existing, "metadata", "labels") or {})
+        labels = self._labels(cron, DataSourceView(existing).labels)
         patch: Obj = {}
-        if labels != (dig(existing, "metadata", "labels") or {}):
+        if labels != DataSourceView(existing).labels:
             patch["metadata"] = {"labels": labels}
-        if source is not None and dig(existing, "spec", "source") != source:
+        if source is not None and DataSourceView(existing).source != source:
             # a merge patch would keep the other kind's key: replace the whole source
             patch["spec"] = {"source": {"pvc": None, "snapshot": None, **source}}
             kind = next(iter(source))
@@ -560,23 +571,24 @@ class DataImportCronReconciler(Reconciler):
     async def _collect_garbage(self, cron: Body, status: Body) -> None:
         """CDI's rule (keep the `importsToKeep` most recently used, by last-use time) with two guarantees CDI
         lacks: the image the DataSource points at and the newest good import are never deleted."""
-        if (dig(cron, "spec", "garbageCollect") or "Outdated") != "Outdated":
+        view = DataImportCronView(cron)
+        if view.garbage_collect != "Outdated":
             return
-        keep = dig(cron, "spec", "importsToKeep")
-        keep = DEFAULT_IMPORTS_TO_KEEP if keep is None or int(keep) < 0 else int(keep)
-        namespace, name = str(dig(cron, "metadata", "namespace")), str(dig(cron, "metadata", "name"))
+        wanted = view.imports_to_keep
+        keep = DEFAULT_IMPORTS_TO_KEEP if wanted is None or wanted < 0 else wanted
+        namespace, name = DataImportCronView(cron).namespace, DataImportCronView(cron).name
         protected = {str((status.get("lastImportedPVC") or {}).get("name", ""))}
         protected.update(str(i.get("DataVolumeName")) for i in status.get("currentImports") or [])
         for gvr in (groups.PVCS, groups.VOLUMESNAPSHOTS):
             mine = [o for o in self.ctx.cached_list(gvr, namespace)
-                    if (dig(o, "metadata", "labels") or {}).get(ann.LABEL_DATAIMPORTCRON) == name
-                    and not dig(o, "metadata", "deletionTimestamp")]
+                    if ObjectView(o).labels.get(ann.LABEL_DATAIMPORTCRON) == name
+                    and not ObjectView(o).deleting]
             if len(mine) <= keep:
                 continue
-            mine.sort(key=lambda o: (dig(o, "metadata", "annotations") or {}).get(LAST_USE_TIME, ""), reverse=True)
-            kept = [o for o in mine if dig(o, "metadata", "name") in protected]
+            mine.sort(key=lambda o: ObjectView(o).annotations.get(LAST_USE_TIME, ""), reverse=True)
+            kept = [o for o in mine if ObjectView(o).name in protected]
             for obj in mine:
-                obj_name = str(dig(obj, "metadata", "name"))
+                obj_name = ObjectView(obj).name
                 if obj in kept:
                     continue
                 if len(kept) < keep:
@@ -609,12 +621,12 @@ class DataImportCronReconciler(Reconciler):
             except NotFound:
                 continue
             for obj in found.items:
-                await self._delete(gvr, str(dig(obj, "metadata", "name")), namespace)
+                await self._delete(gvr, ObjectView(obj).name, namespace)
 
 
 def cron_keys_of(obj: Body) -> list[str]:
     """The cron an object belongs to, by CDI's label (DataVolumes, claims, snapshots, DataSources, poller pods)."""
-    cron = (dig(obj, "metadata", "labels") or {}).get(ann.LABEL_DATAIMPORTCRON)
-    namespace = dig(obj, "metadata", "namespace")
+    cron = ObjectView(obj).labels.get(ann.LABEL_DATAIMPORTCRON)
+    namespace = ObjectView(obj).namespace
     return [f"{namespace}/{cron}"] if cron and namespace else []
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi.api import groups
-from cdi.api.views import dig
+from cdi.api.views import DataSourceView, DataVolumeView, ObjectView, SnapshotView
 from cdi.controller import conditions
 from cdi.controller.runtime import Reconciler, write_status
 
@@ -50,28 +50,30 @@ class CloneSource:
 def resolve_chain(data_source: Body, lookup: Lookup) -> Body:
     """The DataSource that holds the real source: `data_source` itself, or the one it names (CDI's
     ResolveDataSourceChain: at most one level, never itself, never in another namespace)."""
-    ref = dig(data_source, "spec", "source", "dataSource")
+    view = DataSourceView(data_source)
+    ref = view.source_of("dataSource")
     if ref is None:
         return data_source
-    namespace = str(dig(data_source, "metadata", "namespace") or "")
+    namespace = view.namespace
     ref_namespace = str(ref.get("namespace") or namespace)
     if ref_namespace != namespace:
         raise ChainError("DataSource cannot reference a DataSource in another namespace", CROSS_NAMESPACE_REFERENCE)
-    if ref.get("name") == dig(data_source, "metadata", "name"):
+    if ref.get("name") == view.name:
         raise ChainError("DataSource cannot self-reference", SELF_REFERENCE)
     resolved = lookup(groups.DATASOURCES, str(ref.get("name") or ""), ref_namespace)
     if resolved is None:
         raise ChainError(f'datasources.cdi.kubevirt.io "{ref.get("name")}" not found', NOT_FOUND)
-    if dig(resolved, "spec", "source", "dataSource") is not None:
+    if DataSourceView(resolved).source_of("dataSource") is not None:
         raise ChainError("DataSource reference chain exceeds maximum depth of 1", MAX_REFERENCE_DEPTH_REACHED)
     return resolved
 
 
 def source_of(data_source: Body) -> CloneSource | None:
     """The PVC or snapshot a resolved DataSource names (namespace defaulting to the DataSource's)."""
-    namespace = str(dig(data_source, "metadata", "namespace") or "")
+    view = DataSourceView(data_source)
+    namespace = view.namespace
     for kind in ("pvc", "snapshot"):
-        ref = dig(data_source, "spec", "source", kind)
+        ref = view.source_of(kind)
         if ref is not None and ref.get("name"):
             return CloneSource(kind, str(ref.get("namespace") or namespace), str(ref["name"]))
     return None
@@ -81,11 +83,12 @@ def resolve_source_ref(dv: Body, lookup: Lookup) -> CloneSource:
     """The clone source of a DataVolume: `spec.source.pvc`/`snapshot`, or what its `sourceRef`
     DataSource resolves to. Raises ChainError while that cannot be said (DataSource missing, empty
     or a broken chain)."""
-    namespace = str(dig(dv, "metadata", "namespace") or "")
-    ref = dig(dv, "spec", "sourceRef")
+    view = DataVolumeView(dv)
+    namespace = view.namespace
+    ref = view.source_ref
     if ref is None:
         for kind in ("pvc", "snapshot"):
-            source = dig(dv, "spec", "source", kind)
+            source = view.source.get(kind)
             if source is not None:
                 return CloneSource(kind, str(source.get("namespace") or namespace), str(source.get("name") or ""))
         raise ChainError("no clone source", NO_SOURCE)
@@ -104,10 +107,11 @@ def resolve_source_ref(dv: Body, lookup: Lookup) -> CloneSource:
 
 def referenced_keys(data_source: Body) -> list[tuple[str, str]]:
     """(kind, namespace/name) of what a DataSource names, for mapping events back to it."""
-    namespace = str(dig(data_source, "metadata", "namespace") or "")
+    view = DataSourceView(data_source)
+    namespace = view.namespace
     out = []
     for kind in ("pvc", "snapshot", "dataSource"):
-        ref = dig(data_source, "spec", "source", kind)
+        ref = view.source_of(kind)
         if ref is not None and ref.get("name"):
             out.append((kind, f"{ref.get('namespace') or namespace}/{ref['name']}"))
     return out
@@ -130,14 +134,14 @@ class DataSourceReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")
         data_source = self.ctx.cached(groups.DATASOURCES, name, namespace)
-        if data_source is None or dig(data_source, "metadata", "deletionTimestamp"):
+        if data_source is None or DataSourceView(data_source).deleting:
             return None
         status: Obj = json.loads(json.dumps(data_source.get("status") or {}))
         found: list[Obj] = [dict(c) for c in status.get("conditions") or []]
         labels: dict[str, str] = {}
         try:
             resolved = resolve_chain(data_source, self.lookup)
-            status["source"] = json.loads(json.dumps(dig(resolved, "spec", "source") or {}))
+            status["source"] = json.loads(json.dumps(DataSourceView(resolved).source))
         except ChainError as exc:
             conditions.update(found, "Ready", "False", str(exc), exc.reason)
             resolved = data_source
@@ -165,20 +169,21 @@ class DataSourceReconciler(Reconciler):
         if dv is None and pvc is None:
             conditions.update(found, "Ready", "False", "PVC not found", NOT_FOUND)
             return
-        phase = str(dig(dv, "status", "phase") or "") if dv is not None else ""
+        phase = DataVolumeView(dv).phase if dv is not None else ""
         if dv is not None and phase != "Succeeded":
             conditions.update(found, "Ready", "False", f"Import DataVolume phase {phase}", phase)
             return
         for owner in (dv, pvc):
-            labels.update(_allowed_labels(dig(owner, "metadata", "labels") or {}))
+            if owner is not None:
+                labels.update(_allowed_labels(ObjectView(owner).labels))
         conditions.update(found, "Ready", "True", READY_MESSAGE, READY)
 
     def _snapshot_ready(self, source: CloneSource, found: list[Obj], labels: dict[str, str]) -> None:
         snapshot = self.ctx.cached(groups.VOLUMESNAPSHOTS, source.name, source.namespace)
         if snapshot is None:
             conditions.update(found, "Ready", "False", "Snapshot not found", NOT_FOUND)
-        elif dig(snapshot, "status", "readyToUse") is True:
-            labels.update(_allowed_labels(dig(snapshot, "metadata", "labels") or {}))
+        elif SnapshotView(snapshot).ready_to_use:
+            labels.update(_allowed_labels(SnapshotView(snapshot).labels))
             conditions.update(found, "Ready", "True", READY_MESSAGE, READY)
         else:
             conditions.update(found, "Ready", "False", "Snapshot phase is not ready", SNAPSHOT_NOT_READY)
@@ -186,13 +191,14 @@ class DataSourceReconciler(Reconciler):
     async def _copy_labels(self, data_source: Body, labels: Mapping[str, str]) -> Body:
         """CDI copies kubevirt.io labels (instancetype, preference) from the source onto the DataSource;
         returns the DataSource as it now is."""
-        current: Mapping[str, str] = dig(data_source, "metadata", "labels") or {}
+        view = DataSourceView(data_source)
+        current = view.labels
         missing = {k: v for k, v in labels.items() if current.get(k) != v}
         if not missing:
             return data_source
-        patched: Obj = await self.ctx.client.patch(groups.DATASOURCES, str(dig(data_source, "metadata", "name")),
+        patched: Obj = await self.ctx.client.patch(groups.DATASOURCES, view.name,
                                                    {"metadata": {"labels": missing}},
-                                                   str(dig(data_source, "metadata", "namespace")))
+                                                   view.namespace)
         return patched
 
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cdi.api import groups
-from cdi.api.views import dig
+from cdi.api.views import ObjectView, PersistentVolumeView, PodView
 from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
 from cdi.controller.dataimportcron import DataImportCronReconciler, cron_keys_of
@@ -104,15 +104,13 @@ class Manager:
                 self.imports.enqueue(owner)
                 self.uploads.enqueue(owner)
                 self.datavolumes.enqueue(owner)
-            namespace = dig(new, "metadata", "namespace")
-            for volume in dig(new, "spec", "volumes") or []:
-                claim = dig(volume, "persistentVolumeClaim", "claimName")
-                if claim:
-                    self.imports.enqueue(f"{namespace}/{claim}")
-                    self.datavolumes.enqueue(f"{namespace}/{claim}")
+            pod = PodView(new)
+            for claim in pod.claim_names:
+                self.imports.enqueue(f"{pod.namespace}/{claim}")
+                self.datavolumes.enqueue(f"{pod.namespace}/{claim}")
 
         def on_storage(obj: Obj, *rest: Obj) -> None:
-            self.profiles.enqueue(str(dig(obj, "metadata", "name")))
+            self.profiles.enqueue(ObjectView(obj).name)
             self.config.enqueue(CONFIG_KEY)
             for key in list(self.datavolumes.pending_on_storage):
                 self.datavolumes.enqueue(key)
@@ -120,7 +118,7 @@ class Manager:
                 self.crons.enqueue(object_key(cron))
 
         def on_profile(obj: Obj, *rest: Obj) -> None:
-            self.profiles.enqueue(str(dig(obj, "metadata", "name")))
+            self.profiles.enqueue(ObjectView(obj).name)
             for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS):  # dataImportCronSourceFormat
                 self.crons.enqueue(object_key(cron))
             for key in list(self.datavolumes.pending_on_storage):
@@ -128,7 +126,7 @@ class Manager:
 
         def on_snapshot_class(obj: Obj, *rest: Obj) -> None:
             for sc in self.ctx.cached_list(groups.STORAGECLASSES):
-                self.profiles.enqueue(str(dig(sc, "metadata", "name")))
+                self.profiles.enqueue(ObjectView(sc).name)
 
         def on_datasource(obj: Obj, *rest: Obj) -> None:
             key = object_key(rest[0] if rest else obj)
@@ -140,11 +138,12 @@ class Manager:
 
         def on_volume(obj: Obj, *rest: Obj) -> None:
             # a volume pre-bound to a DataVolume's claim (`storage.checkStaticVolume`)
-            ref = dig(rest[0] if rest else obj, "spec", "claimRef") or {}
+            volume = PersistentVolumeView(rest[0] if rest else obj)
+            ref = volume.claim_ref
             if ref.get("name") and ref.get("namespace"):
                 self.datavolumes.enqueue(f"{ref['namespace']}/{ref['name']}")
             # a no-provisioner class's profile takes its claim property sets from the class's volumes
-            name = str(dig(rest[0] if rest else obj, "spec", "storageClassName") or "")
+            name = volume.storage_class
             storage_class = self.ctx.cached(groups.STORAGECLASSES, name) if name else None
             if storage_class is not None and storage_class.get("provisioner") == NO_PROVISIONER:
                 self.profiles.enqueue(name)

@@ -9,7 +9,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.views import dig
+from cdi.api.views import ObjectView
 from cdi.controller import conditions
 from cdi.controller.capabilities import is_complete, profile_annotations, profile_status
 from cdi.controller.runtime import Reconciler, write_status
@@ -32,7 +32,7 @@ class StorageProfileReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         storage_class = self.ctx.cached(groups.STORAGECLASSES, key)
         profile = self.ctx.cached(groups.STORAGEPROFILES, key)
-        if storage_class is None or dig(storage_class, "metadata", "deletionTimestamp"):
+        if storage_class is None or ObjectView(storage_class).deleting:
             if profile is not None:
                 try:
                     await self.ctx.client.delete(groups.STORAGEPROFILES, key)
@@ -48,7 +48,7 @@ class StorageProfileReconciler(Reconciler):
             except AlreadyExists:
                 return 0.2
         snapshot_classes = self.ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES)
-        annotations = dig(profile, "metadata", "annotations") or {}
+        annotations = ObjectView(profile).annotations
         wanted = profile_annotations(storage_class, annotations, snapshot_classes)
         if wanted != annotations:
             # a replace carrying the resourceVersion: a stale cache gets a 409 and the reconcile runs again
@@ -70,8 +70,8 @@ class StorageProfileReconciler(Reconciler):
                 gauge.remove(*labels)
 
     def _metric(self, storage_class: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-        name = str(dig(storage_class, "metadata", "name"))
-        annotations = dig(storage_class, "metadata", "annotations") or {}
+        view = ObjectView(storage_class)
+        name, annotations = view.name, view.annotations
         sets = status.get("claimPropertySets") or []
         rwx = any("ReadWriteMany" in (cps.get("accessModes") or []) for cps in sets)
         smart = status.get("cloneStrategy") in ("snapshot", "csi-clone")

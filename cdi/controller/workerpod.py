@@ -36,7 +36,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.views import dig
+from cdi.api.views import ObjectView
 from cdi.common import verbosity as verbosity_
 from cdi.controller.claims import config_status
 from cdi.controller.runtime import Context
@@ -79,19 +79,19 @@ def pod_settings(ctx: Context) -> PodSettings:
         pull_policy=ctx.settings.pull_policy,
         resources=status.get("defaultPodResourceRequirements") or None,
         image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
-        node_placement=dig(cdi, "spec", "workload") or {},
+        node_placement=ObjectView(cdi).spec.get("workload") or {},
         verbosity=_verbosity(ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)),
     )
 
 
 def _verbosity(config: Body | None) -> int:
-    value = dig(config, "spec", "logVerbosity") if config else None
+    value = ObjectView(config).spec.get("logVerbosity") if config else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else verbosity_.DEFAULT
 
 
 def passed_annotations(annotated: Body) -> dict[str, str]:
     """CDI's `CopyAllowedAnnotations`: the allowed keys the object has, else their defaults."""
-    have: Mapping[str, str] = dig(annotated, "metadata", "annotations") or {}
+    have = ObjectView(annotated).annotations
     out: dict[str, str] = {}
     for key, default in PASSED_ANNOTATIONS.items():
         value = have.get(key, default)
@@ -143,7 +143,7 @@ def worker_pod(*, name: str, namespace: str, component: str, annotated: Body, ow
         spec["serviceAccountName"] = passed[ann.POD_SERVICE_ACCOUNT]
     if settings.image_pull_secrets:
         spec["imagePullSecrets"] = [dict(s) for s in settings.image_pull_secrets]
-    claim_annotations: Mapping[str, str] = dig(annotated, "metadata", "annotations") or {}
+    claim_annotations = ObjectView(annotated).annotations
     if ann.POPULATOR_KIND in claim_annotations and claim_annotations.get(ann.SELECTED_NODE):
         spec["nodeName"] = claim_annotations[ann.SELECTED_NODE]
     return {

@@ -16,7 +16,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api.quantity import QuantityError, parse_bytes
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, ObjectView, SnapshotContentView, SnapshotView, StorageProfileView
 
 Body = Mapping[str, Any]
 
@@ -52,7 +52,7 @@ class Cluster:
     strategy_override: str | None = None
 
     def storage_class(self, name: str | None) -> Body | None:
-        return next((sc for sc in self.storage_classes if name and dig(sc, "metadata", "name") == name), None)
+        return next((sc for sc in self.storage_classes if name and ObjectView(sc).name == name), None)
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,6 @@ class Plan:
     fallback_reason: str | None = None  # the Warning event's reason
     fallback_message: str | None = None  # its message, also the PVC annotation
     snapshot_class: str | None = None
-
-
-def _volume_mode(spec: Body | None) -> str:
-    return str((spec or {}).get("volumeMode") or "Filesystem")
 
 
 def _bytes(value: Any) -> int | None:
@@ -90,14 +86,14 @@ def validate_size(source_request: Any, target_request: Any, target_annotations: 
 def snapshot_class_for(driver: str, cluster: Cluster, target_class: str | None) -> str | None:
     """The StorageProfile's `snapshotClass`, else the default one for the driver, else the first by name."""
     matching = sorted((c for c in cluster.snapshot_classes if c.get("driver") == driver),
-                      key=lambda c: str(dig(c, "metadata", "name")))
-    wanted = dig(cluster.storage_profiles.get(target_class or ""), "status", "snapshotClass")
+                      key=lambda c: ObjectView(c).name)
+    wanted = StorageProfileView(cluster.storage_profiles.get(target_class or "") or {}).snapshot_class
     if wanted:
-        return str(wanted) if any(dig(c, "metadata", "name") == wanted for c in matching) else None
+        return wanted if any(ObjectView(c).name == wanted for c in matching) else None
     for klass in matching:
-        if (dig(klass, "metadata", "annotations") or {}).get(DEFAULT_SNAPSHOT_CLASS) == "true":
-            return str(dig(klass, "metadata", "name"))
-    return str(dig(matching[0], "metadata", "name")) if matching else None
+        if ObjectView(klass).annotations.get(DEFAULT_SNAPSHOT_CLASS) == "true":
+            return ObjectView(klass).name
+    return ObjectView(matching[0]).name if matching else None
 
 
 def _fallback(reason: tuple[str, str], why: str) -> Plan:
@@ -107,18 +103,17 @@ def _fallback(reason: tuple[str, str], why: str) -> Plan:
 def plan_from_pvc(source: Body, target_spec: Body, target_annotations: Mapping[str, str], cluster: Cluster) -> Plan:
     """The strategy for cloning the claim `source` into a claim of `target_spec`. Raises
     CloneValidationError when the target is smaller than the source."""
-    validate_size(dig(source, "spec", "resources", "requests", "storage"),
-                  dig(target_spec, "resources", "requests", "storage"), target_annotations)
+    source_claim, target = ClaimView(source), ClaimView({"spec": target_spec})
+    validate_size(source_claim.requested_storage or None, target.requested_storage or None, target_annotations)
     target_class_name = target_spec.get("storageClassName")
-    profile = cluster.storage_profiles.get(str(target_class_name or ""))
+    profile = StorageProfileView(cluster.storage_profiles.get(target.storage_class) or {})
     if cluster.strategy_override:
         strategy, origin = cluster.strategy_override, "the CDI resource's cloneStrategyOverride"
-    elif dig(profile, "status", "cloneStrategy"):
-        strategy, origin = str(dig(profile, "status", "cloneStrategy")), \
-            f"the cloneStrategy of StorageProfile {target_class_name}"
+    elif profile.clone_strategy:
+        strategy, origin = profile.clone_strategy, f"the cloneStrategy of StorageProfile {target_class_name}"
     else:
         strategy, origin = SNAPSHOT, "the default"
-    source_class = cluster.storage_class(dig(source, "spec", "storageClassName"))
+    source_class = cluster.storage_class(source_claim.storage_class)
     target_class = cluster.storage_class(target_class_name)
     source_driver = (source_class or {}).get("provisioner")
     target_driver = (target_class or {}).get("provisioner")
@@ -134,41 +129,42 @@ def plan_from_pvc(source: Body, target_spec: Body, target_annotations: Mapping[s
     if not source_driver or source_driver != target_driver:
         return _fallback(INCOMPATIBLE_PROVISIONERS, f"{strategy} from {origin}; source driver {source_driver}, "
                                                     f"target driver {target_driver}")
-    if _volume_mode(dig(source, "spec")) != _volume_mode(target_spec):
+    if source_claim.volume_mode != target.volume_mode:
         return _fallback(INCOMPATIBLE_VOLUME_MODES, f"{strategy} from {origin}; source "
-                                                    f"{_volume_mode(dig(source, 'spec'))}, target "
-                                                    f"{_volume_mode(target_spec)}")
-    capacity = _bytes(dig(source, "status", "capacity", "storage"))
-    request = _bytes(dig(target_spec, "resources", "requests", "storage"))
+                                                    f"{source_claim.volume_mode}, target {target.volume_mode}")
+    capacity = _bytes(source_claim.capacity or None)
+    request = _bytes(target.requested_storage or None)
     if capacity is not None and request is not None and capacity < request and \
             not (target_class or {}).get("allowVolumeExpansion"):
         return _fallback(NO_VOLUME_EXPANSION, f"{strategy} from {origin}; the target is larger than the source "
                                               f"and StorageClass {target_class_name} does not allow expansion")
     how = "smart clone through a VolumeSnapshot" if strategy == SNAPSHOT else "CSI volume clone"
     extra = f" with VolumeSnapshotClass {snapshot_class}" if snapshot_class else ""
-    return Plan(strategy, f"{strategy}: {how}{extra} (driver {target_driver}, {_volume_mode(target_spec)}), "
+    return Plan(strategy, f"{strategy}: {how}{extra} (driver {target_driver}, {target.volume_mode}), "
                           f"as chosen by {origin}", snapshot_class=snapshot_class)
 
 
 def plan_from_snapshot(snapshot: Body, content: Body | None, target_spec: Body, cluster: Cluster) -> Plan:
     """The strategy for restoring the VolumeSnapshot `snapshot` (bound to `content`) into a claim of
     `target_spec`: a restore where the driver, size and volume mode allow, else host-assisted copy."""
+    target = ClaimView({"spec": target_spec})
     target_class_name = target_spec.get("storageClassName")
     target_class = cluster.storage_class(target_class_name)
-    driver = dig(content, "spec", "driver")
+    content_view = SnapshotContentView(content or {})
+    driver = content_view.driver or None
     provisioner = (target_class or {}).get("provisioner")
     if not driver or driver != provisioner:
         return _fallback(NO_PROVISIONER_MATCH, f"snapshot content driver {driver}, StorageClass "
                                                f"{target_class_name} provisioner {provisioner}")
-    restore = _bytes(dig(snapshot, "status", "restoreSize"))
-    request = _bytes(dig(target_spec, "resources", "requests", "storage"))
+    restore = _bytes(SnapshotView(snapshot).restore_size or None)
+    request = _bytes(target.requested_storage or None)
     if restore is not None and request is not None and restore < request and \
             not (target_class or {}).get("allowVolumeExpansion"):
         return _fallback(NO_VOLUME_EXPANSION, f"the target is larger than the snapshot and StorageClass "
                                               f"{target_class_name} does not allow expansion")
-    source_mode = str(dig(content, "spec", "sourceVolumeMode") or _volume_mode(target_spec))
-    if source_mode != _volume_mode(target_spec):
+    source_mode = content_view.source_volume_mode or target.volume_mode
+    if source_mode != target.volume_mode:
         return _fallback(INCOMPATIBLE_VOLUME_MODES, f"snapshot of a {source_mode} volume, target "
-                                                    f"{_volume_mode(target_spec)}")
-    return Plan(SNAPSHOT, f"snapshot: restore of VolumeSnapshot {dig(snapshot, 'metadata', 'name')} "
-                          f"(driver {driver}, {_volume_mode(target_spec)})")
+                                                    f"{target.volume_mode}")
+    return Plan(SNAPSHOT, f"snapshot: restore of VolumeSnapshot {SnapshotView(snapshot).name} "
+                          f"(driver {driver}, {target.volume_mode})")

@@ -26,7 +26,7 @@ from cdi.api import annotations as ann
 from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, SnapshotContentView, SnapshotView
 
 Body = Mapping[str, Any]
 
@@ -51,22 +51,18 @@ def _bytes(value: Any) -> int | None:
         return None
 
 
-def _volume_mode(spec: Body | None) -> str:
-    return str((spec or {}).get("volumeMode") or "Filesystem")
-
-
 def holds_disk_image(source: Body) -> bool:
     """CDI measures only a Filesystem source explicitly annotated as a kubevirt disk (else its pod would
     fail on a claim that holds no `disk.img`)."""
-    annotations: Mapping[str, str] = dig(source, "metadata", "annotations") or {}
-    return _volume_mode(dig(source, "spec")) == "Filesystem" and annotations.get(ann.CONTENT_TYPE) == "kubevirt"
+    claim = ClaimView(source)
+    return claim.volume_mode == "Filesystem" and claim.annotations.get(ann.CONTENT_TYPE) == "kubevirt"
 
 
 def recorded_virtual_size(source: Body) -> int | None:
     """The virtual size kept on the source claim, while its capacity is the one it was measured at."""
-    annotations: Mapping[str, str] = dig(source, "metadata", "annotations") or {}
-    virtual, measured_at = annotations.get(VIRTUAL_SIZE), annotations.get(SOURCE_CAPACITY)
-    capacity = _bytes(dig(source, "status", "capacity", "storage"))
+    claim = ClaimView(source)
+    virtual, measured_at = claim.annotations.get(VIRTUAL_SIZE), claim.annotations.get(SOURCE_CAPACITY)
+    capacity = _bytes(claim.capacity or None)
     if virtual is None or measured_at is None or capacity is None or _bytes(measured_at) != capacity:
         return None
     try:
@@ -77,7 +73,7 @@ def recorded_virtual_size(source: Body) -> int | None:
 
 def inflate(size: int, spec: Body, storage: ClusterStorage) -> int:
     """CDI's InflateSizeWithOverhead: a Filesystem target leaves `size` usable after the overhead."""
-    if _volume_mode(spec) != "Filesystem":
+    if ClaimView({"spec": spec}).volume_mode != "Filesystem":
         return size
     return required_space(storage.filesystem_overhead(spec.get("storageClassName")), size)
 
@@ -85,15 +81,16 @@ def inflate(size: int, spec: Body, storage: ClusterStorage) -> int:
 def pvc_clone_size(source: Body, spec: Body, storage: ClusterStorage) -> CloneSize:
     """The target size and permissiveness for cloning the claim `source` into a claim of `spec`.
     Raises NeedsVirtualSize when the source's disk image must be measured first."""
-    requested = _bytes(dig(spec, "resources", "requests", "storage"))
+    claim, target = ClaimView(source), ClaimView({"spec": spec})
+    requested = _bytes(target.requested_storage or None)
     size_required = not requested
-    if not size_required and not (_volume_mode(spec) == "Block" and holds_disk_image(source)):
+    if not size_required and not (target.volume_mode == "Block" and holds_disk_image(source)):
         return CloneSize(None)
-    capacity = _bytes(dig(source, "status", "capacity", "storage"))
+    capacity = _bytes(claim.capacity or None)
     if holds_disk_image(source):
         size = recorded_virtual_size(source)
         if size is None:
-            raise NeedsVirtualSize(f"the virtual size of {dig(source, 'metadata', 'name')}'s disk image")
+            raise NeedsVirtualSize(f"the virtual size of {claim.name}'s disk image")
     elif capacity is None:
         return CloneSize(None)  # not bound yet: no size to take
     else:
@@ -105,12 +102,13 @@ def pvc_clone_size(source: Body, spec: Body, storage: ClusterStorage) -> CloneSi
 
 def snapshot_clone_size(snapshot: Body, content: Body | None, spec: Body, storage: ClusterStorage) -> CloneSize:
     """A snapshot's restoreSize, inflated for a Filesystem target of a Block volume's snapshot."""
-    if _bytes(dig(spec, "resources", "requests", "storage")):
+    target, taken = ClaimView({"spec": spec}), SnapshotView(snapshot)
+    if _bytes(target.requested_storage or None):
         return CloneSize(None)
-    restore = _bytes(dig(snapshot, "status", "restoreSize"))
+    restore = _bytes(taken.restore_size or None)
     if restore is None:
         return CloneSize(None)
-    source_mode = dig(content, "spec", "sourceVolumeMode") or _volume_mode(spec)
-    if _volume_mode(spec) == "Filesystem" and source_mode == "Block":
+    source_mode = SnapshotContentView(content or {}).source_volume_mode or target.volume_mode
+    if target.volume_mode == "Filesystem" and source_mode == "Block":
         return CloneSize(str(inflate(restore, spec, storage)))
-    return CloneSize(str(dig(snapshot, "status", "restoreSize")))
+    return CloneSize(taken.restore_size)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, DataVolumeView, PodView
 from cdi.controller.workerpod import PodSettings, worker_pod
 
 Obj = dict[str, Any]
@@ -33,37 +33,36 @@ EXIT_REASONS = {1: "ErrBadArguments", 2: "ErrInvalidFile", 3: "ErrInvalidPath", 
 
 
 def pod_name(source: Body) -> str:
-    return f"size-detection-{dig(source, 'metadata', 'uid')}"
+    return f"size-detection-{ClaimView(source).uid}"
 
 
 def size_detection_pod(source: Body, dv: Body, image: str, settings: PodSettings) -> Obj:
     """The pod for `source` (a claim), owned by the DataVolume in its namespace, else annotated with it."""
-    namespace = str(dig(source, "metadata", "namespace"))
+    claim, owner_dv = ClaimView(source), DataVolumeView(dv)
+    namespace = claim.namespace
     container: Obj = {"name": CONTAINER, "image": image, "command": [COMMAND], "args": ["-image-path", IMAGE_PATH],
                       "volumeMounts": [{"name": "cdi-data-vol", "mountPath": "/data", "readOnly": True}]}
     owner = {"apiVersion": dv.get("apiVersion") or "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-             "name": dig(dv, "metadata", "name"), "uid": dig(dv, "metadata", "uid"), "controller": True,
+             "name": owner_dv.name, "uid": owner_dv.uid, "controller": True,
              "blockOwnerDeletion": True}
     pod = worker_pod(name=pod_name(source), namespace=namespace, component=COMPONENT, annotated=dv, owner=owner,
                      containers=[container], restart_policy="Never", settings=settings,
                      volumes=[{"name": "cdi-data-vol", "persistentVolumeClaim": {
-                         "claimName": dig(source, "metadata", "name"), "readOnly": True}}])
-    if dig(dv, "metadata", "namespace") != namespace:  # no owner reference across namespaces
+                         "claimName": claim.name, "readOnly": True}}])
+    if owner_dv.namespace != namespace:  # no owner reference across namespaces
         del pod["metadata"]["ownerReferences"]
         pod["metadata"]["annotations"].update({
-            ann.OWNED_BY_DATAVOLUME: f"{dig(dv, 'metadata', 'namespace')}/{dig(dv, 'metadata', 'name')}",
-            "cdi.kubevirt.io/ownerUID": str(dig(dv, "metadata", "uid"))})
+            ann.OWNED_BY_DATAVOLUME: owner_dv.key, "cdi.kubevirt.io/ownerUID": owner_dv.uid})
     return pod
 
 
 def terminated(pod: Body) -> Body | None:
-    statuses = dig(pod, "status", "containerStatuses") or []
-    return dig(statuses[0], "state", "terminated") if statuses else None
+    return PodView(pod).first_terminated
 
 
 def result(pod: Body) -> int | None:
     """The virtual size a succeeded pod reported."""
-    if dig(pod, "status", "phase") != "Succeeded":
+    if PodView(pod).phase != "Succeeded":
         return None
     try:
         return int(str((terminated(pod) or {}).get("message") or "").strip())
@@ -73,7 +72,7 @@ def result(pod: Body) -> int | None:
 
 def failure(pod: Body) -> str | None:
     """The event reason of a pod that failed (or succeeded without a number), else None."""
-    phase = dig(pod, "status", "phase")
+    phase = PodView(pod).phase
     if phase == "Failed" or (phase == "Succeeded" and result(pod) is None):
         code = int((terminated(pod) or {}).get("exitCode") or 0)
         return EXIT_REASONS.get(code, "ErrUnknown")

@@ -23,7 +23,7 @@ from cdi.api.rendering import (
 )
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, external_population, unsupported_source
-from cdi.api.views import DataVolumeView, dig
+from cdi.api.views import ClaimView, DataVolumeView, PodView
 from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
@@ -74,7 +74,7 @@ class DataVolumeReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
-        if dv is None or dig(dv, "metadata", "deletionTimestamp"):
+        if dv is None or DataVolumeView(dv).deleting:
             self._set_pending(key, False)
             self.ctx.metrics.clear_import_progress(key)
             return None
@@ -83,7 +83,7 @@ class DataVolumeReconciler(Reconciler):
         unsupported = unsupported_source(view.spec)
         if unsupported is not None:
             return await self._refuse(dv, unsupported)
-        external = kind is None and view.spec.get("sourceRef") is None and external_population(view.spec) is not None
+        external = kind is None and view.source_ref is None and external_population(view.spec) is not None
         if kind not in IMPORT_SOURCES and kind != "upload" and not external:
             return None  # clones are reconciled elsewhere
         pvc = self.ctx.cached(groups.PVCS, name, namespace)
@@ -94,26 +94,26 @@ class DataVolumeReconciler(Reconciler):
             # a claim deleted after success is created and filled again, as CDI does
             return await self._create_claim(dv)
         if ann.CHECK_STATIC_VOLUME in view.annotations and \
-                ann.PERSISTENT_VOLUME_LIST in (dig(pvc, "metadata", "annotations") or {}):
+                ann.PERSISTENT_VOLUME_LIST in ClaimView(pvc).annotations:
             return await self._static_claim(dv, pvc)
         requires_work = featuregates.claim_requires_work(pvc, dv, self._gate(featuregates.DATA_VOLUME_CLAIM_ADOPTION))
-        controller = next((r for r in dig(pvc, "metadata", "ownerReferences") or [] if r.get("controller")), None)
+        controller = ClaimView(pvc).controller_ref()
         if controller is None or controller.get("uid") != view.uid:
             if requires_work or controller is not None:
                 message = f'Resource "{name}" already exists and is not managed by DataVolume'
                 return await self._update_status(dv, None, message=message, reason="ErrResourceExists",
                                                  event=(WARNING, "ErrResourceExists", message))
             pvc = await self._adopt(dv, pvc)
-        if dig(pvc, "status", "phase") == "Bound" and featuregates.populated_for(pvc, dv) and \
+        if ClaimView(pvc).phase == "Bound" and featuregates.populated_for(pvc, dv) and \
                 ann.PRE_POPULATED not in view.annotations:
             # CDI's handlePrePopulation: the DataVolume remembers that its claim came filled
             await self.ctx.client.patch(groups.DATAVOLUMES, name, {"metadata": {"annotations": {
-                ann.PRE_POPULATED: str(dig(pvc, "metadata", "name"))}}}, namespace)
+                ann.PRE_POPULATED: ClaimView(pvc).name}}}, namespace)
         await self._delayed_annotations(view, pvc)
         self._set_pending(key, False)
         requeue = await self._update_status(dv, pvc, requires_work=requires_work)
-        if claim_uses_populator(pvc) and dig(pvc, "status", "phase") == "Bound" and \
-                (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_PHASE) == "Succeeded":
+        if claim_uses_populator(pvc) and ClaimView(pvc).phase == "Bound" and \
+                ClaimView(pvc).annotations.get(ann.POD_PHASE) == "Succeeded":
             await delete_volume_source(self.ctx, dv)
         return requeue
 
@@ -122,10 +122,10 @@ class DataVolumeReconciler(Reconciler):
         it was made for, it is populated for the DataVolume from then on; bound to another, it is deleted
         and made again."""
         view = DataVolumeView(dv)
-        if dig(pvc, "status", "phase") != "Bound":
+        if ClaimView(pvc).phase != "Bound":
             return await self._update_status(dv, pvc, phase="Pending")
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        volume = dig(pvc, "spec", "volumeName")
+        annotations = ClaimView(pvc).annotations
+        volume = ClaimView(pvc).volume_name
         try:
             expected = json.loads(annotations[ann.PERSISTENT_VOLUME_LIST])
         except ValueError:
@@ -145,10 +145,10 @@ class DataVolumeReconciler(Reconciler):
         """Take a claim the DataVolume may use as it is: make the DataVolume its controller (CDI's
         addOwnerRef), keeping the claim's other owners."""
         view = DataVolumeView(dv)
-        owners = [dict(r) for r in dig(pvc, "metadata", "ownerReferences") or []]
+        owners = [dict(r) for r in ClaimView(pvc).owner_references]
         owners.append({"apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
                        "uid": view.uid, "controller": True, "blockOwnerDeletion": True})
-        patch = {"metadata": {"ownerReferences": owners, "resourceVersion": dig(pvc, "metadata", "resourceVersion")}}
+        patch = {"metadata": {"ownerReferences": owners, "resourceVersion": ClaimView(pvc).resource_version}}
         adopted: Obj = await self.ctx.client.patch(groups.PVCS, view.name, patch, view.namespace)
         return adopted
 
@@ -157,7 +157,7 @@ class DataVolumeReconciler(Reconciler):
         DataVolume succeeded (a backup taken then restores as populated, never half-filled)."""
         wanted = view.annotations.get(ann.POPULATED_FOR)
         if view.phase == "Succeeded" and wanted is not None and \
-                ann.POPULATED_FOR not in (dig(pvc, "metadata", "annotations") or {}):
+                ann.POPULATED_FOR not in ClaimView(pvc).annotations:
             await self.ctx.client.patch(groups.PVCS, view.name, {"metadata": {"annotations": {
                 ann.POPULATED_FOR: wanted}}}, view.namespace)
 
@@ -264,13 +264,13 @@ class DataVolumeReconciler(Reconciler):
         elif pvc is None:
             if not old_phase:
                 status["phase"] = "Pending"
-        elif not dig(pvc, "metadata", "deletionTimestamp"):
-            status["claimName"] = dig(pvc, "metadata", "name")
+        elif not ClaimView(pvc).deleting:
+            status["claimName"] = ClaimView(pvc).name
             event, requeue = self._phase_from_claim(view, pvc, status) if requires_work else \
                 self._phase_without_work(pvc, status)
             if status.get("phase") == "ImportInProgress":
                 running_message = await self._refresh_progress(view, pvc, status)
-            restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
+            restarts = ClaimView(pvc).annotations.get(ann.POD_RESTARTS, "")
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
         conditions.update_all(status, pvc, message, reason, running_message=running_message)
@@ -311,21 +311,21 @@ class DataVolumeReconciler(Reconciler):
     def _phase_without_work(pvc: Body, status: Obj) -> tuple[Event | None, float | None]:
         """A claim taken as it is (populated for the DataVolume, or adopted): Succeeded as soon as it exists,
         with no import and no phase event, as CDI."""
-        claim_phase = dig(pvc, "status", "phase")
+        claim_phase = ClaimView(pvc).phase
         if claim_phase in ("Pending", "Bound"):
             status["phase"] = "Succeeded"
         elif claim_phase == "Lost":
             status["phase"] = "Failed"
-            return (WARNING, "ErrClaimLost", f"PVC {dig(pvc, 'metadata', 'name')} lost"), None
+            return (WARNING, "ErrClaimLost", f"PVC {ClaimView(pvc).name} lost"), None
         elif claim_phase:
             status["phase"] = "Unknown"
         return None, None
 
     def _phase_from_claim(self, view: DataVolumeView, pvc: Body,
                           status: Obj) -> tuple[Event | None, float | None]:
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        name = str(dig(pvc, "metadata", "name"))
-        claim_phase = dig(pvc, "status", "phase")
+        annotations = ClaimView(pvc).annotations
+        name = ClaimView(pvc).name
+        claim_phase = ClaimView(pvc).phase
         pod_phase = annotations.get(ann.POD_PHASE, "")
         upload = ann.UPLOAD_TARGET in annotations or view.source_kind == "upload"
         populating = claim_uses_populator(pvc)
@@ -344,7 +344,7 @@ class DataVolumeReconciler(Reconciler):
                 status["phase"] = "PendingPopulation"
                 return None, None
         elif claim_phase == "Pending":
-            storage_class = self.ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
+            storage_class = self.ctx.cached(groups.STORAGECLASSES, ClaimView(pvc).storage_class)
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
             if wffc and waits_for_first_consumer(self.ctx, pvc):
                 status["phase"] = "WaitForFirstConsumer"
@@ -362,7 +362,7 @@ class DataVolumeReconciler(Reconciler):
             return self._upload_phase(annotations, name, status), None
         if annotations.get(EXTERNAL_POPULATION) == "true":
             status["phase"] = "Succeeded"
-            ref = dig(pvc, "spec", "dataSourceRef") or dig(pvc, "spec", "dataSource") or {}
+            ref = ClaimView(pvc).data_source_ref
             return (NORMAL, "ExternalPopulationSucceeded",
                     f"PVC {name} successfully populated by {ref.get('name', '')}"), None
         if pod_phase == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
@@ -388,7 +388,7 @@ class DataVolumeReconciler(Reconciler):
         """Read the importer's progress into `status`; returns the Running condition's message: what the
         importer is retrying ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the
         pod could not be asked, to keep what the condition says."""
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        annotations = ClaimView(pvc).annotations
         populated = claim_uses_populator(pvc)
         worker_claim, owner_uid = pvc, view.uid
         if populated:
@@ -397,15 +397,15 @@ class DataVolumeReconciler(Reconciler):
             status["progress"] = annotations.get(ann.POPULATOR_PROGRESS, PROGRESS_UNKNOWN)
             worker_claim = self.ctx.cached(groups.PVCS, annotations.get(ann.PVC_PRIME_NAME, ""), view.namespace) \
                 or {}
-            owner_uid = str(dig(pvc, "metadata", "uid"))
-        pod_name = (dig(worker_claim, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
+            owner_uid = ClaimView(pvc).uid
+        pod_name = ClaimView(worker_claim).annotations.get(ann.IMPORT_POD_NAME)
         pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
-        pod_ip = dig(pod, "status", "podIP") if pod else None
+        pod_ip = PodView(pod).pod_ip if pod else ""
         if not pod_ip:
             return None
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, str(pod_ip), owner_uid)
+        report = await scrape(self._session, pod_ip, owner_uid)
         if report is None:
             running = conditions.find(status.get("conditions") or [], "Running")
             return str(running.get("message", "")) if running and running.get("status") == "True" else None

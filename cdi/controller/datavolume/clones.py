@@ -34,7 +34,14 @@ from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.upload import SYNC_PATHS, upload_service_name
-from cdi.api.views import DataVolumeView, dig
+from cdi.api.views import (
+    ClaimView,
+    DataVolumeView,
+    ObjectView,
+    PersistentVolumeView,
+    PodView,
+    SnapshotView,
+)
 from cdi.common import pki
 from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage
@@ -76,7 +83,7 @@ CLONE_SOURCE_ANNOTATION = "cdi.kubevirt.io/storage.clone.source"  # ours: kind/n
 
 def is_clone(dv: Body) -> bool:
     view = DataVolumeView(dv)
-    return view.spec.get("sourceRef") is not None or view.source_kind in ("pvc", "snapshot")
+    return view.source_ref is not None or view.source_kind in ("pvc", "snapshot")
 
 
 def clone_source_name(dv: Body) -> str:
@@ -84,16 +91,16 @@ def clone_source_name(dv: Body) -> str:
 
 
 def temp_claim_name(target: Body) -> str:
-    return f"tmp-pvc-{dig(target, 'metadata', 'uid')}"
+    return f"tmp-pvc-{ClaimView(target).uid}"
 
 
 def source_pod_name(temp: Body) -> str:
     """CDI's `<uid>-source-pod` (the uid of the claim the upload server fills)."""
-    return f"{dig(temp, 'metadata', 'uid')}-source-pod"
+    return f"{ClaimView(temp).uid}-source-pod"
 
 
 def temp_snapshot_name(target: Body) -> str:
-    return f"tmp-snapshot-{dig(target, 'metadata', 'uid')}"
+    return f"tmp-snapshot-{ClaimView(target).uid}"
 
 
 def _bytes(value: Any) -> int | None:
@@ -105,8 +112,8 @@ def _bytes(value: Any) -> int | None:
 
 def planner_cluster(ctx: Context) -> planner.Cluster:
     cdi = next(iter(ctx.cached_list(groups.CDIS)), None)
-    override = dig(cdi, "spec", "cloneStrategyOverride")
-    profiles = {str(dig(p, "metadata", "name")): p for p in ctx.cached_list(groups.STORAGEPROFILES)}
+    override = ObjectView(cdi or {}).spec.get("cloneStrategyOverride")
+    profiles = {ObjectView(p).name: p for p in ctx.cached_list(groups.STORAGEPROFILES)}
     return planner.Cluster(ctx.cached_list(groups.STORAGECLASSES), profiles,
                            ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES), str(override) if override else None)
 
@@ -140,12 +147,12 @@ def plan_datavolume(dv: Body, lookup: Lookup, storage: ClusterStorage, cluster: 
         sized = clonesize.pvc_clone_size(source_obj, spec, storage)
         content = None
     else:
-        content_name = dig(source_obj, "status", "boundVolumeSnapshotContentName")
-        content = lookup(groups.VOLUMESNAPSHOTCONTENTS, str(content_name), "") if content_name else None
+        content_name = SnapshotView(source_obj).content_name
+        content = lookup(groups.VOLUMESNAPSHOTCONTENTS, content_name, "") if content_name else None
         sized = clonesize.snapshot_clone_size(source_obj, content, spec, storage)
     if sized.request is not None:
         requests["storage"] = sized.request
-    annotations: dict[str, str] = dict(dig(dv, "metadata", "annotations") or {})
+    annotations: dict[str, str] = dict(DataVolumeView(dv).annotations)
     if sized.permissive:
         annotations[ann.PERMISSIVE_CLONE] = "true"
     if source.kind == "pvc":
@@ -174,12 +181,11 @@ class CloneReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
-        if dv is None or dig(dv, "metadata", "deletionTimestamp") or not is_clone(dv):
+        if dv is None or DataVolumeView(dv).deleting or not is_clone(dv):
             return None
         view = DataVolumeView(dv)
         target = self.ctx.cached(groups.PVCS, name, namespace)
-        if target is not None and not any(r.get("uid") == view.uid for r in dig(target, "metadata",
-                                                                                   "ownerReferences") or []):
+        if target is not None and not ClaimView(target).owned_by(view.uid):
             message = f'Resource "{name}" already exists and is not managed by DataVolume'
             self.ctx.recorder.record(dv, WARNING, "ErrResourceExists", message)
             return await self._status(dv, None, reason="ErrResourceExists", message=message)
@@ -187,9 +193,9 @@ class CloneReconciler(Reconciler):
             if view.phase == "Succeeded":
                 return await self._status(dv, None, reason="ClaimLost", message="PVC was deleted")
             return await self._check_token(dv) or await self._create_target(dv)
-        if dig(target, "metadata", "deletionTimestamp"):
+        if ClaimView(target).deleting:
             return None
-        phase = (dig(target, "metadata", "annotations") or {}).get(ann.CLONE_PHASE, "")
+        phase = ClaimView(target).annotations.get(ann.CLONE_PHASE, "")
         # a step is taken only once the DataVolume shows the current phase, so that every phase shows
         # (with its event) however short it is
         if phase in (SUCCEEDED, ERROR) or view.phase != PHASE_MAP.get(phase):
@@ -303,11 +309,11 @@ class CloneReconciler(Reconciler):
         source = await self._get(groups.PVCS, source_ref.name, source_ref.namespace)
         if source is None or clonesize.recorded_virtual_size(source) is not None:
             return 0.2  # measured already: the cache has not caught up yet
-        owner = next((r for r in dig(source, "metadata", "ownerReferences") or []
+        owner = next((r for r in ClaimView(source).owner_references
                       if r.get("controller") and r.get("kind") == "DataVolume"), None)
         if owner is not None:
             filler = self.ctx.cached(groups.DATAVOLUMES, str(owner.get("name")), source_ref.namespace)
-            if dig(filler, "status", "phase") != "Succeeded":
+            if filler is None or DataVolumeView(filler).phase != "Succeeded":
                 return await self._size_status(dv, *sizedetection.IMPORT_PVC_NOT_READY, NORMAL)
         name = sizedetection.pod_name(source)
         pod = await self._get(groups.PODS, name, source_ref.namespace)
@@ -329,7 +335,7 @@ class CloneReconciler(Reconciler):
             return await self._size_status(dv, *sizedetection.SIZE_DETECTION_POD_NOT_READY, NORMAL)
         await self.ctx.client.patch(groups.PVCS, source_ref.name, {"metadata": {"annotations": {
             clonesize.VIRTUAL_SIZE: str(virtual),
-            clonesize.SOURCE_CAPACITY: str(dig(source, "status", "capacity", "storage"))}}}, source_ref.namespace)
+            clonesize.SOURCE_CAPACITY: ClaimView(source).capacity}}}, source_ref.namespace)
         await self._delete(groups.PODS, name, source_ref.namespace)
         return 0.2  # the source claim's cache catches up with its new annotations
 
@@ -355,21 +361,20 @@ class CloneReconciler(Reconciler):
         """Record the clone phase on the target; the DataVolume's status is computed from the
         written claim at once, so that every phase shows (and has its event) however short."""
         changes: dict[str, str | None] = {ann.CLONE_PHASE: phase, **(extra or {})}
-        current: Mapping[str, str] = dig(target, "metadata", "annotations") or {}
-        if all(current.get(k) == v for k, v in changes.items()):
+        claim = ClaimView(target)
+        if all(claim.annotations.get(k) == v for k, v in changes.items()):
             return None
-        result: Obj = await self.ctx.client.patch(groups.PVCS, str(dig(target, "metadata", "name")),
-                                                  {"metadata": {"annotations": changes}},
-                                                  str(dig(target, "metadata", "namespace")))
+        result: Obj = await self.ctx.client.patch(groups.PVCS, claim.name, {"metadata": {"annotations": changes}},
+                                                  claim.namespace)
         return result
 
     async def _advance(self, target: Body) -> Obj | None:
         """One step of the strategy; the target as written when its phase changed."""
-        annotations: Mapping[str, str] = dig(target, "metadata", "annotations") or {}
+        annotations = ClaimView(target).annotations
         kind, _, rest = annotations.get(CLONE_SOURCE_ANNOTATION, "").partition("/")
         source_ns, _, source_name = rest.partition("/")
         strategy = annotations.get(ann.CLONE_TYPE, planner.COPY)
-        if dig(target, "spec", "volumeName"):
+        if ClaimView(target).volume_name:
             return await self._finish(target, source_ns)
         temp_name = temp_claim_name(target)
         temp = await self._get(groups.PVCS, temp_name, source_ns)
@@ -377,14 +382,15 @@ class CloneReconciler(Reconciler):
             return await self._host_clone(target, temp, source_ns, source_name)
         if temp is None:
             return await self._start(target, kind, source_ns, source_name, strategy)
-        if dig(temp, "status", "phase") != "Bound":
+        temp_claim, target_claim = ClaimView(temp), ClaimView(target)
+        if not temp_claim.bound:
             return None
-        want = _bytes(dig(target, "spec", "resources", "requests", "storage")) or 0
-        have = _bytes(dig(temp, "status", "capacity", "storage")) or 0
+        want = _bytes(target_claim.requested_storage) or 0
+        have = _bytes(temp_claim.capacity) or 0
         if have < want:
-            if (_bytes(dig(temp, "spec", "resources", "requests", "storage")) or 0) < want:
+            if (_bytes(temp_claim.requested_storage) or 0) < want:
                 await self.ctx.client.patch(groups.PVCS, temp_name, {"spec": {"resources": {"requests": {
-                    "storage": dig(target, "spec", "resources", "requests", "storage")}}}}, source_ns)
+                    "storage": target_claim.requested_storage}}}}, source_ns)
             return await self._set_phase(target, PREP_CLAIM)
         written = await self._set_phase(target, REBIND)
         await self._rebind(temp, written or target)
@@ -393,13 +399,12 @@ class CloneReconciler(Reconciler):
     async def _host_clone(self, target: Body, temp: Body | None, source_ns: str, source_name: str) -> Obj | None:
         """Host-assisted copy (HostClone): the temporary claim is an upload target that takes the
         stream of a clone source pod reading the source; then its volume goes to the target (Rebind)."""
+        target_claim = ClaimView(target)
         if temp is None:
-            client_name = f"{source_ns}/{source_name}-{dig(target, 'metadata', 'namespace')}/" \
-                          f"{dig(target, 'metadata', 'name')}"
+            client_name = f"{source_ns}/{source_name}-{target_claim.key}"
             if len(client_name) > 64:  # a certificate's CN holds 64 characters
-                client_name = f"clone-source-{dig(target, 'metadata', 'uid')}"
-            claim = self._temp_claim(target, source_ns, str(dig(target, "spec", "resources", "requests", "storage")),
-                                     None)
+                client_name = f"clone-source-{target_claim.uid}"
+            claim = self._temp_claim(target, source_ns, target_claim.requested_storage, None)
             claim["metadata"]["annotations"].update({
                 ann.UPLOAD_TARGET: "", UPLOAD_CLIENT_NAME: client_name, ann.CONTENT_TYPE: "kubevirt",
                 ann.CLONE_REQUEST: f"{source_ns}/{source_name}"})
@@ -408,12 +413,12 @@ class CloneReconciler(Reconciler):
             except AlreadyExists:
                 pass
             return await self._set_phase(target, HOST_CLONE)
-        temp_annotations: Mapping[str, str] = dig(temp, "metadata", "annotations") or {}
+        temp_annotations = ClaimView(temp).annotations
         restarts = temp_annotations.get(ann.POD_RESTARTS)
-        if restarts and restarts != (dig(target, "metadata", "annotations") or {}).get(ann.POD_RESTARTS):
+        if restarts and restarts != target_claim.annotations.get(ann.POD_RESTARTS):
             # the upload server's restarts are the DataVolume's restartCount, as CDI's populator copies them
-            await self.ctx.client.patch(groups.PVCS, str(dig(target, "metadata", "name")), {"metadata": {
-                "annotations": {ann.POD_RESTARTS: restarts}}}, str(dig(target, "metadata", "namespace")))
+            await self.ctx.client.patch(groups.PVCS, target_claim.name, {"metadata": {
+                "annotations": {ann.POD_RESTARTS: restarts}}}, target_claim.namespace)
         pod_name = source_pod_name(temp)
         if temp_annotations.get(ann.POD_PHASE) == "Succeeded":
             for gvr in (groups.PODS, groups.SECRETS):
@@ -427,7 +432,7 @@ class CloneReconciler(Reconciler):
         if temp_annotations.get(ann.POD_READY) != "true" or \
                 self.ctx.cached(groups.PODS, pod_name, source_ns) is not None:
             return None
-        users = self._pods_using(source_ns, source_name, str(dig(target, "metadata", "uid")))
+        users = self._pods_using(source_ns, source_name, target_claim.uid)
         if users:
             return await self._source_in_use(target, users, source_name)
         written = await self._set_phase(target, HOST_CLONE, {
@@ -440,22 +445,21 @@ class CloneReconciler(Reconciler):
         until they are gone, as the source is read while nothing writes it."""
         out = []
         for pod in self.ctx.cached_list(groups.PODS, namespace):
-            if dig(pod, "status", "phase") in ("Succeeded", "Failed") or \
-                    (dig(pod, "metadata", "labels") or {}).get(ann.LABEL_OWNED_BY_UID) == target_uid:
+            view = PodView(pod)
+            if view.finished or view.labels.get(ann.LABEL_OWNED_BY_UID) == target_uid:
                 continue
-            if any(dig(v, "persistentVolumeClaim", "claimName") == claim for v in dig(pod, "spec", "volumes") or []):
+            if claim in view.claim_names:
                 out.append(pod)
         return out
 
     async def _source_in_use(self, target: Body, users: list[Obj], claim: str) -> Obj | None:
         """CloneSourceInUse: a Warning event per pod on the DataVolume, and its Running condition says so."""
-        messages = [f"pod {dig(p, 'metadata', 'namespace')}/{dig(p, 'metadata', 'name')} using "
+        messages = [f"pod {PodView(p).key} using "
                     f"PersistentVolumeClaim {claim}" for p in users]
-        annotations: Mapping[str, str] = dig(target, "metadata", "annotations") or {}
-        if annotations.get(ann.CONDITION_RUNNING_MESSAGE) == "; ".join(messages):
+        target_claim = ClaimView(target)
+        if target_claim.annotations.get(ann.CONDITION_RUNNING_MESSAGE) == "; ".join(messages):
             return None
-        owner = self.ctx.cached(groups.DATAVOLUMES, str(dig(target, "metadata", "name")),
-                                str(dig(target, "metadata", "namespace")))
+        owner = self.ctx.cached(groups.DATAVOLUMES, target_claim.name, target_claim.namespace)
         for message in messages:
             self.ctx.recorder.record(owner or target, WARNING, CLONE_SOURCE_IN_USE, message)
         return await self._set_phase(target, HOST_CLONE, {
@@ -471,21 +475,21 @@ class CloneReconciler(Reconciler):
         """`<uid>-source-pod` (container `cdi-clone-source`) in the source namespace: the source read-only,
         a client certificate for the upload server's CLIENT_NAME, the server's CA, the Service's address."""
         source = self.ctx.cached(groups.PVCS, source_name, namespace)
-        temp_name = str(dig(temp, "metadata", "name"))
+        temp_name = ClaimView(temp).name
         service = await self._get(groups.SERVICES, upload_service_name(temp_name), namespace)
-        cluster_ip = dig(service, "spec", "clusterIP")
+        cluster_ip = ObjectView(service or {}).spec.get("clusterIP")
         if source is None or not cluster_ip:
             return
         pod_name = source_pod_name(temp)
         pki_ = await self.pki()
-        client_name = (dig(temp, "metadata", "annotations") or {}).get(UPLOAD_CLIENT_NAME, "")
+        client_name = ClaimView(temp).annotations.get(UPLOAD_CLIENT_NAME, "")
         cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
         pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True,
                          days=cert_days(cdi, "client"))
         owner = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": temp_name,
-                  "uid": dig(temp, "metadata", "uid"), "controller": True, "blockOwnerDeletion": True}]
+                  "uid": ClaimView(temp).uid, "controller": True, "blockOwnerDeletion": True}]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: SOURCE_CONTAINER,
-                  ann.LABEL_OWNED_BY_UID: str(dig(target, "metadata", "uid"))}
+                  ann.LABEL_OWNED_BY_UID: ClaimView(target).uid}
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                   "metadata": {"name": pod_name, "namespace": namespace, "labels": labels, "ownerReferences": owner},
                   "stringData": {"tls.crt": pair.cert_pem.decode(), "tls.key": pair.key_pem.decode()}}
@@ -493,11 +497,11 @@ class CloneReconciler(Reconciler):
             await self.ctx.client.create(groups.SECRETS, secret, namespace)
         except AlreadyExists:
             pass
-        block = dig(source, "spec", "volumeMode") == "Block"
+        block = ClaimView(source).block
         mount = "/dev/cdi-block-volume" if block else CLONER_MOUNT_PATH
         host = f"[{cluster_ip}]" if ":" in str(cluster_ip) else str(cluster_ip)
-        owner_uid = (dig(target, "metadata", "annotations") or {}).get(ann.CREATED_FOR_DATAVOLUME) or \
-            str(dig(target, "metadata", "uid"))
+        owner_uid = ClaimView(target).annotations.get(ann.CREATED_FOR_DATAVOLUME) or \
+            ClaimView(target).uid
         environment: list[Obj] = [
             {"name": "CLIENT_KEY", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.key"}}},
             {"name": "CLIENT_CERT", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.crt"}}},
@@ -535,7 +539,7 @@ class CloneReconciler(Reconciler):
             return None
 
     def _temp_claim(self, target: Body, namespace: str, size: str, data_source: Obj | None) -> Obj:
-        spec = json.loads(json.dumps(dig(target, "spec") or {}))
+        spec = json.loads(json.dumps(ClaimView(target).spec))
         for key in ("dataSourceRef", "dataSource", "volumeName"):
             spec.pop(key, None)
         spec["resources"]["requests"]["storage"] = size
@@ -544,24 +548,25 @@ class CloneReconciler(Reconciler):
         return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": temp_claim_name(target), "namespace": namespace,
                              "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true",
-                                        ann.LABEL_OWNED_BY_UID: str(dig(target, "metadata", "uid"))},
+                                        ann.LABEL_OWNED_BY_UID: ClaimView(target).uid},
                              "annotations": {ann.BIND_IMMEDIATE: "true"}},
                 "spec": spec}
 
     async def _start(self, target: Body, kind: str, source_ns: str, source_name: str, strategy: str) -> Obj | None:
         """Create what the strategy copies through: the temporary claim (cloning the source, or
         restoring a snapshot), after the temporary snapshot is ready for a smart clone."""
-        target_size = str(dig(target, "spec", "resources", "requests", "storage"))
+        target_claim = ClaimView(target)
+        target_size = target_claim.requested_storage
         if kind == "snapshot":
             snapshot = self.ctx.cached(groups.VOLUMESNAPSHOTS, source_name, source_ns)
-            size = str(dig(snapshot, "status", "restoreSize") or target_size)
+            size = SnapshotView(snapshot or {}).restore_size or target_size
             await self._create_temp(target, source_ns, self._smaller(size, target_size),
                                     {"apiGroup": groups.SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": source_name})
             return await self._set_phase(target, SNAPSHOT_CLONE)
         source = self.ctx.cached(groups.PVCS, source_name, source_ns)
-        if source is None or dig(source, "status", "phase") != "Bound":
+        if source is None or not ClaimView(source).bound:
             return None
-        capacity = str(dig(source, "status", "capacity", "storage") or target_size)
+        capacity = ClaimView(source).capacity or target_size
         if strategy == planner.CSI_CLONE:
             await self._create_temp(target, source_ns, self._smaller(capacity, target_size),
                                     {"kind": "PersistentVolumeClaim", "name": source_name})
@@ -570,13 +575,13 @@ class CloneReconciler(Reconciler):
         snapshot = await self._get(groups.VOLUMESNAPSHOTS, snap_name, source_ns)
         if snapshot is None:
             cluster = planner_cluster(self.ctx)
-            target_class = cluster.storage_class(dig(target, "spec", "storageClassName"))
+            target_class = cluster.storage_class(target_claim.storage_class)
             klass = planner.snapshot_class_for(str((target_class or {}).get("provisioner") or ""), cluster,
-                                               dig(target, "spec", "storageClassName"))
+                                               target_claim.storage_class)
             body: Obj = {"apiVersion": groups.SNAPSHOT_API_VERSION, "kind": "VolumeSnapshot",
                     "metadata": {"name": snap_name, "namespace": source_ns,
                                  "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true",
-                                            ann.LABEL_OWNED_BY_UID: str(dig(target, "metadata", "uid"))}},
+                                            ann.LABEL_OWNED_BY_UID: ClaimView(target).uid}},
                     "spec": {"source": {"persistentVolumeClaimName": source_name}}}
             if klass:
                 body["spec"]["volumeSnapshotClassName"] = klass
@@ -585,9 +590,9 @@ class CloneReconciler(Reconciler):
             except AlreadyExists:
                 pass
             return await self._set_phase(target, SNAPSHOT_PHASE)
-        if dig(snapshot, "status", "readyToUse") is not True:
+        if not SnapshotView(snapshot).ready_to_use:
             return None
-        size = str(dig(snapshot, "status", "restoreSize") or capacity)
+        size = SnapshotView(snapshot).restore_size or capacity
         await self._create_temp(target, source_ns, self._smaller(size, target_size),
                                 {"apiGroup": groups.SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": snap_name})
         return await self._set_phase(target, SNAPSHOT_CLONE)
@@ -606,23 +611,22 @@ class CloneReconciler(Reconciler):
 
     async def _rebind(self, temp: Body, target: Body) -> None:
         """Hand the temporary claim's volume to the target: the PV's claimRef moves (CDI's Rebind)."""
-        pv_name = str(dig(temp, "spec", "volumeName") or "")
+        pv_name = ClaimView(temp).volume_name
         pv = await self._get(groups.PVS, pv_name, "") if pv_name else None
         if pv is None:
             return
-        ref = dig(pv, "spec", "claimRef") or {}
-        if ref.get("uid") == dig(target, "metadata", "uid"):
+        ref, claim = PersistentVolumeView(pv).claim_ref, ClaimView(target)
+        if ref.get("uid") == claim.uid:
             return
-        if ref.get("uid") != dig(temp, "metadata", "uid"):
+        if ref.get("uid") != ClaimView(temp).uid:
             raise RuntimeError(f"PV {pv_name} bound to unexpected claim {ref.get('name')}")
         await self.ctx.client.patch(groups.PVS, pv_name, {"spec": {"claimRef": {
-            "kind": "PersistentVolumeClaim", "apiVersion": "v1",
-            "namespace": dig(target, "metadata", "namespace"), "name": dig(target, "metadata", "name"),
-            "uid": dig(target, "metadata", "uid"), "resourceVersion": dig(target, "metadata", "resourceVersion")}}})
+            "kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": claim.namespace, "name": claim.name,
+            "uid": claim.uid, "resourceVersion": claim.resource_version}}})
 
     async def _finish(self, target: Body, source_ns: str) -> Obj | None:
         """The target holds the volume: remove every temporary object, then say so."""
-        if dig(target, "status", "phase") != "Bound":
+        if not ClaimView(target).bound:
             return None
         for gvr, name in ((groups.PVCS, temp_claim_name(target)), (groups.VOLUMESNAPSHOTS, temp_snapshot_name(target))):
             try:
@@ -644,9 +648,9 @@ class CloneReconciler(Reconciler):
         if phase is not None:
             status["phase"] = phase
         elif pvc is not None:
-            status["claimName"] = dig(pvc, "metadata", "name")
-            clone_phase = (dig(pvc, "metadata", "annotations") or {}).get(ann.CLONE_PHASE, "")
-            restarts = (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_RESTARTS, "")
+            status["claimName"] = ClaimView(pvc).name
+            clone_phase = ClaimView(pvc).annotations.get(ann.CLONE_PHASE, "")
+            restarts = ClaimView(pvc).annotations.get(ann.POD_RESTARTS, "")
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
             status["phase"] = PHASE_MAP.get(clone_phase, status.get("phase") or "CloneScheduled")
@@ -665,16 +669,16 @@ class CloneReconciler(Reconciler):
 
     async def _refresh_progress(self, view: DataVolumeView, target: Body, status: Obj) -> None:
         """The clone source pod's `kubevirt_cdi_clone_progress_total{ownerUID}`, as CDI reads it."""
-        source = (dig(target, "metadata", "annotations") or {}).get(CLONE_SOURCE_ANNOTATION, "")
+        source = ClaimView(target).annotations.get(CLONE_SOURCE_ANNOTATION, "")
         source_ns = source.split("/")[1] if source.count("/") >= 2 else ""
         temp = self.ctx.cached(groups.PVCS, temp_claim_name(target), source_ns)
         pod = self.ctx.cached(groups.PODS, source_pod_name(temp), source_ns) if temp else None
-        pod_ip = dig(pod, "status", "podIP")
+        pod_ip = PodView(pod).pod_ip if pod else ""
         if not pod_ip:
             return
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, str(pod_ip), view.uid)
+        report = await scrape(self._session, pod_ip, view.uid)
         if report is not None and report.progress is not None:
             status["progress"] = format_progress(min(report.progress, 99.99))
 
@@ -694,7 +698,7 @@ class CloneReconciler(Reconciler):
                                                 f"{src_ns}/{src_name})"),
             "CloneFromSnapshotSourceInProgress": ("CloneFromSnapshotSourceInProgress",
                                                   f"Creating PVC from snapshot source is in progress (for "
-                                                  f"{'snapshot' if dig(dv, 'spec', 'source', 'snapshot') else 'pvc'}"
+                                                  f"{'snapshot' if view.source.get('snapshot') else 'pvc'}"
                                                   f" {src_ns}/{src_name})"),
             "CSICloneInProgress": ("CSICloneInProgress", f"CSI Volume clone in progress (for pvc {src_ns}/{src_name})"),
             "CloneInProgress": ("CloneInProgress", f"Cloning from {src_ns}/{src_name} into {target} in progress"),

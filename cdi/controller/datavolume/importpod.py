@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from cdi.api import annotations as ann
 from cdi.api import env, naming
 from cdi.api.importrequest import ImportRequest
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, PodView
 from cdi.controller.claims import owner_reference
 from cdi.controller.datavolume.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
 from cdi.controller.workerpod import PodSettings, worker_pod
@@ -50,13 +50,14 @@ def import_request_of(pod: Body) -> ImportRequest:
     """The import an importer pod was made for: its importer's environment, with the names only its
     volumes hold (cert ConfigMap, GCS secret, secret extra headers) and, for a node pull, the
     registry image its server container runs."""
-    containers = dig(pod, "spec", "containers") or []
+    view = PodView(pod)
+    containers = view.containers
     importer = next(c for c in containers if c.get("name") == IMPORTER_CONTAINER)
     request = ImportRequest.from_env(importer.get("env") or [])
-    volumes = {str(v.get("name")): v for v in dig(pod, "spec", "volumes") or []}
-    cert = str(dig(volumes.get(CERT_VOLUME), "configMap", "name") or "")
-    secret = str(dig(volumes.get(SECRET_VOLUME), "secret", "secretName") or "") or request.secret
-    headers = tuple(str(dig(volumes[f"cdi-extra-headers-{i}"], "secret", "secretName"))
+    volumes = {str(v.get("name")) for v in view.volumes}
+    cert = view.configmap_of(CERT_VOLUME)
+    secret = view.secret_of(SECRET_VOLUME) or request.secret
+    headers = tuple(view.secret_of(f"cdi-extra-headers-{i}")
                     for i in range(len(volumes)) if f"cdi-extra-headers-{i}" in volumes)
     request = replace(request, cert_configmap=cert, secret=secret, secret_extra_headers=headers)
     server = next((c for c in containers if c.get("name") == NODE_PULL_SERVER_CONTAINER), None)
@@ -88,8 +89,9 @@ def _insecure_registry(endpoint: str, registries: Sequence[str]) -> bool:
 
 
 def _owner_uid(pvc: Body) -> str:
-    owners = dig(pvc, "metadata", "ownerReferences") or []
-    return str(owners[0]["uid"]) if len(owners) == 1 else str(dig(pvc, "metadata", "uid"))
+    claim = ClaimView(pvc)
+    owners = claim.owner_references
+    return str(owners[0]["uid"]) if len(owners) == 1 else claim.uid
 
 
 def _node_pull(importer: Obj, volumes: list[Obj], source: ImportRequest, settings: WorkerSettings) -> tuple[Obj, Obj]:
@@ -127,14 +129,13 @@ def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, 
                  scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False) -> Obj:
     """The importer's container and volumes; placement, resources, security context, priority class,
     service account and pass-through annotations are every worker pod's (`workerpod.worker_pod`)."""
-    name = str(dig(pvc, "metadata", "name"))
-    namespace = str(dig(pvc, "metadata", "namespace"))
-    block = dig(pvc, "spec", "volumeMode") == "Block"
+    claim = ClaimView(pvc)
+    name, namespace, block = claim.name, claim.namespace, claim.block
     insecure = source.insecure_skip_verify or (
         source.source == env.SOURCE_REGISTRY and _insecure_registry(source.endpoint, settings.insecure_registries))
     environment: list[Obj] = [
         *source.to_env(insecure_tls=insecure),
-        {"name": env.IMAGE_SIZE, "value": str(dig(pvc, "spec", "resources", "requests", "storage") or "")},
+        {"name": env.IMAGE_SIZE, "value": claim.requested_storage},
         {"name": env.OWNER_UID, "value": _owner_uid(pvc)},
         {"name": env.FILESYSTEM_OVERHEAD, "value": "0" if block else filesystem_overhead},
         {"name": env.PREALLOCATION, "value": "true" if preallocation else "false"},
@@ -197,4 +198,4 @@ def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, 
 
 def mounts_scratch(pod: Body) -> bool:
     """Whether an importer pod had a scratch claim (a pod without one may ask for it)."""
-    return any(v.get("name") == SCRATCH_VOLUME for v in dig(pod, "spec", "volumes") or [])
+    return PodView(pod).volume(SCRATCH_VOLUME) is not None

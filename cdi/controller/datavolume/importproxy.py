@@ -16,7 +16,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups, naming
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, ObjectView
 from cdi.controller.claims import config_status, owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
@@ -56,8 +56,8 @@ async def ensure_proxy_ca(ctx: Context, pvc: Body) -> None:
         source = await ctx.client.get(groups.CONFIGMAPS, source_name, cdi_namespace)
     except NotFound:
         raise ProxyCaMissing(cdi_namespace, source_name) from None
-    namespace = str(dig(pvc, "metadata", "namespace"))
-    name = proxy_ca_configmap_name(str(dig(pvc, "metadata", "name")))
+    namespace = ClaimView(pvc).namespace
+    name = proxy_ca_configmap_name(ClaimView(pvc).name)
     data = dict(source.get("data") or {})
     binary = dict(source.get("binaryData") or {})
     copy: Obj = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -76,13 +76,13 @@ async def ensure_proxy_ca(ctx: Context, pvc: Body) -> None:
     if (current.get("data") or {}) != data or (current.get("binaryData") or {}) != binary:
         # the bundle was rotated since this claim's last attempt: the next pod mounts the new one
         await ctx.client.replace(groups.CONFIGMAPS, {**copy, "metadata": {
-            **copy["metadata"], "resourceVersion": dig(current, "metadata", "resourceVersion")}}, namespace)
+            **copy["metadata"], "resourceVersion": ObjectView(current).resource_version}}, namespace)
 
 
 async def delete_proxy_ca(ctx: Context, pvc: Body) -> None:
     """Remove the claim's copy (no error when there is none)."""
     try:
-        await ctx.client.delete(groups.CONFIGMAPS, proxy_ca_configmap_name(str(dig(pvc, "metadata", "name"))),
-                                str(dig(pvc, "metadata", "namespace")))
+        await ctx.client.delete(groups.CONFIGMAPS, proxy_ca_configmap_name(ClaimView(pvc).name),
+                                ClaimView(pvc).namespace)
     except NotFound:
         pass

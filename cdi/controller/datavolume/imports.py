@@ -26,7 +26,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.importrequest import ImportRequest
-from cdi.api.views import ClaimView, DataVolumeView, PodView, dig
+from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PodView
 from cdi.controller import conditions
 from cdi.controller.claims import (
     annotate,
@@ -127,7 +127,7 @@ class ImportReconciler(Reconciler):
         config = self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME) or {}
         return WorkerSettings(
             importer_image=settings.importer_image, import_proxy=status.get("importProxy"),
-            insecure_registries=tuple(dig(config, "spec", "insecureRegistries") or ()),
+            insecure_registries=tuple(ObjectView(config).spec.get("insecureRegistries") or ()),
             pod=pod_settings(self.ctx), retry_budget=settings.import_retry_budget,
         )
 

@@ -9,34 +9,35 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cdi.api.quantity import QuantityError, parse_bytes
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, PersistentVolumeView
 
 Body = Mapping[str, Any]
 
 
 def satisfies(pv: Body, claim_spec: Body) -> bool:
-    if dig(pv, "metadata", "deletionTimestamp"):
+    volume = PersistentVolumeView(pv)
+    if volume.deleting:
         return False
     try:
-        if parse_bytes(dig(pv, "spec", "capacity", "storage") or 0) < \
-                parse_bytes(dig(claim_spec, "resources", "requests", "storage") or 0):
+        if parse_bytes(volume.capacity or 0) < parse_bytes(ClaimView({"spec": claim_spec}).requested_storage or 0):
             return False
     except QuantityError:
         return False
     wanted_class = claim_spec.get("storageClassName") or ""
-    if wanted_class and (dig(pv, "spec", "storageClassName") or "") != wanted_class:
+    if wanted_class and volume.storage_class != wanted_class:
         return False
-    if (claim_spec.get("volumeMode") or "Filesystem") != (dig(pv, "spec", "volumeMode") or "Filesystem"):
+    if (claim_spec.get("volumeMode") or "Filesystem") != volume.volume_mode:
         return False
-    return set(claim_spec.get("accessModes") or []) <= set(dig(pv, "spec", "accessModes") or [])
+    return set(claim_spec.get("accessModes") or []) <= set(volume.access_modes)
 
 
 def available_for(volumes: Iterable[Body], namespace: str, name: str, claim_spec: Body) -> list[str]:
     """The Available volumes pre-bound to claim `namespace/name` that can hold `claim_spec`, by name."""
     found = []
     for pv in volumes:
-        ref: Body = dig(pv, "spec", "claimRef") or {}
+        volume = PersistentVolumeView(pv)
+        ref = volume.claim_ref
         if (ref.get("namespace"), ref.get("name")) == (namespace, name) and \
-                dig(pv, "status", "phase") == "Available" and satisfies(pv, claim_spec):
-            found.append(str(dig(pv, "metadata", "name")))
+                volume.phase == "Available" and satisfies(pv, claim_spec):
+            found.append(volume.name)
     return sorted(found)
