@@ -30,6 +30,7 @@ from cdi.controller.datavolume import staticvolumes
 from cdi.controller.datavolume.progress import format_progress, scrape
 from cdi.controller.populators.datavolumes import (
     claim_uses_populator,
+    csi_driver_exists,
     delete_volume_source,
     ensure_volume_source,
     pending_population,
@@ -49,6 +50,7 @@ _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULT
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
                        ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION)
 EXTERNAL_POPULATION = "cdi.kubevirt.io/externalPopulation"  # CDI's AnnExternalPopulation
+NO_CSI_DRIVER, NO_ANY_VOLUME_DATA_SOURCE = "NoCSIDriverForExternalPopulation", "NoAnyVolumeDataSource"
 PRIORITY_CLASS = ann.POD_PRIORITY_CLASS
 SERVICE_ACCOUNT = ann.POD_SERVICE_ACCOUNT
 
@@ -361,10 +363,7 @@ class DataVolumeReconciler(Reconciler):
         if upload:
             return self._upload_phase(annotations, name, status), None
         if annotations.get(EXTERNAL_POPULATION) == "true":
-            status["phase"] = "Succeeded"
-            ref = ClaimView(pvc).data_source_ref
-            return (NORMAL, "ExternalPopulationSucceeded",
-                    f"PVC {name} successfully populated by {ref.get('name', '')}"), None
+            return self._external_population(pvc, name, status), None
         if pod_phase == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             status["phase"] = "Failed"
             return (WARNING, "ImportFailed", f"Failed to import into PVC {name}"), None
@@ -373,6 +372,26 @@ class DataVolumeReconciler(Reconciler):
             return (NORMAL, "ImportInProgress", f"Import into {name} in progress"), self.ctx.settings.progress_interval
         status["phase"] = "ImportScheduled"
         return (NORMAL, "ImportScheduled", f"Import into {name} scheduled"), None
+
+    def _external_population(self, pvc: Body, name: str, status: Obj) -> Event:
+        """CDI's checkPopulationRequirements once an external populator bound the claim: population by
+        anything but a VolumeSnapshot needs the class's CSI driver, and by a populator kind a cluster that
+        kept `dataSourceRef` (the AnyVolumeDataSource gate; a cluster without it drops the field). Unmet,
+        the DataVolume is not Succeeded and both objects get CDI's Warning."""
+        claim = ClaimView(pvc)
+        ref = claim.data_source_ref
+        kind = ref.get("kind", "")
+        problem: tuple[str, str] | None = None
+        if kind != "VolumeSnapshot" and not csi_driver_exists(self.ctx, claim.storage_class):
+            problem = (NO_CSI_DRIVER, "No CSI drivers were found: External population not supported")
+        elif kind not in ("PersistentVolumeClaim", "VolumeSnapshot") and not claim.spec.get("dataSourceRef"):
+            problem = (NO_ANY_VOLUME_DATA_SOURCE,
+                       "AnyVolumeDataSource feature gate is not enabled: External population not supported")
+        if problem is not None:
+            self.ctx.recorder.record(pvc, WARNING, *problem)
+            return WARNING, *problem
+        status["phase"] = "Succeeded"
+        return NORMAL, "ExternalPopulationSucceeded", f"PVC {name} successfully populated by {ref.get('name', '')}"
 
     def _upload_phase(self, annotations: Mapping[str, str], name: str, status: Obj) -> Event | None:
         if annotations.get(ann.POD_PHASE) == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":

@@ -375,3 +375,29 @@ async def test_a_datasource_may_not_name_itself(kube: FakeKube, ctx: Context) ->
     ds = kube.object(groups.DATASOURCES, "loop", NAMESPACE)
     assert ds is not None
     assert conditions(ds)["Ready"] == ("False", "SelfReference")
+
+
+async def test_external_population_needs_the_classs_csi_driver(kube: FakeKube, ctx: Context) -> None:
+    """CDI's checkPopulationRequirements: a claim an external populator bound is Succeeded only where the
+    class's provisioner is a CSI driver; otherwise both objects get NoCSIDriverForExternalPopulation."""
+    dv = datavolume("ext", {})
+    del dv["spec"]["source"]
+    dv["spec"]["storage"]["dataSourceRef"] = {"apiGroup": "populator.example.com", "kind": "Example", "name": "g"}
+    kube.add(groups.DATAVOLUMES, dv)
+    reconciler = DataVolumeReconciler(ctx)
+    await reconciler.reconcile(f"{NAMESPACE}/ext")
+    pvc = kube.object(groups.PVCS, "ext", NAMESPACE)
+    assert pvc is not None and pvc["spec"]["dataSourceRef"]["kind"] == "Example"
+    bind(kube, "ext")
+    await reconciler.reconcile(f"{NAMESPACE}/ext")
+    status = kube.object(groups.DATAVOLUMES, "ext", NAMESPACE)
+    assert status is not None and status["status"]["phase"] != "Succeeded"
+    message = "No CSI drivers were found: External population not supported"
+    assert ("Warning", "NoCSIDriverForExternalPopulation", message) in await events_of(ctx, "ext")
+
+    kube.add(groups.CSIDRIVERS, {"metadata": {"name": "cdi.local"}})
+    await reconciler.reconcile(f"{NAMESPACE}/ext")
+    status = kube.object(groups.DATAVOLUMES, "ext", NAMESPACE)
+    assert status is not None and status["status"]["phase"] == "Succeeded"
+    assert ("Normal", "ExternalPopulationSucceeded", "PVC ext successfully populated by g") in \
+        await events_of(ctx, "ext")
