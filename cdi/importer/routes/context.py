@@ -1,0 +1,304 @@
+"""What every route shares: the source, the target, the options and the bookkeeping around them.
+
+A route (one module of this package each) is a function of an `ImportContext`: it checks the
+image's size against the target (`check_size`), plans its progress phases (`plan`), writes through
+`writer`, fetches spans by ranges with hashing and checkpoints (`fetch_spans`), or copies a stream
+(`copy`), and ends with `finish` (verify, resize, flush). The context also carries what the result
+reports: the format, the route taken, and the bytes resumed or staged on scratch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from .. import resume
+from ..checksum import Hasher
+from ..errors import ImporterError, Reason
+from ..formats import ImageInfo
+from ..progress import CONVERT, RESIZE, SYNC, Progress
+from ..ranges import RangeFetcher, RangeReader, Span
+from ..retry import Terminated
+from ..source import Origin
+from ..sparse_writer import SparseWriter, WriteBehind
+from ..streams import Chunk, Stream, TapStream, as_bytes
+from ..target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target
+
+if TYPE_CHECKING:
+    from ..pipeline import ImportOptions
+
+log = logging.getLogger(__name__)
+
+# route names, as the termination message's `route` field reports them
+ROUTE_RANGES = "ranges"
+ROUTE_QCOW2 = "qcow2-ranges"
+ROUTE_VMDK = "vmdk-ranges"
+ROUTE_VDI = "vdi-ranges"
+ROUTE_VHD = "vhd-ranges"
+ROUTE_VHDX = "vhdx-ranges"
+ROUTE_XZ = "xz-blocks"
+ROUTE_QCOW2_STREAM = "qcow2-stream"
+ROUTE_STREAM = "stream"
+ROUTE_NBDKIT = "nbdkit-convert"
+ROUTE_SCRATCH = "scratch-convert"
+ROUTE_ARCHIVE = "archive"
+ROUTE_BLANK = "blank"
+
+CHUNK = 4 << 20  # bytes read from a stream at a time
+
+
+class ImportContext:
+    """One import's state, shared by the route that runs it."""
+
+    def __init__(
+        self,
+        origin: Origin,
+        target: Target,
+        options: ImportOptions,
+        progress: Progress,
+        stop: threading.Event,
+        resume_offset: int = 0,
+    ) -> None:
+        self.origin = origin
+        self.resume_offset = resume_offset
+        self.target = target
+        self.options = options
+        self.progress = progress
+        self.stop = stop
+        self.hasher: Hasher | None = options.checksum.hasher() if options.checksum else None
+        self.usable = target.usable(options.requested_size, options.filesystem_overhead)
+        self.state_path = target.state_path(options.scratch_dir) if options.resume else None
+        self.scratch_file = options.scratch_dir / SCRATCH_FILE_NAME if options.scratch_dir else None
+        self.format = "raw"
+        self.route = ""
+        self.resumed_bytes = 0
+        self.scratch_bytes = 0
+        origin.meter.listeners.append(progress.transferred)
+
+    # -- cleanup --------------------------------------------------------------------------------------
+    def discard(self) -> None:
+        log.info("removing the partial import so that the next attempt starts clean")
+        with contextlib.suppress(OSError):
+            self.target.discard()
+        resume.remove(self.state_path)
+
+    def remove_scratch(self) -> None:
+        if self.scratch_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.scratch_file.unlink()
+
+    # -- the source -----------------------------------------------------------------------------------
+    def wire(self) -> Stream:
+        """The source's byte stream, hashed as it comes off the wire."""
+        stream = self.origin.stream()
+        if self.hasher is not None:
+            hasher = self.hasher
+            return TapStream(stream, hasher.update)
+        return stream
+
+    @property
+    def wire_is_pushed(self) -> bool:
+        """Whether reading `wire()` costs nothing but the wait for its producer (`WriteBehind`, depth 0)."""
+        return self.origin.pushed and self.hasher is None
+
+    def read_at(self, offset: int, length: int) -> bytes | None:
+        ranges = self.origin.ranges
+        if ranges is None:
+            head = self.origin.head
+            return head[offset : offset + length] if offset + length <= len(head) else None
+        if offset + length > ranges.size:
+            return None
+        buf = bytearray(length)
+        ranges.read_into(offset, memoryview(buf))
+        return bytes(buf)
+
+    # -- the target -----------------------------------------------------------------------------------
+    def check_size(self, size: int | None, what: str) -> None:
+        if size is not None and size > self.usable:
+            raise ImporterError(
+                Reason.IMAGE_TOO_LARGE,
+                f"the image's virtual size ({size} bytes, {what}) is larger than the usable "
+                f"space of the target ({self.usable} bytes; {self._space_detail()})",
+            )
+
+    def _space_detail(self) -> str:
+        if self.target.kind != FILESYSTEM:
+            return "the block device's size"
+        requested = self.options.requested_size
+        return (
+            f"available {self.target.available(requested)} bytes = min(free space, requested "
+            f"{requested if requested else 'unset'}), filesystem overhead {self.options.filesystem_overhead}"
+        )
+
+    def plan(self, *phases: tuple[str, float]) -> None:
+        """The route's progress phases (no resize phase on a block device)."""
+        plan = list(phases)
+        if self.target.kind != FILESYSTEM:
+            plan = [p for p in plan if p[0] != RESIZE]
+        self.progress.plan(plan)
+
+    def writer(self, fd: int, known_zero: bool) -> SparseWriter:
+        return SparseWriter(
+            fd,
+            known_zero=known_zero,
+            preallocate=self.options.preallocation,
+            is_block=self.target.kind != FILESYSTEM,
+            what=str(self.target.path),
+        )
+
+    def finish(self, image_size: int) -> bool:
+        """Verify what only the end can verify, then resize/preallocate/flush the target."""
+        self.origin.finish()
+        if self.hasher is not None:
+            self.hasher.verify(self.origin.name)
+        self.progress.begin(RESIZE)
+        applied = self.target.finalize(image_size, self.usable, self.options.preallocation)
+        self.progress.begin(SYNC)
+        resume.remove(self.state_path)
+        return applied
+
+    # -- resumable routes -----------------------------------------------------------------------------
+    def open_resumable(self, plan: dict[str, object], size: int) -> tuple[int, int, int]:
+        """(first span to fetch, fd, bytes already done) for a resumable route."""
+        identity = self.origin.identity
+        state = resume.load(self.state_path) if identity is not None else None
+        if state is not None and state.matches(identity, plan) and self._target_intact(size):
+            log.info(
+                "resuming: %d bytes (%d spans) are already on the target", state.done_bytes, state.done_spans
+            )
+            self.resumed_bytes = state.done_bytes
+            return state.done_spans, self.target.open(False, size), state.done_bytes
+        if state is not None:
+            log.info("not resuming: the source, the plan or the target changed since the last attempt")
+        resume.remove(self.state_path)
+        return 0, self.target.open(True, size), 0
+
+    def _target_intact(self, size: int) -> bool:
+        if isinstance(self.target, FileTarget):
+            try:
+                return self.target.path.stat().st_size >= size
+            except FileNotFoundError:
+                return False
+        return True
+
+    def checkpointer(
+        self, writer: SparseWriter, plan: dict[str, object], spans: int, done: int
+    ) -> resume.Checkpointer:
+        identity = self.origin.identity
+        path = self.state_path if identity is not None else None
+        return resume.Checkpointer(
+            writer,
+            path,
+            identity or {},
+            plan,
+            spans=spans,
+            done=done,
+            every_bytes=self.options.checkpoint_bytes,
+            every_seconds=self.options.checkpoint_seconds,
+        )
+
+    def fetch_spans(
+        self,
+        ranges: RangeReader,
+        spans: Sequence[Span],
+        process: Callable[[Span, bytearray], None],
+        checkpoint: resume.Checkpointer,
+        *,
+        done: int,
+        workers: int | None = None,
+        window: int | None = None,
+    ) -> None:
+        """Fetch and write spans in parallel; hash and checkpoint them in order."""
+        fetcher = RangeFetcher(
+            ranges,
+            spans,
+            workers=workers or self.options.workers,
+            window=window or self.options.window,
+            process=process,
+            stop=self.stop,
+            on_idle=checkpoint.idle,
+            on_cancel=self.origin.abort,
+        )
+        fetched = done
+        try:
+            for s, buf in fetcher:
+                if self.hasher is not None:
+                    self.hasher.update(memoryview(buf)[: s.length])
+                fetched += s.length
+                self.progress.update(fetched)
+                checkpoint.done(s.index + 1, fetched)
+        except BaseException as exc:
+            if isinstance(exc, Terminated) or (isinstance(exc, ImporterError) and exc.retryable):
+                with contextlib.suppress(Exception):
+                    checkpoint.save()  # keep what is on the target for the next attempt
+            raise
+
+    def rehash_fetched(self, ranges: RangeReader, spans: Sequence[Span], *, workers: int, window: int) -> None:
+        """Hash spans a previous attempt already wrote (their source bytes are not on the target)."""
+        assert self.hasher is not None
+        for s, buf in RangeFetcher(
+            ranges, spans, workers=workers, window=window, stop=self.stop, on_cancel=self.origin.abort
+        ):
+            self.hasher.update(memoryview(buf)[: s.length])
+
+    # -- streaming routes -----------------------------------------------------------------------------
+    def copy(self, stream: Stream, writer: SparseWriter, limit: int, where: str, start: int = 0, *,
+             pushed: bool = False) -> int:
+        """Copy a stream to offset start.. of the writer, stopping the moment it passes `limit`.
+
+        Reading (which is where decompression happens) and writing run in two threads with a few
+        chunks between them: both release the GIL, so a gzip import decompresses while it writes.
+        A `pushed` stream (an upload body, read by a thread of its own) is written as it is read, and
+        each chunk is handed back to the origin once written (`Origin.give_back`): this is where the
+        pipeline lets go of it, and the upload server then refills its buffer."""
+        pos = start
+        meter = self.origin.meter
+        behind = WriteBehind(writer, depth=0) if pushed else WriteBehind(writer)
+        try:
+            while True:
+                if self.stop.is_set():
+                    raise Terminated()
+                chunk: Chunk = stream.read(CHUNK)
+                if not chunk:
+                    break
+                if pos + len(chunk) > limit:
+                    raise ImporterError(
+                        Reason.IMAGE_TOO_LARGE,
+                        f"the decompressed image is larger than the usable space of {where} "
+                        f"({limit} bytes): stopped after {pos + len(chunk)} bytes",
+                    )
+                behind.write(pos, as_bytes(chunk))
+                pos += len(chunk)
+                if pushed:  # written in this thread (depth 0): nothing refers to the chunk any more
+                    self.origin.give_back(chunk)
+                    del chunk
+                self.progress.update(meter.total)
+        except BaseException:
+            behind.close(quiet=True)
+            raise
+        behind.close()
+        return pos
+
+    # -- converting routes ----------------------------------------------------------------------------
+    def convert(self, source: str, info: ImageInfo, size: int, extra_error: object = None) -> None:
+        """qemu-img converts `source` onto the target (the scratch and nbdkit routes)."""
+        from .. import qemu
+
+        fd = self.target.open(True, size)
+        os.close(fd)
+        self.progress.begin(CONVERT, size)
+        is_file = self.target.kind == FILESYSTEM
+        qemu.convert(
+            source,
+            info.qemu_format,
+            self.target.path,
+            target_is_zero=is_file,
+            write_zeros=not is_file and self.options.preallocation,
+            on_progress=self.progress.advance_fraction,
+            stop=self.stop,
+            extra_error=extra_error if callable(extra_error) else None,
+        )
