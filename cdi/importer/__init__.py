@@ -10,9 +10,10 @@ A source (`source_http`, `source_s3`, `source_registry`) opens the object and ha
 an `Origin`: its first MiB, its size, a range reader when the server serves ranges, and a
 sequential stream. The pipeline (`pipeline.py`) recognises the format from those first bytes
 (`formats.py`, `compression.py`), refuses unsafe or oversized images before writing anything,
-and picks a route: parallel range reads written in place (raw), a native range-reading qcow2
-converter (`qcow2.py`) and its kin for vmdk grain tables (`vmdk.py`) and vdi/vhd/vhdx block maps
-(`vdi.py`, `vhd.py`, `vhdx.py`, `blockmap.py`), decompression while downloading (gz/xz/zst raw),
+and picks a route (each a module of `routes/`, sharing `routes/context.py`): parallel range
+reads written in place (raw), a native range-reading qcow2 converter (`qcow2.py`) and its kin
+for vmdk grain tables (`vmdk.py`) and vdi/vhd/vhdx block maps (`vdi.py`, `vhd.py`, `vhdx.py`,
+`blockmap.py`), decompression while downloading (gz/xz/zst raw),
 qemu-img reading through nbdkit (the images those readers leave alone), or, only where no
 streaming path exists, a scratch copy converted by qemu-img (`qemu.py`). Writes are sparse with a
 bounded page cache (`sparse_writer.py`); range routes keep a resume checkpoint next to the image
