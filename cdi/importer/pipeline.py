@@ -34,8 +34,8 @@ archive            content type archive: tar extracted onto the volume          
 =================  ===========================================================  =========  =======
 
 Each route is a module of `routes/` (named after what it holds), a function of the
-`routes.context.ImportContext` the routes share; `_kubevirt` below picks one, in the order of the
-table.
+`routes.context.ImportContext` the routes share (writer, progress plan, checkpoints, span fetching,
+target checks); `_kubevirt` below picks one for a disk image (`_compressed` for a compressed one).
 
 When a route needs scratch and none is mounted, the import stops with `ScratchSpaceRequired`
 after reading only the first MiBs. Checksums are verified over the bytes as the source delivered
