@@ -90,7 +90,8 @@ CONTROLLER_CLUSTER_RULES = [
     _rule([""], ["configmaps"], ("get", "list", "watch", "create")),
     _rule([""], ["persistentvolumes", "nodes"], READ),
     _rule([""], ["persistentvolumes"], ("update", "patch")),  # a volume handed over: smart clones, populators
-    _rule([""], ["events"], ("create", "patch", "update")),
+    # list: a populator copies its prime claim's events onto the user's claim (CDI grants get/list/watch too)
+    _rule([""], ["events"], ("create", "patch", "update", "get", "list", "watch")),
     _rule(["storage.k8s.io"], ["storageclasses", "csidrivers"], READ),
     _rule([groups.SNAPSHOT_GROUP], ["volumesnapshotclasses", "volumesnapshotcontents"], READ),
     _rule([groups.SNAPSHOT_GROUP], ["volumesnapshots"], ALL),  # DataImportCron snapshot sources

@@ -210,6 +210,9 @@ def test_snapshot_and_csi_clone_keep_bytes_and_leave_nothing_behind(shared_kubec
     reasons = [r for r, _ in events_of(k, ns, "csi")]
     for reason in ("CSICloneInProgress", "PrepClaimInProgress", "CloneSucceeded"):
         assert reason in reasons, reasons
+    # the temporary claim's events are repeated on the target (CDI's CopyEvents)
+    assert [m for r, m in events_of(k, ns, "csi") if r == "ProvisioningSucceeded" and m.startswith(
+        f"[tmp-pvc-{target['metadata']['uid']}] : Successfully provisioned volume")], events_of(k, ns, "csi")
 
     # a DataSource's source, and a snapshot source
     k.apply(data_source("golden-das", {"pvc": {"namespace": ns, "name": "golden"}}), "-n", ns)

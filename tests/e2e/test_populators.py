@@ -122,6 +122,10 @@ def test_a_failed_import_leaves_the_claim_pending_and_no_prime_once_deleted(
     assert pvc["status"]["phase"] == "Pending"
     assert pvc["metadata"]["annotations"]["cdi.kubevirt.io/storage.import.fatalError"] == "true"
     assert primes(k, ns) == [f"prime-{pvc['metadata']['uid']}"]
+    # the importer's own words, recorded on the prime, are repeated on the claim the user looks at (CopyEvents)
+    prefix = f"[prime-{pvc['metadata']['uid']}] : "
+    wait_for(lambda: [m for r, m in events_of(k, ns, "target") if r == "ImportFailed" and m.startswith(prefix)
+                      and "no-such-file.img" in m], 60, 0.2, message="the prime's ImportFailed copied")
     k("delete", "pvc", "target", "-n", ns, "--wait=false")
     wait_for(lambda: not primes(k, ns) and not get(k, "pvc", "target", ns), 60, 0.2,
              message="the claim and its prime deleted")

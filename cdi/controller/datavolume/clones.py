@@ -48,6 +48,7 @@ from cdi.controller.claims import cluster_storage
 from cdi.controller.clone import planner, sizedetection
 from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
+from cdi.controller.copyevents import copy_events
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
 from cdi.controller.datavolume.progress import format_progress, scrape
 from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
@@ -378,6 +379,8 @@ class CloneReconciler(Reconciler):
             return await self._finish(target, source_ns)
         temp_name = temp_claim_name(target)
         temp = await self._get(groups.PVCS, temp_name, source_ns)
+        if temp is not None:  # what happens to the temporary claim shows on the target (CDI's CopyEvents)
+            await copy_events(self.ctx, temp, target)
         if strategy == planner.COPY:
             return await self._host_clone(target, temp, source_ns, source_name)
         if temp is None:

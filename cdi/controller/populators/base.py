@@ -15,6 +15,7 @@ from cdi.api import groups
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import dig
 from cdi.controller.claims import annotate, owner_reference
+from cdi.controller.copyevents import copy_events
 from cdi.controller.runtime import Context, Reconciler
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 
@@ -226,6 +227,7 @@ class PopulatorReconciler(Reconciler):
             changes[PVC_PRIME_NAME] = str(dig(prime, "metadata", "name"))
         changes.update(extra or {})
         await annotate(self.ctx, pvc, changes)
+        await copy_events(self.ctx, prime, pvc)
 
     async def hand_over(self, pvc: Body, prime: Body) -> None:
         """The prime is filled: the user's claim gets the prime's CDI labels, then its volume."""
