@@ -190,6 +190,13 @@ class ClaimView(ObjectView):
         ref = self.spec.get("dataSourceRef") or self.spec.get("dataSource")
         return ref if isinstance(ref, Mapping) else {}
 
+    @property
+    def populator_ref(self) -> Body:
+        """`spec.dataSourceRef` alone ({} when unset): the populator that fills it (CDI's
+        IsPVCDataSourceRefKind and CheckPVCUsingPopulators read only this field, not `spec.dataSource`)."""
+        ref = self.spec.get("dataSourceRef")
+        return ref if isinstance(ref, Mapping) else {}
+
 
 class PersistentVolumeView(ObjectView):
     """A PersistentVolume: the claim it is bound to."""
