@@ -44,11 +44,11 @@ class ObjectView:
 
     @property
     def name(self) -> str:
-        return str(self.metadata.get("name", ""))
+        return str(self.metadata.get("name") or "")
 
     @property
     def namespace(self) -> str:
-        return str(self.metadata.get("namespace", ""))
+        return str(self.metadata.get("namespace") or "")
 
     @property
     def key(self) -> str:
@@ -56,11 +56,11 @@ class ObjectView:
 
     @property
     def uid(self) -> str:
-        return str(self.metadata.get("uid", ""))
+        return str(self.metadata.get("uid") or "")
 
     @property
     def resource_version(self) -> str:
-        return str(self.metadata.get("resourceVersion", ""))
+        return str(self.metadata.get("resourceVersion") or "")
 
     @property
     def generation(self) -> int:

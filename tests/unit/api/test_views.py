@@ -145,3 +145,9 @@ def test_claim_view_populator_ref_reads_only_the_ref() -> None:
     assert ClaimView({"spec": {"dataSource": {"name": "b"}}}).populator_ref == {}
     assert ClaimView({"spec": {"dataSourceRef": None}}).populator_ref == {}
     assert ClaimView({}).populator_ref == {}
+
+
+def test_object_view_null_metadata_reads_empty() -> None:
+    """An explicit null (a review object, a patch body) reads as unset, not as the string "None"."""
+    view = ObjectView({"metadata": {"name": None, "namespace": None, "uid": None, "resourceVersion": None}})
+    assert (view.name, view.namespace, view.uid, view.resource_version, view.key) == ("", "", "", "", "")
