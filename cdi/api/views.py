@@ -44,11 +44,11 @@ class ObjectView:
 
     @property
     def name(self) -> str:
-        return str(self.metadata.get("name", ""))
+        return str(self.metadata.get("name") or "")
 
     @property
     def namespace(self) -> str:
-        return str(self.metadata.get("namespace", ""))
+        return str(self.metadata.get("namespace") or "")
 
     @property
     def key(self) -> str:
@@ -56,11 +56,11 @@ class ObjectView:
 
     @property
     def uid(self) -> str:
-        return str(self.metadata.get("uid", ""))
+        return str(self.metadata.get("uid") or "")
 
     @property
     def resource_version(self) -> str:
-        return str(self.metadata.get("resourceVersion", ""))
+        return str(self.metadata.get("resourceVersion") or "")
 
     @property
     def generation(self) -> int:
@@ -188,6 +188,13 @@ class ClaimView(ObjectView):
     def data_source_ref(self) -> Body:
         """What populates it: `spec.dataSourceRef`, else `spec.dataSource` ({} when neither is set)."""
         ref = self.spec.get("dataSourceRef") or self.spec.get("dataSource")
+        return ref if isinstance(ref, Mapping) else {}
+
+    @property
+    def populator_ref(self) -> Body:
+        """`spec.dataSourceRef` alone ({} when unset): the populator that fills it (CDI's
+        IsPVCDataSourceRefKind and CheckPVCUsingPopulators read only this field, not `spec.dataSource`)."""
+        ref = self.spec.get("dataSourceRef")
         return ref if isinstance(ref, Mapping) else {}
 
 

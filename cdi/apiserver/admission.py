@@ -13,7 +13,7 @@ from aiohttp import web
 from cdi.api import featuregates, groups
 from cdi.api.cronvalidation import already_managed, validate_dataimportcron
 from cdi.api.validation import Cause, rejection_message, validate_datavolume
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, DataVolumeView, dig
 from cdi.kube import KubeClient, NotFound
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Admission:
 
     async def _claim_conflict(self, dv: Mapping[str, Any], namespace: str) -> list[Cause]:
         """A PVC of the DataVolume's name that is not a DataVolume's would be taken over silently."""
-        name = str(dig(dv, "metadata", "name") or "")
+        name = DataVolumeView(dv).name
         try:
             pvc = await self.client.get(groups.PVCS, name, namespace)
         except NotFound:
@@ -110,7 +110,7 @@ class Admission:
         if not featuregates.claim_requires_work(
                 pvc, dv, featuregates.enabled(config, featuregates.DATA_VOLUME_CLAIM_ADOPTION)):
             return []  # populated for it, or adoptable (annotation, else the DataVolumeClaimAdoption gate)
-        owner = next((r for r in dig(pvc, "metadata", "ownerReferences") or [] if r.get("controller")), None)
+        owner = ClaimView(pvc).controller_ref()
         if owner is not None and owner.get("kind") == "DataVolume":
             return []
         return [Cause("DataVolume.Name", f"Destination PVC {namespace}/{name} already exists", "FieldValueDuplicate")]

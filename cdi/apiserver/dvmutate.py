@@ -24,7 +24,7 @@ from aiohttp import web
 
 from cdi.api import groups
 from cdi.api.validation import Cause
-from cdi.api.views import dig
+from cdi.api.views import DataSourceView, DataVolumeView, dig
 from cdi.apiserver.admission import review_response
 from cdi.common import uploadtoken
 from cdi.kube import KubeClient, NotFound
@@ -57,15 +57,16 @@ class DataVolumeMutation:
         request = review.get("request") or {}
         operation = request.get("operation")
         dv: Obj = request.get("object") or {}
-        if operation not in ("CREATE", "UPDATE") or dig(dv, "metadata", "deletionTimestamp"):
+        view = DataVolumeView(dv)
+        if operation not in ("CREATE", "UPDATE") or view.deleting:
             return review_response(review)
-        target_ns = str(dig(dv, "metadata", "namespace") or request.get("namespace") or "")
-        target_name = str(dig(dv, "metadata", "name") or request.get("name") or "")
+        target_ns = str(view.namespace or request.get("namespace") or "")
+        target_name = str(view.name or request.get("name") or "")
         found = await clone_source(self.client, dv, target_ns)
         if found is None:
             return review_response(review)
         kind, source_ns, source_name = found
-        annotations: Mapping[str, str] = dig(dv, "metadata", "annotations") or {}
+        annotations = view.annotations
         no_token_okay = PRE_POPULATED in annotations or CHECK_STATIC_VOLUME in annotations
         user: Mapping[str, Any] = request.get("userInfo") or {}
         if source_ns != target_ns and not await self._may_clone(kind, source_ns, source_name, user):
@@ -113,10 +114,10 @@ async def clone_source(client: KubeClient, dv: Mapping[str, Any], namespace: str
     """(kind, namespace, name) of what a clone DataVolume reads, its DataSource followed; None when it
     does not clone (or its DataSource does not exist yet)."""
     for kind in ("pvc", "snapshot"):
-        source = dig(dv, "spec", "source", kind)
+        source = DataVolumeView(dv).source.get(kind)
         if source is not None:
             return kind, str(source.get("namespace") or namespace), str(source.get("name") or "")
-    ref = dig(dv, "spec", "sourceRef")
+    ref = DataVolumeView(dv).source_ref
     if ref is None or ref.get("kind") != "DataSource":
         return None
     ds_namespace = str(ref.get("namespace") or namespace)
@@ -124,7 +125,7 @@ async def clone_source(client: KubeClient, dv: Mapping[str, Any], namespace: str
         data_source = await client.get(groups.DATASOURCES, str(ref.get("name")), ds_namespace)
     except NotFound:
         return None
-    source_spec = dig(data_source, "spec", "source") or {}
+    source_spec = DataSourceView(data_source).source
     if source_spec.get("dataSource") is not None:
         source_spec = dig(data_source, "status", "source") or {}
     for kind in ("pvc", "snapshot"):

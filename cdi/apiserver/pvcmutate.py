@@ -22,7 +22,7 @@ from aiohttp import web
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.rendering import ClusterStorage, RenderError, render_pvc_spec
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, StorageProfileView
 from cdi.kube import KubeClient, NotFound
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class PvcMutation:
     async def cluster_storage(self) -> ClusterStorage:
         classes = (await self.client.list_all(groups.STORAGECLASSES)).items
         profiles = (await self.client.list_all(groups.STORAGEPROFILES)).items
-        by_class = {str(dig(p, "metadata", "name")): p for p in profiles}
+        by_class = {StorageProfileView(p).name: p for p in profiles}
         try:
             config = await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
         except NotFound:
@@ -68,9 +68,9 @@ class PvcMutation:
         if {k: resource.get(k, "") for k in _PVC_RESOURCE} != _PVC_RESOURCE:
             return _refused(review, f"resource is {resource}, but request is: {_PVC_RESOURCE}")
         pvc: Obj = request.get("object") or {}
-        if (dig(pvc, "metadata", "labels") or {}).get(ann.LABEL_APPLY_STORAGE_PROFILE) != "true":
+        if ClaimView(pvc).labels.get(ann.LABEL_APPLY_STORAGE_PROFILE) != "true":
             log.warning("got PVC %s/%s which was not labeled for rendering", request.get("namespace"),
-                        dig(pvc, "metadata", "name"))
+                        ClaimView(pvc).name)
             return _response(review, allowed=True)
         try:
             spec = render_pvc_spec(pvc, await self.cluster_storage())

@@ -13,7 +13,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.upload import FORMAT_ANNOTATION
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, ObjectView, PersistentVolumeView
 from cdi.controller.claims import annotate, owner_reference
 from cdi.controller.copyevents import copy_events
 from cdi.controller.runtime import Context, Reconciler
@@ -45,12 +45,11 @@ MIRRORED_ANNOTATIONS = (
 
 def prime_name(pvc: Body) -> str:
     """`prime-<uid of the user's claim>` (CDI's PVCPrimeName)."""
-    return f"{PRIME_PREFIX}-{dig(pvc, 'metadata', 'uid')}"
+    return f"{PRIME_PREFIX}-{ClaimView(pvc).uid}"
 
 
 def data_source_ref(pvc: Body) -> Body:
-    ref: Body = dig(pvc, "spec", "dataSourceRef") or {}
-    return ref
+    return ClaimView(pvc).populator_ref
 
 
 def refers_to(pvc: Body, kind: str) -> bool:
@@ -60,44 +59,44 @@ def refers_to(pvc: Body, kind: str) -> bool:
 
 
 def source_namespace(pvc: Body) -> str:
-    annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-    return str(annotations.get(DATA_SOURCE_NAMESPACE) or data_source_ref(pvc).get("namespace")
-               or dig(pvc, "metadata", "namespace"))
+    view = ClaimView(pvc)
+    return str(view.annotations.get(DATA_SOURCE_NAMESPACE) or view.populator_ref.get("namespace") or view.namespace)
 
 
 def owning_claim(pvc: Body) -> str | None:
     """The user's claim a prime claim serves (its controller owner), as `namespace/name`."""
-    for ref in dig(pvc, "metadata", "ownerReferences") or []:
+    view = ClaimView(pvc)
+    for ref in view.owner_references:
         if ref.get("kind") == "PersistentVolumeClaim" and ref.get("controller"):
-            return f"{dig(pvc, 'metadata', 'namespace')}/{ref['name']}"
+            return f"{view.namespace}/{ref['name']}"
     return None
 
 
 def is_complete(pvc: Body) -> bool:
-    return (dig(pvc, "metadata", "annotations") or {}).get(ann.POD_PHASE) == "Succeeded"
+    return ClaimView(pvc).annotations.get(ann.POD_PHASE) == "Succeeded"
 
 
 def is_bound(pvc: Body) -> bool:
-    return bool(dig(pvc, "status", "phase") == "Bound")
+    return ClaimView(pvc).bound
 
 
 async def rebind(ctx: Context, source: Body, target: Body) -> None:
     """Hand `source`'s volume to `target`: the PV's claimRef moves (CDI's Rebind). Nothing to do when it
     already names the target; an error when it names neither."""
-    pv_name = str(dig(source, "spec", "volumeName") or "")
+    old, new = ClaimView(source), ClaimView(target)
+    pv_name = old.volume_name
     if not pv_name:
-        raise RuntimeError(f"PVC {dig(source, 'metadata', 'name')} has no volume to hand over")
+        raise RuntimeError(f"PVC {old.name} has no volume to hand over")
     pv = await ctx.client.get(groups.PVS, pv_name)
-    ref = dig(pv, "spec", "claimRef") or {}
-    if ref.get("uid") == dig(target, "metadata", "uid"):
+    ref = PersistentVolumeView(pv).claim_ref
+    if ref.get("uid") == new.uid:
         return
-    if ref.get("uid") != dig(source, "metadata", "uid"):
+    if ref.get("uid") != old.uid:
         raise RuntimeError(f"PV {pv_name} bound to unexpected claim {ref.get('name')}")
     # an update carrying the PV's resourceVersion (CDI's controller may update PVs, not patch them)
     pv["spec"]["claimRef"] = {
         "kind": "PersistentVolumeClaim", "apiVersion": "v1",
-        "namespace": dig(target, "metadata", "namespace"), "name": dig(target, "metadata", "name"),
-        "uid": dig(target, "metadata", "uid"), "resourceVersion": dig(target, "metadata", "resourceVersion")}
+        "namespace": new.namespace, "name": new.name, "uid": new.uid, "resourceVersion": new.resource_version}
     await ctx.client.replace(groups.PVS, pv)
 
 
@@ -125,28 +124,28 @@ class PopulatorReconciler(Reconciler):
 
     def keys_for_claim(self, pvc: Body) -> Iterable[str]:
         """A claim event: the claim itself if it names our kind; its owner if it is our prime."""
+        view = ClaimView(pvc)
         if refers_to(pvc, self.source_kind):
-            yield f"{dig(pvc, 'metadata', 'namespace')}/{dig(pvc, 'metadata', 'name')}"
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        if annotations.get(ann.POPULATOR_KIND) == self.source_kind:
+            yield view.key
+        if view.annotations.get(ann.POPULATOR_KIND) == self.source_kind:
             owner = owning_claim(pvc)
             if owner:
                 yield owner
 
     def keys_for_source(self, source: Body) -> Iterable[str]:
         """A source event: every claim naming it (CDI's mapSourceToPVCs)."""
-        namespace, name = dig(source, "metadata", "namespace"), dig(source, "metadata", "name")
+        namespace, name = ObjectView(source).namespace, ObjectView(source).name
         for pvc in self.ctx.cached_list(groups.PVCS):
             if refers_to(pvc, self.source_kind) and data_source_ref(pvc).get("name") == name and \
                     source_namespace(pvc) == namespace:
-                yield f"{dig(pvc, 'metadata', 'namespace')}/{dig(pvc, 'metadata', 'name')}"
+                yield ClaimView(pvc).key
 
     # -- the shared flow ------------------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         pvc = self.ctx.cached(groups.PVCS, name, namespace)
-        if pvc is None or dig(pvc, "metadata", "deletionTimestamp") or not refers_to(pvc, self.source_kind):
+        if pvc is None or ClaimView(pvc).deleting or not refers_to(pvc, self.source_kind):
             return None
         prime = self.ctx.cached(groups.PVCS, prime_name(pvc), namespace)
         if prime is None:
@@ -159,7 +158,8 @@ class PopulatorReconciler(Reconciler):
     async def _create_prime(self, pvc: Body) -> float | None:
         if data_source_ref(pvc).get("namespace"):
             return None  # cross-namespace population is not supported (as CDI)
-        if dig(pvc, "status", "phase") not in (None, "", "Pending"):
+        view = ClaimView(pvc)
+        if view.phase not in ("", "Pending"):
             return None
         source = self.population_source(pvc)
         if source is None:
@@ -168,7 +168,7 @@ class PopulatorReconciler(Reconciler):
         if not ready:
             return None
         annotations: dict[str, str] = {ann.BIND_IMMEDIATE: ""}
-        claim_annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        claim_annotations = view.annotations
         if node:
             annotations[ann.SELECTED_NODE] = node
         if ann.RETAIN_AFTER_COMPLETION in claim_annotations:
@@ -178,9 +178,9 @@ class PopulatorReconciler(Reconciler):
             if claim_annotations.get(key):
                 annotations[key] = claim_annotations[key]
         annotations.update(self.prime_annotations(pvc, source))
-        spec: Obj = {k: dig(pvc, "spec", k) for k in ("accessModes", "resources", "storageClassName", "volumeMode")
-                     if dig(pvc, "spec", k) is not None}
-        namespace = str(dig(pvc, "metadata", "namespace"))
+        spec: Obj = {k: view.spec[k] for k in ("accessModes", "resources", "storageClassName", "volumeMode")
+                     if view.spec.get(k) is not None}
+        namespace = view.namespace
         prime: Obj = {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": prime_name(pvc), "namespace": namespace,
@@ -201,13 +201,13 @@ class PopulatorReconciler(Reconciler):
     def _ready_for_population(self, pvc: Body) -> tuple[bool, str]:
         """CDI's claimReadyForPopulation: a CSI (not in-tree) class, and on WaitForFirstConsumer a node
         chosen by the scheduler for a consumer, unless immediate binding is asked for."""
-        class_name = dig(pvc, "spec", "storageClassName")
-        if not class_name:
+        view = ClaimView(pvc)
+        if not view.storage_class:
             return False, ""
-        storage_class = self.ctx.cached(groups.STORAGECLASSES, str(class_name))
+        storage_class = self.ctx.cached(groups.STORAGECLASSES, view.storage_class)
         if storage_class is None:
             return False, ""
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        annotations = view.annotations
         if str(storage_class.get("provisioner", "")).startswith("kubernetes.io/") and not annotations.get(MIGRATED_TO):
             return False, ""
         if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer":
@@ -220,35 +220,32 @@ class PopulatorReconciler(Reconciler):
     async def mirror(self, pvc: Body, prime: Body, extra: Mapping[str, str | None] | None = None) -> None:
         """Copy the worker's annotations from the prime onto the user's claim (present or removed),
         with the prime's name (CDI's AnnPVCPrimeName) and what the kind adds."""
-        theirs: Mapping[str, str] = dig(prime, "metadata", "annotations") or {}
-        mine: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        theirs, mine = ClaimView(prime).annotations, ClaimView(pvc).annotations
         changes: dict[str, str | None] = {k: theirs.get(k) for k in MIRRORED_ANNOTATIONS if k in theirs or k in mine}
         if PVC_PRIME_NAME not in mine:
-            changes[PVC_PRIME_NAME] = str(dig(prime, "metadata", "name"))
+            changes[PVC_PRIME_NAME] = ClaimView(prime).name
         changes.update(extra or {})
         await annotate(self.ctx, pvc, changes)
         await copy_events(self.ctx, prime, pvc)
 
     async def hand_over(self, pvc: Body, prime: Body) -> None:
         """The prime is filled: the user's claim gets the prime's CDI labels, then its volume."""
-        labels = {k: v for k, v in (dig(prime, "metadata", "labels") or {}).items()
-                  if k not in (dig(pvc, "metadata", "labels") or {}) and "kubevirt.io" in k}
+        view = ClaimView(pvc)
+        labels = {k: v for k, v in ClaimView(prime).labels.items() if k not in view.labels and "kubevirt.io" in k}
         if labels:
-            await self.ctx.client.patch(groups.PVCS, str(dig(pvc, "metadata", "name")),
-                                        {"metadata": {"labels": labels}}, str(dig(pvc, "metadata", "namespace")))
-        fresh = await self.ctx.client.get(groups.PVCS, str(dig(pvc, "metadata", "name")),
-                                          str(dig(pvc, "metadata", "namespace")))
+            await self.ctx.client.patch(groups.PVCS, view.name, {"metadata": {"labels": labels}}, view.namespace)
+        fresh = await self.ctx.client.get(groups.PVCS, view.name, view.namespace)
         await rebind(self.ctx, prime, fresh)
 
     async def _cleanup(self, prime: Body) -> None:
         """The prime, Lost once its volume moved, goes (or stays, with an event, when asked to)."""
-        if dig(prime, "status", "phase") != "Lost":
+        view = ClaimView(prime)
+        if view.phase != "Lost":
             return
-        if (dig(prime, "metadata", "annotations") or {}).get(ann.RETAIN_AFTER_COMPLETION) == "true":
+        if view.annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true":
             self.ctx.recorder.record(prime, WARNING, RETAINED_PVC_PRIME, MESSAGE_RETAINED_PVC_PRIME)
             return
         try:
-            await self.ctx.client.delete(groups.PVCS, str(dig(prime, "metadata", "name")),
-                                         str(dig(prime, "metadata", "namespace")))
+            await self.ctx.client.delete(groups.PVCS, view.name, view.namespace)
         except NotFound:
             pass

@@ -8,11 +8,9 @@ Claims created by a clone DataVolume are the clone reconciler's own and are left
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, ObjectView, SnapshotView
 from cdi.controller.claims import annotate
 from cdi.controller.clone import planner
 from cdi.controller.datavolume import clones
@@ -36,11 +34,11 @@ class ClonePopulator(PopulatorReconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         pvc = self.ctx.cached(groups.PVCS, name, namespace)
-        if pvc is None or dig(pvc, "metadata", "deletionTimestamp") or not self.refers_to_us(pvc):
+        if pvc is None or ClaimView(pvc).deleting or not self.refers_to_us(pvc):
             return None
-        if any(r.get("kind") == "DataVolume" for r in dig(pvc, "metadata", "ownerReferences") or []):
+        if any(r.get("kind") == "DataVolume" for r in ClaimView(pvc).owner_references):
             return None  # a clone DataVolume's target: the clone reconciler drives it
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        annotations = ClaimView(pvc).annotations
         if clones.CLONE_SOURCE_ANNOTATION not in annotations:
             return await self._plan(pvc)
         if annotations.get(ann.CLONE_PHASE) in (clones.SUCCEEDED, clones.ERROR):
@@ -49,18 +47,18 @@ class ClonePopulator(PopulatorReconciler):
         return clones.POLL
 
     def refers_to_us(self, pvc: Body) -> bool:
-        ref: Body = dig(pvc, "spec", "dataSourceRef") or {}
+        ref = ClaimView(pvc).populator_ref
         return ref.get("apiGroup") == groups.CDI_GROUP and ref.get("kind") == VOLUME_CLONE_SOURCE and \
             bool(ref.get("name"))
 
     async def _plan(self, pvc: Body) -> float | None:
         """Pick the strategy (CDI's planner) and record it with the source on the claim."""
-        if dig(pvc, "status", "phase") not in (None, "", "Pending"):
+        if ClaimView(pvc).phase not in ("", "Pending"):
             return None
         source = self.population_source(pvc)
         if source is None:
             return None
-        ref: Body = dig(source, "spec", "source") or {}
+        ref: Body = ObjectView(source).spec.get("source") or {}
         namespace = source_namespace(pvc)
         kind = "snapshot" if ref.get("kind") == "VolumeSnapshot" else "pvc"
         source_name = str(ref.get("name") or "")
@@ -71,13 +69,13 @@ class ClonePopulator(PopulatorReconciler):
                 source_obj = self.ctx.cached(groups.PVCS, source_name, namespace)
                 if source_obj is None:
                     return SOURCE_MISSING_POLL
-                plan = planner.plan_from_pvc(source_obj, spec, dig(pvc, "metadata", "annotations") or {}, cluster)
+                plan = planner.plan_from_pvc(source_obj, spec, ClaimView(pvc).annotations, cluster)
             else:
                 source_obj = self.ctx.cached(groups.VOLUMESNAPSHOTS, source_name, namespace)
                 if source_obj is None:
                     return SOURCE_MISSING_POLL
-                content_name = dig(source_obj, "status", "boundVolumeSnapshotContentName")
-                content = self.ctx.cached(groups.VOLUMESNAPSHOTCONTENTS, str(content_name)) if content_name else None
+                content_name = SnapshotView(source_obj).content_name
+                content = self.ctx.cached(groups.VOLUMESNAPSHOTCONTENTS, content_name) if content_name else None
                 plan = planner.plan_from_snapshot(source_obj, content, spec, cluster)
         except planner.CloneValidationError as exc:
             self.ctx.recorder.record(pvc, WARNING, planner.CLONE_VALIDATION_FAILED,

@@ -13,7 +13,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.views import DataVolumeView, dig
+from cdi.api.views import ClaimView, DataVolumeView, ObjectView
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
@@ -37,7 +37,7 @@ def csi_driver_exists(ctx: Context, storage_class_name: str | None) -> bool:
         storage_class = ctx.cached(groups.STORAGECLASSES, storage_class_name)
     else:
         storage_class = next((c for c in ctx.cached_list(groups.STORAGECLASSES)
-                              if (dig(c, "metadata", "annotations") or {}).get(ann.DEFAULT_STORAGE_CLASS) == "true"),
+                              if ObjectView(c).annotations.get(ann.DEFAULT_STORAGE_CLASS) == "true"),
                              None)
     if storage_class is None:
         return False
@@ -55,15 +55,16 @@ def uses_populator(ctx: Context, dv: Body, claim_spec: Body) -> bool:
 
 def claim_uses_populator(pvc: Body) -> bool:
     """CDI's CheckPVCUsingPopulators: a dataSourceRef and the usePopulator annotation true."""
-    return bool(dig(pvc, "spec", "dataSourceRef")) and \
-        parse_bool(str((dig(pvc, "metadata", "annotations") or {}).get(ann.USE_POPULATOR, ""))) is True
+    view = ClaimView(pvc)
+    return bool(view.populator_ref) and parse_bool(str(view.annotations.get(ann.USE_POPULATOR, ""))) is True
 
 
 def pending_population(ctx: Context, pvc: Body) -> bool:
     """CDI's shouldBeMarkedPendingPopulation: a WaitForFirstConsumer class, no node chosen yet, and no
     immediate binding asked for."""
-    storage_class = ctx.cached(groups.STORAGECLASSES, str(dig(pvc, "spec", "storageClassName") or ""))
-    annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+    view = ClaimView(pvc)
+    storage_class = ctx.cached(groups.STORAGECLASSES, view.storage_class)
+    annotations = view.annotations
     return (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer" and \
         not annotations.get(ann.SELECTED_NODE) and ann.BIND_IMMEDIATE not in annotations
 

@@ -5,7 +5,6 @@ importer pod on it; the user's claim shows the pod's annotations and the import'
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -14,7 +13,7 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, ObjectView, PodView
 from cdi.controller.claims import config_status
 from cdi.controller.datavolume.progress import format_progress, scrape
 from cdi.controller.populators.base import Body, PopulatorReconciler, is_bound, is_complete
@@ -43,8 +42,8 @@ class ImportPopulator(PopulatorReconciler):
 
     def population_source(self, pvc: Body) -> Body | None:
         source = super().population_source(pvc)
-        target = dig(source, "spec", "targetClaim") if source else None
-        if target and target != dig(pvc, "metadata", "name"):
+        target = ObjectView(source).spec.get("targetClaim") if source else None
+        if target and target != ClaimView(pvc).name:
             return None  # meant for another claim
         return source
 
@@ -63,9 +62,9 @@ class ImportPopulator(PopulatorReconciler):
         return out
 
     async def reconcile_target(self, pvc: Body, prime: Body) -> float | None:
-        theirs: Mapping[str, str] = dig(prime, "metadata", "annotations") or {}
+        theirs = ClaimView(prime).annotations
         phase = theirs.get(ann.POD_PHASE, "")
-        name = str(dig(pvc, "metadata", "name"))
+        name = ClaimView(pvc).name
         progress = await self._progress(pvc, prime, phase)
         extra = {ann.POPULATOR_PROGRESS: progress} if progress else {}
         await self.mirror(pvc, prime, extra)
@@ -89,21 +88,21 @@ class ImportPopulator(PopulatorReconciler):
         prime is bound and no pod reports."""
         if phase == "Succeeded":
             return PROGRESS_COMPLETE
-        mine: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        pod_name = (dig(prime, "metadata", "annotations") or {}).get(ann.IMPORT_POD_NAME)
+        mine = ClaimView(pvc).annotations
+        pod_name = ClaimView(prime).annotations.get(ann.IMPORT_POD_NAME)
         if not pod_name:
             return None
-        pod = self.ctx.cached(groups.PODS, pod_name, str(dig(prime, "metadata", "namespace")))
+        pod = self.ctx.cached(groups.PODS, pod_name, ClaimView(prime).namespace)
         if pod is None:
             if ann.POPULATOR_PROGRESS not in mine and is_bound(prime):
                 return PROGRESS_UNKNOWN
             return None
-        pod_ip = dig(pod, "status", "podIP")
-        if dig(pod, "status", "phase") != "Running" or not pod_ip:
+        pod_ip = PodView(pod).pod_ip
+        if PodView(pod).phase != "Running" or not pod_ip:
             return None
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, str(pod_ip), str(dig(pvc, "metadata", "uid")))
+        report = await scrape(self._session, pod_ip, ClaimView(pvc).uid)
         if report is None or report.progress is None or report.progress >= 100:
             return None
         return format_progress(report.progress)

@@ -5,11 +5,9 @@ volume once the upload succeeded."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.views import dig
+from cdi.api.views import ClaimView
 from cdi.controller.claims import config_status
 from cdi.controller.populators.base import Body, PopulatorReconciler, is_bound, is_complete
 from cdi.kube import NORMAL, WARNING
@@ -34,9 +32,9 @@ class UploadPopulator(PopulatorReconciler):
                 ann.PREALLOCATION_REQUESTED: "true" if preallocation else "false"}
 
     async def reconcile_target(self, pvc: Body, prime: Body) -> float | None:
-        theirs: Mapping[str, str] = dig(prime, "metadata", "annotations") or {}
+        theirs = ClaimView(prime).annotations
         phase = theirs.get(ann.POD_PHASE, "")
-        name = str(dig(pvc, "metadata", "name"))
+        name = ClaimView(pvc).name
         if phase == "Failed":
             self.ctx.recorder.record(pvc, WARNING, UPLOAD_FAILED, f"Upload into {name} failed")
         # once uploaded, the claim no longer sends uploads to the prime (CDI's updateUploadAnnotations);

@@ -136,3 +136,18 @@ def test_claim_view_data_source_ref_prefers_the_ref() -> None:
     assert both.data_source_ref["name"] == "a"
     assert ClaimView({"spec": {"dataSource": {"name": "b"}}}).data_source_ref == {"name": "b"}
     assert ClaimView({}).data_source_ref == {}
+
+
+def test_claim_view_populator_ref_reads_only_the_ref() -> None:
+    """Populators serve `spec.dataSourceRef` alone: a claim with only `spec.dataSource` names none."""
+    ref = {"apiGroup": "cdi.kubevirt.io", "kind": "VolumeImportSource", "name": "a"}
+    assert ClaimView({"spec": {"dataSourceRef": ref, "dataSource": {"name": "b"}}}).populator_ref == ref
+    assert ClaimView({"spec": {"dataSource": {"name": "b"}}}).populator_ref == {}
+    assert ClaimView({"spec": {"dataSourceRef": None}}).populator_ref == {}
+    assert ClaimView({}).populator_ref == {}
+
+
+def test_object_view_null_metadata_reads_empty() -> None:
+    """An explicit null (a review object, a patch body) reads as unset, not as the string "None"."""
+    view = ObjectView({"metadata": {"name": None, "namespace": None, "uid": None, "resourceVersion": None}})
+    assert (view.name, view.namespace, view.uid, view.resource_version, view.key) == ("", "", "", "", "")
