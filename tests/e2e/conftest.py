@@ -1,8 +1,14 @@
 """Fixtures of the end-to-end tests: the importer tests' real servers and image set are shared here
-(session-scoped, built once per run)."""
+(session-scoped, built once per run), and the cluster under test (`tests/e2e/target.py`): `cdi up`, or
+the cluster of `CDI_E2E_KUBECONFIG`, where only the `anycluster` scenarios run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.target import TARGET, External, own_cluster
 from tests.integration.importer.conftest import (  # noqa: F401 - re-exported fixtures
     ca,
     ca_dir,
@@ -18,9 +24,24 @@ from tests.integration.importer.conftest import (  # noqa: F401 - re-exported fi
 from tests.support.cluster import CdiUp, Kubectl
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if TARGET.embedded:
+        return
+    skip = pytest.mark.skip(reason=f"needs `cdi up` (not marked anycluster); the target is {TARGET.describe()}")
+    for item in items:
+        if "tests/e2e/" in str(item.path) and item.get_closest_marker("anycluster") is None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def shared_cdi_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp | External]:
+    """One cluster for a whole module (tests use their own namespaces or names)."""
+    yield from own_cluster(tmp_path_factory, "cdi-shared")
+
+
 @pytest.fixture(scope="module")
 def cluster(shared_cdi_up: CdiUp) -> CdiUp:
-    """A module's `cdi up`: the shared one, unless the module starts its own (with its own flags)."""
+    """A module's cluster: the shared one, unless the module starts its own (with its own flags)."""
     return shared_cdi_up
 
 

@@ -7,6 +7,7 @@ import json
 import uuid
 from typing import Any
 
+from tests.e2e.workloads import pod
 from tests.support.cluster import Kubectl, wait_for
 
 
@@ -48,19 +49,10 @@ def wait_phase(kubectl: Kubectl, name: str, wanted: str, timeout: float = 120.0,
 def read_back(kubectl: Kubectl, claim: str, size: int, *, block: bool = False, namespace: str = "default") -> str:
     """sha256 of the first `size` bytes of the claim's disk (file or device), read inside a pod."""
     name = f"reader-{uuid.uuid4().hex[:8]}"
-    path = "/dev/disk" if block else "/data/disk.img"
-    container: dict[str, Any] = {"name": "reader", "image": "reader",
-                                 "command": ["sh", "-c", f"head -c {size} {path} | sha256sum"]}
-    if block:
-        container["volumeDevices"] = [{"name": "disk", "devicePath": path}]
-    else:
-        container["volumeMounts"] = [{"name": "disk", "mountPath": "/data"}]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-           "spec": {"restartPolicy": "Never", "containers": [container],
-                    "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": claim}}]}}
-    kubectl("apply", "-f", "-", input=json.dumps(pod))
+    path = "/dev/cdi-block-volume" if block else "/data/disk.img"
+    kubectl.apply(pod(name, f"head -c {size} {path} | sha256sum", claim, block=block), "-n", namespace)
     wait_for(lambda: kubectl("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}").stdout
-             in ("Succeeded", "Failed"), 60, message=f"reader pod {name}")
+             in ("Succeeded", "Failed"), 120, message=f"reader pod {name}")
     out = kubectl("logs", name, "-n", namespace).stdout
     kubectl("delete", "pod", name, "-n", namespace, "--wait=false")
     return out.split()[0]

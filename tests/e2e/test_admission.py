@@ -36,6 +36,7 @@ source:
 """
 
 
+@pytest.mark.anycluster
 @pytest.mark.parametrize(("name", "spec", "message"), [
     ("no-source", STORAGE, "Data volume should have either Source or SourceRef, or be externally populated"),
     ("two-sources", STORAGE + "source:\n  http:\n    url: http://example.com/a\n  blank: {}\n",

@@ -16,7 +16,18 @@ import jwt
 import pytest
 
 from cdi.api.sizing import required_space
-from tests.e2e.workloads import BLOCK_DESCRIBE, DESCRIBE, SPARSE_WRITE, get, new_namespace, pod, pvc, run_to_completion
+from tests.e2e.target import TARGET
+from tests.e2e.workloads import (
+    BLOCK_DESCRIBE,
+    DESCRIBE,
+    SPARSE_WRITE,
+    get,
+    new_namespace,
+    pod,
+    pvc,
+    run_to_completion,
+    smart_clone_strategy,
+)
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
 MIB = 1024 * 1024
@@ -233,16 +244,32 @@ def test_snapshot_and_csi_clone_keep_bytes_and_leave_nothing_behind(shared_kubec
             if p["status"].get("phase") != "Bound"] == []
 
 
-def test_clone_into_another_namespace_rebinds_the_volume(shared_kubectl: Kubectl) -> None:
+@pytest.mark.anycluster
+@pytest.mark.parametrize("smart", [True, False], ids=["smart", "host-assisted"])
+def test_clone_into_another_namespace_rebinds_the_volume(shared_kubectl: Kubectl, smart: bool) -> None:
+    """On a class with snapshots and CSI clones the planner's smart strategy, on one without a host-assisted
+    copy: either way the bytes arrive in the other namespace and nothing temporary stays."""
     k = shared_kubectl
+    storage_class = TARGET.storage_class if smart else TARGET.copy_class
     src_ns, ns = new_namespace(k, "src"), new_namespace(k, "dst")
-    k.apply(pvc("golden", "64Mi"), "-n", src_ns)
+    k.apply(pvc("golden", "64Mi", storage_class=storage_class), "-n", src_ns)
     run_to_completion(k, src_ns, pod("fill", SPARSE_WRITE, "golden", python=True))
     original = describe(k, src_ns, "golden", "describe-golden")
-    k.apply(clone_dv("copy", {"pvc": {"namespace": src_ns, "name": "golden"}}), "-n", ns)
-    wait_dv_phase(k, ns, "copy", "Succeeded")
+    dv = clone_dv("copy", {"pvc": {"namespace": src_ns, "name": "golden"}}, storage_class=storage_class)
+    if smart:  # the source's size exactly (the pvc API adds no overhead): no expansion, which not every class has
+        dv["spec"]["pvc"] = {**dv["spec"].pop("storage"), "accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "64Mi"}}}
+    k.apply(dv, "-n", ns)
+    dv = wait_dv_phase(k, ns, "copy", "Succeeded")
+    assert dv["status"]["progress"] == "100.0%"
     assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
-    assert leftovers(k, src_ns) == [] and leftovers(k, ns) == []
+    expected = smart_clone_strategy(k, storage_class) if smart else "copy"
+    assert get(k, "pvc", "copy", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == expected
+    reasons = [r for r, _ in events_of(k, ns, "copy")]
+    for reason in ("CloneScheduled", "RebindInProgress", "CloneSucceeded"):
+        assert reason in reasons, reasons
+    wait_for(lambda: leftovers(k, src_ns) == [] and leftovers(k, ns) == [], 60, 0.5,
+             message="no temporary claim or snapshot left")
 
 
 def test_fallback_and_validation_are_explained(shared_cdi_up: CdiUp, shared_kubectl: Kubectl) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from cdi.controller.dataimportcron import dv_name
 from tests.e2e.importing import read_back, wait_phase
+from tests.e2e.target import External, own_cluster
 from tests.e2e.test_clone import clone_dv
 from tests.e2e.test_controller_metrics import metrics, value
 from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
@@ -28,15 +29,12 @@ DISK_SIZE = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
-    up = CdiUp(tmp_path_factory.mktemp("cron") / "cdi", "--retry-backoff", "0.5", "--import-retries", "1")
-    up.start()
-    yield up
-    up.stop()
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp | External]:
+    yield from own_cluster(tmp_path_factory, "cron", "--retry-backoff", "0.5", "--import-retries", "1")
 
 
 @pytest.fixture(scope="module")
-def k(cluster: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+def k(cluster: CdiUp | External, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
     kubectl = Kubectl(cluster.kubeconfig, tmp_path_factory.mktemp("kc"))
     kubectl.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
                    "stringData": {"accessKeyId": USER, "secretKey": PASSWORD}})
@@ -242,6 +240,7 @@ def test_cron_spec_is_immutable_and_a_data_source_has_one_cron(k: Kubectl, golde
 Serve = Callable[[str, bytes], None]
 
 
+@pytest.mark.anycluster
 def test_http_cron_follows_a_changed_object(k: Kubectl, tmp_path: Path, served_dir: Path,
                                             range_server: FileServer) -> None:
     target = served_dir / "cron-golden.img"
@@ -284,6 +283,7 @@ def test_http_cron_follows_a_changed_object(k: Kubectl, tmp_path: Path, served_d
     assert read_back(k, claim2, DISK_SIZE) == second_sha
 
 
+@pytest.mark.anycluster
 def test_http_cron_follows_a_published_checksum_file(k: Kubectl, tmp_path: Path, served_dir: Path,
                                                      range_server: FileServer) -> None:
     """A `<image>.sha256` next to the image names the version by its content: the DataVolume is named after

@@ -22,6 +22,7 @@ import pytest
 
 from cdi.common import uploadtoken
 from tests.e2e.importing import condition, phase, read_back, wait_phase
+from tests.e2e.target import TARGET, External, own_cluster
 from tests.e2e.uploading import curl, image_upload, proxy_url, token, upload_dv, wait_ready
 from tests.integration.upload.conftest import upload_image_set
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
@@ -35,18 +36,14 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp]:
-    directory = tmp_path_factory.mktemp("upload")
-    tokens = directory / "tokens.csv"
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp | External]:
+    tokens = tmp_path_factory.mktemp("tokens") / "tokens.csv"
     tokens.write_text('bob-token,bob,1001,"devs"\n')
-    up = CdiUp(directory / "cdi", "--token-auth-file", str(tokens))
-    up.start()
-    yield up
-    up.stop()
+    yield from own_cluster(tmp_path_factory, "upload", "--token-auth-file", str(tokens))
 
 
 @pytest.fixture(scope="module")
-def k(cluster: CdiUp, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+def k(cluster: CdiUp | External, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
     return Kubectl(cluster.kubeconfig, tmp_path_factory.mktemp("kc"))
 
 
@@ -55,12 +52,15 @@ def pvc_annotations(k: Kubectl, name: str) -> dict[str, str]:
 
 
 # -- cdi image-upload ----------------------------------------------------------------------------------
+@pytest.mark.anycluster
 @pytest.mark.parametrize("fmt", [file_name("raw"), file_name("qcow2"), file_name("qcow2", "gz"), file_name("iso")])
-def test_image_upload_into_filesystem_and_block(cluster: CdiUp, k: Kubectl, images: dict[str, Image],
+def test_image_upload_into_filesystem_and_block(cluster: CdiUp | External, k: Kubectl, images: dict[str, Image],
                                                 fmt: str) -> None:
     image = images[fmt]
     base = fmt.replace(".", "-")
     runs = {"filesystem": f"{base}-fs", "block": f"{base}-blk"}
+    if not TARGET.block:  # the target's runtime gives non-root pods no block devices
+        del runs["block"]
     with ThreadPoolExecutor(2) as pool:
         results = dict(zip(runs, pool.map(
             lambda item: image_upload(cluster, "dv", item[1], "--size", "64Mi", "--volume-mode", item[0],
@@ -80,10 +80,11 @@ def test_image_upload_into_filesystem_and_block(cluster: CdiUp, k: Kubectl, imag
         # raw and qcow2 (compressed or not) stream to the target; the client declared the format
         assert annotations["cdi.kubevirt.io/storage.import.requiresScratch"] == "false"
         wait_for(lambda n=name: not k.exists("pod", f"cdi-upload-{n}") and not k.exists("svc", f"cdi-upload-{n}")
-                 and not k.exists("pvc", f"{n}-scratch"), 30, message="upload pod, service and scratch removed")
+                 and not k.exists("pvc", f"{n}-scratch"), 60, message="upload pod, service and scratch removed")
 
 
-def test_image_upload_into_a_new_pvc(cluster: CdiUp, k: Kubectl, images: dict[str, Image]) -> None:
+@pytest.mark.anycluster
+def test_image_upload_into_a_new_pvc(cluster: CdiUp | External, k: Kubectl, images: dict[str, Image]) -> None:
     image = images[file_name("raw", "xz")]
     result = image_upload(cluster, "pvc", "plain-pvc", "--size", "64Mi", "--image-path", str(image.path))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -10,14 +10,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.target import External
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
 
-def image_upload(cluster: CdiUp, *args: str, timeout: float = 180.0,
+def image_upload(cluster: CdiUp | External, *args: str, timeout: float = 180.0,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`cdi image-upload ARGS --kubeconfig ...` in a subprocess (its output not a terminal)."""
+    """`cdi image-upload ARGS --kubeconfig ...` in a subprocess (its output not a terminal); on a cluster that
+    publishes no upload proxy URL, with its Service's, as a user of CDI gives it to virtctl."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("KUBECONFIG", None)
+    if isinstance(cluster, External) and "--uploadproxy-url" not in args:
+        args = (*args, "--uploadproxy-url", cluster.proxy_url())
     return subprocess.run([sys.executable, "-m", "cdi.cli.main", "image-upload", *args, "--kubeconfig",
                            str(cluster.kubeconfig)], capture_output=True, text=True, env=env, timeout=timeout,
                           check=False)
@@ -44,22 +48,26 @@ def token(kubectl: Kubectl, pvc: str, namespace: str = "default") -> str:
     return result.stdout
 
 
-def proxy_url(kubectl: Kubectl) -> str:
+def proxy_url(kubectl: Kubectl, cluster: CdiUp | External | None = None) -> str:
+    if isinstance(cluster, External):
+        return cluster.proxy_url()
     return str(wait_for(lambda: kubectl("get", "cdiconfig", "config", "-o", "jsonpath={.status.uploadProxyURL}",
                                         check=False).stdout, 30, message="CDIConfig status.uploadProxyURL"))
 
 
-def proxy_ca(cluster: CdiUp) -> Path:
+def proxy_ca(cluster: CdiUp | External) -> Path:
+    if isinstance(cluster, External):
+        return cluster.proxy_ca()
     return cluster.kubeconfig.parent / "uploadproxy-ca.crt"
 
 
-def curl(cluster: CdiUp, kubectl: Kubectl, path: str, *args: str, bearer: str | None = None,
+def curl(cluster: CdiUp | External, kubectl: Kubectl, path: str, *args: str, bearer: str | None = None,
          timeout: float = 120.0) -> tuple[int, str, dict[str, str]]:
     """curl to the upload proxy; (status, body, headers in lower case)."""
     cmd = ["curl", "-sS", "--cacert", str(proxy_ca(cluster)), "-D", "-", "-o", "-"]
     if bearer is not None:
         cmd += ["-H", f"Authorization: Bearer {bearer}"]
-    result = subprocess.run([*cmd, *args, proxy_url(kubectl) + path], capture_output=True, timeout=timeout,
+    result = subprocess.run([*cmd, *args, proxy_url(kubectl, cluster) + path], capture_output=True, timeout=timeout,
                             check=False)
     assert result.returncode == 0, result.stderr.decode()
     return parse_response(result.stdout)

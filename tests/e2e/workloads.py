@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.target import TARGET
 from tests.support.cluster import Kubectl, wait_for
 
 _counter = itertools.count()
@@ -14,7 +15,7 @@ _counter = itertools.count()
 
 def new_namespace(kubectl: Kubectl, prefix: str) -> str:
     name = f"{prefix}-{os.getpid()}-{next(_counter)}"
-    kubectl("create", "namespace", name)
+    kubectl.apply(TARGET.namespace(name))
     return name
 
 
@@ -34,7 +35,7 @@ def pod(name: str, script: str, claim: str | None = None, *, block: bool = False
         image: str = "debian", labels: dict[str, str] | None = None, python: bool = False,
         extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """A pod running `script` with sh -c (or python3 -c), the claim at /data (or as the device
-    /dev/cdi-block-volume)."""
+    /dev/cdi-block-volume); on a real cluster with the target's image, as the `restricted` profile wants."""
     command = ["python3", "-c", script] if python else ["sh", "-c", script]
     container: dict[str, Any] = {"name": "main", "image": image, "command": command}
     spec: dict[str, Any] = {"restartPolicy": restart, "terminationGracePeriodSeconds": 5, "containers": [container]}
@@ -46,6 +47,8 @@ def pod(name: str, script: str, claim: str | None = None, *, block: bool = False
         spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
     if extra:
         container.update(extra)
+    if not TARGET.embedded:
+        TARGET.pod_spec(spec)
     meta: dict[str, Any] = {"name": name}
     if labels:
         meta["labels"] = labels
@@ -59,6 +62,13 @@ def get(kubectl: Kubectl, kind: str, name: str, ns: str) -> Any:
     import json
 
     return json.loads(result.stdout)
+
+
+def smart_clone_strategy(kubectl: Kubectl, storage_class: str) -> str:
+    """What the planner picks on a class with snapshots and CSI clones: its StorageProfile's strategy, else
+    snapshot (CDI's default where a VolumeSnapshotClass exists)."""
+    profile = get(kubectl, "storageprofile", storage_class, "") or {}
+    return str((profile.get("status") or {}).get("cloneStrategy") or "snapshot")
 
 
 def wait_phase(kubectl: Kubectl, ns: str, name: str, phase: str, timeout: float = 60.0) -> Any:

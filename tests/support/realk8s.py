@@ -39,10 +39,10 @@ class RealK8s:
     timings: dict[str, float] = field(default_factory=dict)
 
     def run(self, *argv: str, check: bool = True, timeout: float = 300, input: str | None = None,
-            ) -> subprocess.CompletedProcess[str]:
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """A command inside the cluster's network namespace (KUBECONFIG set)."""
         result = subprocess.run([str(self.kit / "exec.sh"), *argv], capture_output=True, text=True,
-                                timeout=timeout, input=input, check=False)
+                                timeout=timeout, input=input, check=False, cwd=cwd)
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result

@@ -50,6 +50,11 @@ CHUNK = 256 * 1024
 logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 
 
+# where the tests' file servers listen, and the address their URLs name: pods must reach it (`cdi up`'s run on
+# this machine; a real cluster's reach the node's bridge address, see tests/e2e/target.py)
+SERVE_HOST = os.environ.get("CDI_E2E_SERVE_HOST", "127.0.0.1")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -103,7 +108,7 @@ class FileServer:
     faults: dict[str, list[Fault]] = field(default_factory=lambda: defaultdict(list))
     gate_offset: int | None = None  # bytes in [gate_offset, gate_end) wait for `open_gate()`
     gate_end: int | None = None
-    host: str = "127.0.0.1"
+    host: str = field(default_factory=lambda: SERVE_HOST)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()

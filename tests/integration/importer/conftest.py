@@ -21,7 +21,7 @@ import pytest
 from cdi.common import pki
 from tests.support import oci
 from tests.support.images import Image, build_image_set, sha256_file
-from tests.support.servers import FileServer, Registry, TLSMotoServer, TokenServer, htpasswd_file
+from tests.support.servers import SERVE_HOST, FileServer, Registry, TLSMotoServer, TokenServer, htpasswd_file
 
 from .harness import BLOCK_SIZE, PASSWORD, S3_KEY, S3_SECRET, USER, Volume
 
@@ -40,7 +40,7 @@ def ca() -> pki.KeyPair:
 
 @pytest.fixture(scope="session")
 def server_pair(ca: pki.KeyPair) -> pki.KeyPair:
-    return pki.issue(ca, "localhost", ["127.0.0.1", "localhost"])
+    return pki.issue(ca, "localhost", sorted({"127.0.0.1", "localhost", SERVE_HOST}))
 
 
 @pytest.fixture(scope="session")
