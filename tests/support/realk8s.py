@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -115,6 +116,37 @@ class RealK8s:
         text = config.read_text() if config.exists() else ""
         return any(line.split("#")[0].replace(" ", "") == "device_ownership_from_security_context=true"
                    for line in text.splitlines())
+
+    def hand_block_devices_to_pod_users(self) -> None:
+        """What CDI's doc/block_cri_ownership_config.md asks of a cluster's admin: containerd's CRI plugin gives
+        a pod's block devices to its runAsUser/runAsGroup (`device_ownership_from_security_context`), so that
+        non-root worker pods (CDI's, and ours as uid 107) can write Block volumes. The kit does not set it; its
+        `up.sh` writes containerd's config afresh at each start, so this holds until the next one. containerd
+        restarts; running containers stay (their shims keep them), and the kubelet reconnects."""
+        if self.block_devices_owned_by_pod_user():
+            return
+        state = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))
+        config = state / "containerd" / "config.toml"
+        section = '[plugins."io.containerd.grpc.v1.cri"]\n'
+        text = config.read_text()
+        assert section in text, f"no CRI section in {config}"
+        config.write_text(text.replace(section, section + "  device_ownership_from_security_context = true\n", 1))
+        pid_file = state / "pids" / "containerd.pid"
+        old = int(pid_file.read_text())
+        os.kill(old, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=60, interval=0.2, message="containerd stopped")
+        with (state / "logs" / "containerd.log").open("ab") as log:
+            # as the kit's own `start`: in the cluster's network namespace, in a session of its own
+            process = subprocess.Popen(["nsenter", "--net=/run/netns/realk8s", "--", "containerd", "--config",
+                                        str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                       start_new_session=True)
+        pid_file.write_text(f"{process.pid}\n")
+        wait_for(lambda: subprocess.run(["ctr", "--address", "/run/realk8s/containerd.sock", "version"],
+                                        capture_output=True, check=False).returncode == 0,
+                 timeout=60, interval=0.5, message="containerd answering")
+        wait_for(lambda: self.condition(self.get("node", "realk8s"), "Ready") == "True", timeout=120, interval=1.0,
+                 message="the node Ready after containerd's restart")
+        assert self.block_devices_owned_by_pod_user()
 
     def wait_pod_done(self, name: str, namespace: str, timeout: float = 180) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
