@@ -34,8 +34,7 @@ Chunk = bytes | bytearray | memoryview
 
 
 class FedStream:
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_bytes: int) -> None:
-        self._loop = loop
+    def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
         self._chunks: deque[Chunk] = deque()
         self._size = 0
@@ -58,7 +57,7 @@ class FedStream:
                 if self._size < self._max:
                     self._append(chunk)
                     return True
-                self._space = self._loop.create_future()
+                self._space = asyncio.get_running_loop().create_future()
                 space = self._space
             await space
 
@@ -138,7 +137,7 @@ class FedStream:
             self._cond.notify_all()  # a producing thread in put_blocking
             if self._space is not None:
                 space, self._space = self._space, None
-                self._loop.call_soon_threadsafe(_set, space)
+                space.get_loop().call_soon_threadsafe(_set, space)
 
 
 def _set(future: asyncio.Future[None]) -> None:

@@ -172,7 +172,7 @@ class UploadSession:
             self._forget()  # starting over: the volume is about to be rewritten
         validated = asyncio.Event()
         progress = _Progress(self.config.owner_uid, loop, validated)
-        queue = FedStream(loop, self.queue_bytes)
+        queue = FedStream(self.queue_bytes)
         body = _Counted(queue)
         options = ImportOptions(
             content_type=envnames.CONTENT_ARCHIVE if archive else envnames.CONTENT_KUBEVIRT,

@@ -16,23 +16,22 @@ from cdi.importer import (
     Reason,
     import_stream,
 )
+from cdi.uploadserver.feed import FedStream
 from tests.support.images import Image, file_name, sha256_file
-from tests.support.streams import QueueStream
 
 from .harness import OVERHEAD, REQUESTED, USABLE
 
 
-def feed(stream: QueueStream, path: Path, chunk: int = 100_000) -> threading.Thread:
-    """An uploader: writes the file into the stream in odd-sized pieces, then finishes it."""
+def feed(stream: FedStream, path: Path, chunk: int = 100_000) -> threading.Thread:
+    """An uploader from a thread, as the upload server's receiving thread: writes the file into the stream in
+    odd-sized pieces, then finishes it (or stops when the pipeline has closed the stream)."""
 
     def run() -> None:
-        try:
-            with open(path, "rb") as f:
-                while data := f.read(chunk):
-                    stream.feed(data, timeout=30)
-            stream.finish()
-        except BrokenPipeError:
-            pass
+        with open(path, "rb") as f:
+            while data := f.read(chunk):
+                if not stream.put_blocking(data, threading.Event()):
+                    return
+        stream.finish()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -56,7 +55,7 @@ def test_import_stream(name: str, images: dict[str, Image], tmp_path: Path) -> N
     data, scratch = tmp_path / "data", tmp_path / "scratch"
     data.mkdir()
     scratch.mkdir()
-    body = QueueStream(max_bytes=1 << 20)
+    body = FedStream(1 << 20)
     uploader = feed(body, image.path)
     result = import_stream(body, FileTarget(data), options(scratch, f"sha256:{image.file_sha256}"), size=None)
     uploader.join(30)
@@ -70,7 +69,7 @@ def test_import_stream(name: str, images: dict[str, Image], tmp_path: Path) -> N
 
 def test_import_stream_needs_scratch_for_vmdk(images: dict[str, Image], tmp_path: Path) -> None:
     image = images[file_name("vmdk")]
-    body = QueueStream()
+    body = FedStream(64 << 20)
     feed(body, image.path)
     with pytest.raises(ImporterError) as info:
         import_stream(body, FileTarget(tmp_path), options())
@@ -100,7 +99,7 @@ def test_import_stream_refuses_a_backing_file(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    body = QueueStream()
+    body = FedStream(64 << 20)
     feed(body, tmp_path / "child.qcow2")
     data = tmp_path / "data"
     data.mkdir()
@@ -112,8 +111,8 @@ def test_import_stream_refuses_a_backing_file(tmp_path: Path) -> None:
 
 
 def test_producer_failure_reaches_the_pipeline(tmp_path: Path) -> None:
-    body = QueueStream()
-    body.feed(b"\x00" * 1000)
+    body = FedStream(64 << 20)
+    assert body.put_blocking(b"\x00" * 1000, threading.Event())
     body.fail(ImporterError(Reason.CONNECTION_FAILED, "the client went away", retryable=True))
     with pytest.raises(ImporterError) as info:
         import_stream(body, FileTarget(tmp_path), options())
@@ -154,7 +153,7 @@ def late_l1(images: dict[str, Image], tmp_path_factory: pytest.TempPathFactory) 
 
 def test_streamed_qcow2_with_tables_after_the_data(late_l1: tuple[Path, Image], tmp_path: Path) -> None:
     path, base = late_l1
-    body = QueueStream()
+    body = FedStream(64 << 20)
     feed(body, path)
     result = import_stream(body, FileTarget(tmp_path), options())
     assert result.route == "qcow2-stream"
@@ -173,14 +172,14 @@ def test_streamed_qcow2_spills_to_scratch_when_memory_is_not_enough(
     data, scratch = tmp_path / "data", tmp_path / "scratch"
     data.mkdir()
     scratch.mkdir()
-    body = QueueStream()
+    body = FedStream(64 << 20)
     feed(body, path)
     result = import_stream(body, FileTarget(data), options(scratch))
     assert sha256_file(data / "disk.img", base.virtual_size) == base.sha256
     assert result.scratch_bytes > 0
     assert list(scratch.iterdir()) == []
     # and without scratch: ScratchSpaceRequired, nothing left behind
-    body = QueueStream()
+    body = FedStream(64 << 20)
     feed(body, path)
     with pytest.raises(ImporterError) as info:
         import_stream(body, FileTarget(data), options())

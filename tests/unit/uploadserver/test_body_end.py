@@ -18,7 +18,7 @@ from tests.support.streams import BytesStream
 
 
 async def test_an_empty_chunk_is_not_the_end_of_the_body() -> None:
-    queue = FedStream(asyncio.get_running_loop(), max_bytes=1 << 20)
+    queue = FedStream(max_bytes=1 << 20)
     for chunk in (b"abc", b"", b"def", b""):
         assert await queue.put(chunk)
     queue.finish()

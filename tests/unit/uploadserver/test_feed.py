@@ -10,7 +10,7 @@ from cdi.uploadserver.feed import FedStream
 
 
 async def test_a_thread_producer_waits_while_full_and_everything_arrives_in_order() -> None:
-    queue = FedStream(asyncio.get_running_loop(), max_bytes=4)
+    queue = FedStream(max_bytes=4)
     stopped = threading.Event()
     chunks = [bytes([i]) * 2 for i in range(10)]
     full = threading.Event()
@@ -40,14 +40,14 @@ async def test_a_thread_producer_waits_while_full_and_everything_arrives_in_orde
 
 
 async def test_the_producer_is_let_go_when_the_consumer_closes_or_it_is_stopped() -> None:
-    queue = FedStream(asyncio.get_running_loop(), max_bytes=1)
+    queue = FedStream(max_bytes=1)
     stopped = threading.Event()
     assert queue.put_blocking(b"x", stopped)
     waiting = asyncio.ensure_future(asyncio.to_thread(queue.put_blocking, b"y", stopped, 0.05))
     await asyncio.sleep(0)
     queue.close()
     assert await asyncio.wait_for(waiting, 10) is False
-    other = FedStream(asyncio.get_running_loop(), max_bytes=1)
+    other = FedStream(max_bytes=1)
     assert other.put_blocking(b"x", stopped)
     stopped.set()
     assert await asyncio.wait_for(asyncio.to_thread(other.put_blocking, b"y", stopped, 0.05), 10) is False

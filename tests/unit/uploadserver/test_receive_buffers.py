@@ -30,7 +30,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 def test_a_buffer_is_filled_again_only_after_the_consumer_gave_it_back(loop: asyncio.AbstractEventLoop) -> None:
     buffers = ReceiveBuffers(SIZE)
-    queue = FedStream(loop, 1 << 20)
+    queue = FedStream(1 << 20)
     queue.recycle_with(buffers.give_back)
     first = buffers.get(SIZE)
     queue.put_blocking(first, threading.Event())
@@ -45,7 +45,7 @@ def test_a_buffer_is_filled_again_only_after_the_consumer_gave_it_back(loop: asy
 
 def test_a_chunk_read_in_slices_or_not_the_last_one_read_is_never_recycled(loop: asyncio.AbstractEventLoop) -> None:
     buffers = ReceiveBuffers(SIZE)
-    queue = FedStream(loop, 1 << 20)
+    queue = FedStream(1 << 20)
     queue.recycle_with(buffers.give_back)
     sliced, whole = buffers.get(SIZE), buffers.get(SIZE)
     for buffer in (sliced, whole):
@@ -64,7 +64,7 @@ def test_a_buffer_the_consumer_holds_is_never_refilled_under_load(loop: asyncio.
     """A producing thread fills buffers with their sequence number as fast as it can; the consumer keeps every
     third chunk (as a writer still busy with it would) and gives the others back. What it keeps never changes."""
     buffers = ReceiveBuffers(SIZE)
-    queue = FedStream(loop, 8 * SIZE)
+    queue = FedStream(8 * SIZE)
     queue.recycle_with(buffers.give_back)
     count = 3000
     stopped = threading.Event()
@@ -100,7 +100,7 @@ def _prefix(path: Path, n: int) -> bytes:
 
 
 def _feed(loop: asyncio.AbstractEventLoop, data: bytes, buffers: ReceiveBuffers) -> FedStream:
-    queue = FedStream(loop, 4 << 20)
+    queue = FedStream(4 << 20)
     queue.recycle_with(buffers.give_back)
 
     def produce() -> None:
