@@ -26,6 +26,7 @@ import asyncio
 import hmac
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -280,7 +281,8 @@ class Front:
         """A multipart form: its part `file` is the image (parts before it are skipped, as CDI does)."""
         if conn.they_are_waiting_for_100_continue:
             sock.sendall(sockhttp.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
-        body = _Pieces(sock, conn)
+        # until its part `file` begins, no importer watches the form: a client silent that long is gone
+        body = _Pieces(sock, conn, silence=self.server.config.idle_timeout)
         try:
             admitted = self._call(lambda: self.server.admit(authorized, headers, form=True, archive=False))
             if isinstance(admitted, Outcome):
@@ -301,6 +303,9 @@ class Front:
             if parts is None:
                 raise ValueError(f"the request is not a multipart form: {headers.get('content-type')!r}")
             parts.find(names.FORM_FIELD)
+        except TimeoutError as exc:
+            self._call(self.server.upload_abandoned)
+            return Outcome(408, f"the form stalled before its part {names.FORM_FIELD!r}: {exc}")
         except (ValueError, multipart.MultipartError, OSError) as exc:
             self._call(self.server.upload_abandoned)
             message = str(exc) if isinstance(exc, ValueError) and not isinstance(exc, multipart.MultipartError) \
@@ -427,25 +432,35 @@ def _read_chunked(sock: Conn, conn: h11.Connection, bridge: BodyBridge) -> bool:
 class _Pieces:
     """A request body as h11 gives it (`Content-Length` or chunked), in the pieces the socket delivered.
     Raises `ConnectionResetError` when the connection ends before the body, `h11.RemoteProtocolError`
-    on broken framing; ends quietly when `stopped` is set (the consumer is gone)."""
+    on broken framing, `TimeoutError` when the client sent nothing for `silence` seconds (if given); ends
+    quietly when `stopped` is set (the consumer is gone). Time spent by the consumer between pieces is not
+    the client's silence."""
 
-    def __init__(self, sock: Conn, conn: h11.Connection, stopped: threading.Event | None = None) -> None:
+    def __init__(self, sock: Conn, conn: h11.Connection, stopped: threading.Event | None = None,
+                 silence: float | None = None) -> None:
         self.sock = sock
         self.conn = conn
         self.stopped = stopped
+        self.silence = silence
         self.done = False  # the whole body was read
 
     def __iter__(self) -> Iterator[bytes]:
-        self.sock.settimeout(POLL_SECONDS)
+        self.sock.settimeout(POLL_SECONDS if self.silence is None else min(POLL_SECONDS, self.silence))
+        silent_since: float | None = None
         while True:
             event = self.conn.next_event()
             if event is h11.NEED_DATA:
+                if silent_since is None:
+                    silent_since = time.monotonic()
                 try:
                     data = self.sock.recv(CHUNK)
                 except TimeoutError:
                     if self.stopped is not None and self.stopped.is_set():
                         return
+                    if self.silence is not None and time.monotonic() - silent_since >= self.silence:
+                        raise TimeoutError(f"nothing arrived for {self.silence:g}s") from None
                     continue
+                silent_since = None
                 if not data:
                     raise ConnectionResetError("the connection closed before the end of the body")
                 self.conn.receive_data(data)

@@ -305,6 +305,39 @@ async def test_a_silent_connection_is_given_up_and_can_be_resumed(upload_pki: Up
         await running.server.stop()
 
 
+async def test_a_form_silent_before_its_file_part_is_given_up(upload_pki: UploadPki, tmp_path: Path,
+                                                               images: dict[str, Image]) -> None:
+    """Until the part `file` begins no import watches a form: a client that sends the parts before it and then
+    nothing would hold the server in `uploading` (every other upload refused) for ever. After `idle_timeout`
+    it gets 408 and the server takes the next upload."""
+    running = await start_server(upload_pki, make_volumes(tmp_path), idle_timeout=0.5)
+    preamble = b"--cut\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nfirst, a note\r\n"
+    forever = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield preamble
+        await forever.wait()  # the connection stays open and says nothing more
+
+    try:
+        headers = {"Content-Length": str(len(preamble) + (1 << 20)),
+                   "Content-Type": "multipart/form-data; boundary=cut"}
+        async with asyncio.timeout(30), running.session.post(running.url + "/v1beta1/upload-form", data=body(),
+                                                             headers=headers) as resp:
+            assert resp.status == 408, await resp.text()
+            assert "stalled before its part 'file'" in await resp.text()
+        assert running.server.session.state == "idle"
+        image = images[file_name("raw")]
+        form = aiohttp.FormData()
+        form.add_field("file", file_body(image.path), filename=image.name, content_type="application/octet-stream")
+        async with running.session.post(running.url + "/v1beta1/upload-form", data=form) as resp:
+            assert resp.status == 200, await resp.text()
+        assert sha256_file(running.volumes.image, image.virtual_size) == image.sha256
+    finally:
+        forever.set()
+        await running.session.close()
+        await running.server.stop()
+
+
 @pytest.mark.parametrize("cut", [7_000_001, 4 << 20], ids=["in-data", "in-a-zero-run"])
 async def test_a_restarted_upload_server_resumes_from_the_offset_kept_on_the_volume(
         upload_pki: UploadPki, tmp_path: Path, cut: int) -> None:
