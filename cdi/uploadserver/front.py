@@ -312,6 +312,8 @@ class Front:
                 else f"the request is not a multipart form: {exc}"
             return Outcome(400, message)
         bridge = BodyBridge(self.loop)
+        # from here the session watches the form as a raw body (its idle timeout says the upload stalled)
+        body.silence = None
         body.stopped = bridge.stopped  # a quiet client: the reading thread looks whether the importer gave up
         future = asyncio.run_coroutine_threadsafe(
             self.server.receive_raw(bridge, archive=False, wait_for_durable=wait, offset=0, length=None),

@@ -305,6 +305,34 @@ async def test_a_silent_connection_is_given_up_and_can_be_resumed(upload_pki: Up
         await running.server.stop()
 
 
+async def test_a_form_silent_inside_its_file_part_is_a_stalled_upload(upload_pki: UploadPki,
+                                                                      tmp_path: Path) -> None:
+    """Once the part `file` began, the import watches the form as it watches a raw body: a quiet client is
+    told the upload stalled (and after how many bytes), as for a raw upload, not that it went away."""
+    running = await start_server(upload_pki, make_volumes(tmp_path), idle_timeout=0.5)
+    head = (b"--cut\r\nContent-Disposition: form-data; name=\"file\"; filename=\"disk.raw\"\r\n"
+            b"Content-Type: application/octet-stream\r\n\r\n") + disk_bytes(5, 2_000_000)
+    forever = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield head
+        await forever.wait()  # the connection stays open and says nothing more
+
+    try:
+        headers = {"Content-Length": str(len(head) + (4 << 20)),
+                   "Content-Type": "multipart/form-data; boundary=cut"}
+        async with asyncio.timeout(30), running.session.post(running.url + "/v1beta1/upload-form", data=body(),
+                                                             headers=headers) as resp:
+            text = await resp.text()
+            assert resp.status == 400, text
+            assert "the upload stalled after" in text and "went away" not in text, text
+        assert running.server.session.state == "idle"
+    finally:
+        forever.set()
+        await running.session.close()
+        await running.server.stop()
+
+
 async def test_a_form_silent_before_its_file_part_is_given_up(upload_pki: UploadPki, tmp_path: Path,
                                                                images: dict[str, Image]) -> None:
     """Until the part `file` begins no import watches a form: a client that sends the parts before it and then
