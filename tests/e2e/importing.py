@@ -46,15 +46,35 @@ def wait_phase(kubectl: Kubectl, name: str, wanted: str, timeout: float = 120.0,
     return dv
 
 
+READ_BACK = """
+import hashlib, sys
+path, left = sys.argv[1], int(sys.argv[2])
+digest = hashlib.sha256()
+with open(path, "rb") as disk:
+    while left:
+        chunk = disk.read(min(left, 1 << 20))
+        if not chunk:
+            sys.exit(f"{path}: {left} bytes short")
+        digest.update(chunk)
+        left -= len(chunk)
+print(digest.hexdigest())
+"""
+
+
 def read_back(kubectl: Kubectl, claim: str, size: int, *, block: bool = False, namespace: str = "default") -> str:
-    """sha256 of the first `size` bytes of the claim's disk (file or device), read inside a pod."""
+    """sha256 of the first `size` bytes of the claim's disk (file or device), read inside a pod; a disk that
+    cannot be opened or holds fewer bytes fails the test with the pod's own words (not an empty digest)."""
     name = f"reader-{uuid.uuid4().hex[:8]}"
     path = "/dev/cdi-block-volume" if block else "/data/disk.img"
-    kubectl.apply(pod(name, f"head -c {size} {path} | sha256sum", claim, block=block), "-n", namespace)
-    wait_for(lambda: kubectl("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.phase}").stdout
-             in ("Succeeded", "Failed"), 120, message=f"reader pod {name}")
+    manifest = pod(name, READ_BACK, claim, block=block, python=True)
+    manifest["spec"]["containers"][0]["args"] = [path, str(size)]
+    kubectl.apply(manifest, "-n", namespace)
+    phase = wait_for(lambda: (p := kubectl("get", "pod", name, "-n", namespace, "-o",
+                                           "jsonpath={.status.phase}").stdout) in ("Succeeded", "Failed") and p,
+                     120, message=f"reader pod {name}")
     out = kubectl("logs", name, "-n", namespace).stdout
     kubectl("delete", "pod", name, "-n", namespace, "--wait=false")
+    assert phase == "Succeeded", f"reading {claim} back failed: {out}"
     return out.split()[0]
 
 

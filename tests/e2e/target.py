@@ -10,6 +10,7 @@ the two is stated here once, never in a test:
 |---|---|---|
 | `CDI_E2E_KUBECONFIG` | the cluster | (started by the tests) |
 | `CDI_E2E_STORAGE_CLASS` | a class with snapshots and CSI clones | `local` |
+| `CDI_E2E_SMART_CLONE` | the `cloneType` the planner picks on that class (default `snapshot`) | `csi-clone` |
 | `CDI_E2E_COPY_CLASS` | a class without snapshots (host-assisted clones) | `local-nosnap` |
 | `CDI_E2E_WFFC_CLASS` | a CSI class binding `WaitForFirstConsumer` | `local-wffc` |
 | `CDI_E2E_SERVE_HOST` | where the file servers listen, which pods reach (`tests/support/servers.py`) | `127.0.0.1` |
@@ -44,6 +45,7 @@ LABEL = {"cdi-e2e": "true"}  # on the namespaces the suite creates on a real clu
 class Target:
     kubeconfig: Path | None  # None: `cdi up`, started by the tests
     storage_class: str
+    smart_clone: str  # what the planner picks on `storage_class`: stated, not read from what the code computed
     copy_class: str
     wffc_class: str
     image: str
@@ -54,8 +56,9 @@ class Target:
     def from_environ(cls, env: Mapping[str, str]) -> Target:
         kubeconfig = env.get("CDI_E2E_KUBECONFIG")
         if not kubeconfig:
-            return cls(None, "local", "local-nosnap", "local-wffc", "debian", True, "")
+            return cls(None, "local", "csi-clone", "local-nosnap", "local-wffc", "debian", True, "")
         return cls(Path(kubeconfig), env.get("CDI_E2E_STORAGE_CLASS", "csi-hostpath-sc"),
+                   env.get("CDI_E2E_SMART_CLONE", "snapshot"),
                    env.get("CDI_E2E_COPY_CLASS", "csi-hostpath-nosnap"), env.get("CDI_E2E_WFFC_CLASS", "cdi-e2e-wffc"),
                    env.get("CDI_E2E_IMAGE", Images().of("cdi-importer")), env.get("CDI_E2E_BLOCK", "1") != "0",
                    env.get("CDI_E2E_CDI_NAMESPACE", "cdi"))
@@ -97,9 +100,32 @@ class External:
     is (its Service's cluster IP: the tests run where that is reachable) and the CA `cdi image-upload`
     trusts, and no node logs to show when a test fails (its pods' logs are the cluster's)."""
 
+    found_clean = False  # checked once per run: the modules of one run share the cluster, as they are meant to
+
     def __init__(self, kubeconfig: Path, workdir: Path) -> None:
         self.kubeconfig = kubeconfig
         self.workdir = workdir
+        if not External.found_clean:
+            self.refuse_leftovers()
+            External.found_clean = True
+
+    def refuse_leftovers(self) -> None:
+        """On `cdi up` every module starts from an empty cluster; here the scenarios name their objects in
+        `default` and in namespaces of fixed names, so what an earlier run left would be found again
+        ("unchanged") and its bytes read back as this run's. The suite deletes nothing it did not create:
+        it stops and says what to clear."""
+        kinds = "datavolumes,dataimportcrons,datasources,persistentvolumeclaims,pods"
+        try:
+            left = self._kubectl("get", kinds, "-n", "default", "-o", "name").split()
+        except subprocess.CalledProcessError as exc:
+            pytest.fail(f"{self.kubeconfig}: is cdi installed there? {exc.stderr.strip()}", pytrace=False)
+        namespaces = json.loads(self._kubectl("get", "namespaces", "-l", ",".join(LABEL), "-o", "json"))["items"]
+        left += [f"namespace/{n['metadata']['name']}" for n in namespaces
+                 if (n.get("status") or {}).get("phase") != "Terminating"]  # a terminating one cannot be reused
+        if left:
+            pytest.fail(f"{self.kubeconfig}: an earlier run's objects are still there ({', '.join(left[:8])}"
+                        f"{', ...' if len(left) > 8 else ''}); clear them first: kubectl delete namespace -l "
+                        f"{','.join(LABEL)}; kubectl delete -n default {kinds} --all", pytrace=False)
 
     def _kubectl(self, *args: str) -> str:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}

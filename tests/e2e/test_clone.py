@@ -26,7 +26,6 @@ from tests.e2e.workloads import (
     pod,
     pvc,
     run_to_completion,
-    smart_clone_strategy,
 )
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
@@ -263,7 +262,7 @@ def test_clone_into_another_namespace_rebinds_the_volume(shared_kubectl: Kubectl
     dv = wait_dv_phase(k, ns, "copy", "Succeeded")
     assert dv["status"]["progress"] == "100.0%"
     assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
-    expected = smart_clone_strategy(k, storage_class) if smart else "copy"
+    expected = TARGET.smart_clone if smart else "copy"
     assert get(k, "pvc", "copy", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == expected
     reasons = [r for r, _ in events_of(k, ns, "copy")]
     for reason in ("CloneScheduled", "RebindInProgress", "CloneSucceeded"):

@@ -22,7 +22,6 @@ from tests.e2e.workloads import (
     pod,
     pvc,
     run_to_completion,
-    smart_clone_strategy,
 )
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
@@ -184,7 +183,7 @@ def test_clone_populator_clones_with_the_planned_strategy(shared_kubectl: Kubect
     Bound with the source's bytes, and no temporary claim is left."""
     k = shared_kubectl
     ns = new_namespace(k, "popclone")
-    for class_name, strategy in ((TARGET.storage_class, smart_clone_strategy(k, TARGET.storage_class)),
+    for class_name, strategy in ((TARGET.storage_class, TARGET.smart_clone),
                                  (TARGET.copy_class, "copy")):
         golden = f"golden-{class_name}"
         k.apply(pvc(golden, "64Mi", storage_class=class_name), "-n", ns)
@@ -259,12 +258,20 @@ def test_datavolumes_use_the_populator_on_csi_storage_unless_told_not_to(
         assert read_back(k, name, image.virtual_size, namespace=ns) == image.sha256
     wait_for(lambda: not primes(k, ns) and not k.json("get", "volumeimportsources", "-n", ns)["items"], 60, 0.2,
              message="no prime claim and no VolumeImportSource left")
-    if not TARGET.embedded:
-        return  # every class of the real cluster has its CSIDriver
-    # the class without a CSIDriver object goes the legacy way
+
+
+def test_a_class_without_a_csi_driver_takes_the_legacy_path(shared_kubectl: Kubectl, range_server: FileServer,
+                                                            images: dict[str, Image]) -> None:
+    """`cdi up`'s `local-nosnap` has no CSIDriver object (every class of the real cluster has one): its
+    DataVolumes go the legacy way, as if told `usePopulator: "false"`, and end the same."""
+    k = shared_kubectl
+    ns = new_namespace(k, "popnocsi")
+    url = f"{range_server.url}/{images['qcow2.qcow2'].name}"
     k.apply(import_dv("nocsi", url, "local-nosnap"), "-n", ns)
-    nocsi = wait_dv(k, ns, "nocsi", "Succeeded")
+    k.apply(import_dv("legacy", url, "local", {"cdi.kubevirt.io/storage.usePopulator": "false"}), "-n", ns)
+    nocsi, legacy = wait_dv(k, ns, "nocsi", "Succeeded"), wait_dv(k, ns, "legacy", "Succeeded")
     assert nocsi["metadata"]["annotations"]["cdi.kubevirt.io/storage.usePopulator"] == "false"
+    assert "dataSourceRef" not in get(k, "pvc", "nocsi", ns)["spec"]
     assert outcome(nocsi) == outcome(legacy)
 
 

@@ -64,13 +64,6 @@ def get(kubectl: Kubectl, kind: str, name: str, ns: str) -> Any:
     return json.loads(result.stdout)
 
 
-def smart_clone_strategy(kubectl: Kubectl, storage_class: str) -> str:
-    """What the planner picks on a class with snapshots and CSI clones: its StorageProfile's strategy, else
-    snapshot (CDI's default where a VolumeSnapshotClass exists)."""
-    profile = get(kubectl, "storageprofile", storage_class, "") or {}
-    return str((profile.get("status") or {}).get("cloneStrategy") or "snapshot")
-
-
 def wait_phase(kubectl: Kubectl, ns: str, name: str, phase: str, timeout: float = 60.0) -> Any:
     def check() -> Any:
         obj = get(kubectl, "pod", name, ns)

@@ -116,7 +116,8 @@ def passed_and_skipped(junit: Path) -> dict[str, int]:
 def clean_slate(k8s: RealK8s) -> None:
     """A previous run's test namespace and CDI resource go first (an interrupted run leaves them)."""
     k8s.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=300)
-    if k8s.get("cdi", "cdi") is not None:
+    # a cluster cdi was never installed on has no CDI kind to ask about
+    if k8s.get("crd", "cdis.cdi.kubevirt.io") is not None and k8s.get("cdi", "cdi") is not None:
         k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", '{"spec":{"uninstallStrategy":"RemoveWorkloads"}}')
         k8s.kubectl("delete", "cdi", "cdi", "--wait=true", timeout=300)
     for plural in MONITORING_CRDS:

@@ -34,6 +34,14 @@ def kit_dir() -> Path | None:
     return candidate
 
 
+def _started_at(pid: int) -> float:
+    """When a process started, in seconds since the epoch (its start time in clock ticks after boot)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class RealK8s:
     kit: Path
@@ -111,11 +119,26 @@ class RealK8s:
 
     def block_devices_owned_by_pod_user(self) -> bool:
         """Does the node's containerd give a pod's block devices to its runAsUser/runAsGroup (CRI
-        `device_ownership_from_security_context`)? Without it non-root pods cannot open them."""
-        config = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s")) / "containerd" / "config.toml"
+        `device_ownership_from_security_context`)? Without it non-root pods cannot open them. Asks the
+        running containerd, not only its file: set in the file and read by the process started after it."""
+        state = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))
+        config = state / "containerd" / "config.toml"
         text = config.read_text() if config.exists() else ""
-        return any(line.split("#")[0].replace(" ", "") == "device_ownership_from_security_context=true"
-                   for line in text.splitlines())
+        if not any(line.split("#")[0].replace(" ", "") == "device_ownership_from_security_context=true"
+                   for line in text.splitlines()):
+            return False
+        pid = self._containerd_pid(state)
+        # the start time is known to about a second (the boot time is whole seconds)
+        return pid is not None and _started_at(pid) >= config.stat().st_mtime - 2
+
+    @staticmethod
+    def _containerd_pid(state: Path) -> int | None:
+        """The kit's containerd by its pid file, if that process is still a containerd (pids are reused)."""
+        try:
+            pid = int((state / "pids" / "containerd.pid").read_text())
+            return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "containerd" else None
+        except (OSError, ValueError):
+            return None
 
     def hand_block_devices_to_pod_users(self) -> None:
         """What CDI's doc/block_cri_ownership_config.md asks of a cluster's admin: containerd's CRI plugin gives
@@ -130,11 +153,14 @@ class RealK8s:
         section = '[plugins."io.containerd.grpc.v1.cri"]\n'
         text = config.read_text()
         assert section in text, f"no CRI section in {config}"
-        config.write_text(text.replace(section, section + "  device_ownership_from_security_context = true\n", 1))
+        if "device_ownership_from_security_context = true" not in text:
+            config.write_text(text.replace(section, section + "  device_ownership_from_security_context = true\n", 1))
         pid_file = state / "pids" / "containerd.pid"
-        old = int(pid_file.read_text())
-        os.kill(old, signal.SIGTERM)
-        wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=60, interval=0.2, message="containerd stopped")
+        old = self._containerd_pid(state)
+        if old is not None:
+            os.kill(old, signal.SIGTERM)
+            wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=60, interval=0.2,
+                     message="containerd stopped")
         with (state / "logs" / "containerd.log").open("ab") as log:
             # as the kit's own `start`: in the cluster's network namespace, in a session of its own
             process = subprocess.Popen(["nsenter", "--net=/run/netns/realk8s", "--", "containerd", "--config",
