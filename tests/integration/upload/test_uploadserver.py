@@ -305,6 +305,23 @@ async def test_a_silent_connection_is_given_up_and_can_be_resumed(upload_pki: Up
         await running.server.stop()
 
 
+async def post_a_form_then_fall_silent(running: Running, head: bytes) -> tuple[int, str]:
+    """A form whose client sends `head`, then keeps the connection open and says nothing more."""
+    forever = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield head
+        await forever.wait()
+
+    headers = {"Content-Length": str(len(head) + (4 << 20)), "Content-Type": "multipart/form-data; boundary=cut"}
+    try:
+        async with asyncio.timeout(30), running.session.post(running.url + "/v1beta1/upload-form", data=body(),
+                                                             headers=headers) as resp:
+            return resp.status, await resp.text()
+    finally:
+        forever.set()
+
+
 async def test_a_form_silent_inside_its_file_part_is_a_stalled_upload(upload_pki: UploadPki,
                                                                       tmp_path: Path) -> None:
     """Once the part `file` began, the import watches the form as it watches a raw body: a quiet client is
@@ -312,23 +329,12 @@ async def test_a_form_silent_inside_its_file_part_is_a_stalled_upload(upload_pki
     running = await start_server(upload_pki, make_volumes(tmp_path), idle_timeout=0.5)
     head = (b"--cut\r\nContent-Disposition: form-data; name=\"file\"; filename=\"disk.raw\"\r\n"
             b"Content-Type: application/octet-stream\r\n\r\n") + disk_bytes(5, 2_000_000)
-    forever = asyncio.Event()
-
-    async def body() -> AsyncIterator[bytes]:
-        yield head
-        await forever.wait()  # the connection stays open and says nothing more
-
     try:
-        headers = {"Content-Length": str(len(head) + (4 << 20)),
-                   "Content-Type": "multipart/form-data; boundary=cut"}
-        async with asyncio.timeout(30), running.session.post(running.url + "/v1beta1/upload-form", data=body(),
-                                                             headers=headers) as resp:
-            text = await resp.text()
-            assert resp.status == 400, text
-            assert "the upload stalled after" in text and "went away" not in text, text
+        status, text = await post_a_form_then_fall_silent(running, head)
+        assert status == 400, text
+        assert "the upload stalled after" in text and "went away" not in text, text
         assert running.server.session.state == "idle"
     finally:
-        forever.set()
         await running.session.close()
         await running.server.stop()
 
@@ -339,20 +345,11 @@ async def test_a_form_silent_before_its_file_part_is_given_up(upload_pki: Upload
     nothing would hold the server in `uploading` (every other upload refused) for ever. After `idle_timeout`
     it gets 408 and the server takes the next upload."""
     running = await start_server(upload_pki, make_volumes(tmp_path), idle_timeout=0.5)
-    preamble = b"--cut\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nfirst, a note\r\n"
-    forever = asyncio.Event()
-
-    async def body() -> AsyncIterator[bytes]:
-        yield preamble
-        await forever.wait()  # the connection stays open and says nothing more
-
     try:
-        headers = {"Content-Length": str(len(preamble) + (1 << 20)),
-                   "Content-Type": "multipart/form-data; boundary=cut"}
-        async with asyncio.timeout(30), running.session.post(running.url + "/v1beta1/upload-form", data=body(),
-                                                             headers=headers) as resp:
-            assert resp.status == 408, await resp.text()
-            assert "stalled before its part 'file'" in await resp.text()
+        status, text = await post_a_form_then_fall_silent(
+            running, b"--cut\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nfirst, a note\r\n")
+        assert status == 408, text
+        assert "stalled before its part 'file'" in text
         assert running.server.session.state == "idle"
         image = images[file_name("raw")]
         form = aiohttp.FormData()
@@ -361,7 +358,6 @@ async def test_a_form_silent_before_its_file_part_is_given_up(upload_pki: Upload
             assert resp.status == 200, await resp.text()
         assert sha256_file(running.volumes.image, image.virtual_size) == image.sha256
     finally:
-        forever.set()
         await running.session.close()
         await running.server.stop()
 
