@@ -34,6 +34,16 @@ def kit_dir() -> Path | None:
     return candidate
 
 
+STATE = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))  # the kit's state directory
+CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
+CONTAINERD_PID = STATE / "pids" / "containerd.pid"
+
+
+def _sets_device_ownership(config: str) -> bool:
+    return any(line.split("#")[0].replace(" ", "") == "device_ownership_from_security_context=true"
+               for line in config.splitlines())
+
+
 def _started_at(pid: int) -> float:
     """When a process started, in seconds since the epoch (its start time in clock ticks after boot)."""
     ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
@@ -106,7 +116,7 @@ class RealK8s:
         if starting is not None and starting.returncode != 0:
             raise AssertionError(f"up.sh failed ({starting.returncode}):\n{output[-3000:]}")
         inputs = (IMAGES_DIR / ".inputs").read_text().strip()
-        stamp = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s")) / "cdi-images-loaded"
+        stamp = STATE / "cdi-images-loaded"
         if not stamp.exists() or stamp.read_text().strip() != inputs:
             started = time.monotonic()
             for archive in sorted(IMAGES_DIR.glob("cdi-*.tar")):
@@ -121,21 +131,17 @@ class RealK8s:
         """Does the node's containerd give a pod's block devices to its runAsUser/runAsGroup (CRI
         `device_ownership_from_security_context`)? Without it non-root pods cannot open them. Asks the
         running containerd, not only its file: set in the file and read by the process started after it."""
-        state = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))
-        config = state / "containerd" / "config.toml"
-        text = config.read_text() if config.exists() else ""
-        if not any(line.split("#")[0].replace(" ", "") == "device_ownership_from_security_context=true"
-                   for line in text.splitlines()):
+        if not _sets_device_ownership(CONTAINERD_CONFIG.read_text() if CONTAINERD_CONFIG.exists() else ""):
             return False
-        pid = self._containerd_pid(state)
+        pid = self._containerd_pid()
         # the start time is known to about a second (the boot time is whole seconds)
-        return pid is not None and _started_at(pid) >= config.stat().st_mtime - 2
+        return pid is not None and _started_at(pid) >= CONTAINERD_CONFIG.stat().st_mtime - 2
 
     @staticmethod
-    def _containerd_pid(state: Path) -> int | None:
+    def _containerd_pid() -> int | None:
         """The kit's containerd by its pid file, if that process is still a containerd (pids are reused)."""
         try:
-            pid = int((state / "pids" / "containerd.pid").read_text())
+            pid = int(CONTAINERD_PID.read_text())
             return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "containerd" else None
         except (OSError, ValueError):
             return None
@@ -148,25 +154,23 @@ class RealK8s:
         restarts; running containers stay (their shims keep them), and the kubelet reconnects."""
         if self.block_devices_owned_by_pod_user():
             return
-        state = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))
-        config = state / "containerd" / "config.toml"
+        config = CONTAINERD_CONFIG
         section = '[plugins."io.containerd.grpc.v1.cri"]\n'
         text = config.read_text()
         assert section in text, f"no CRI section in {config}"
-        if "device_ownership_from_security_context = true" not in text:
+        if not _sets_device_ownership(text):
             config.write_text(text.replace(section, section + "  device_ownership_from_security_context = true\n", 1))
-        pid_file = state / "pids" / "containerd.pid"
-        old = self._containerd_pid(state)
+        old = self._containerd_pid()
         if old is not None:
             os.kill(old, signal.SIGTERM)
             wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=60, interval=0.2,
                      message="containerd stopped")
-        with (state / "logs" / "containerd.log").open("ab") as log:
+        with (STATE / "logs" / "containerd.log").open("ab") as log:
             # as the kit's own `start`: in the cluster's network namespace, in a session of its own
             process = subprocess.Popen(["nsenter", "--net=/run/netns/realk8s", "--", "containerd", "--config",
                                         str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                        start_new_session=True)
-        pid_file.write_text(f"{process.pid}\n")
+        CONTAINERD_PID.write_text(f"{process.pid}\n")
         wait_for(lambda: subprocess.run(["ctr", "--address", "/run/realk8s/containerd.sock", "version"],
                                         capture_output=True, check=False).returncode == 0,
                  timeout=60, interval=0.5, message="containerd answering")
