@@ -9,7 +9,13 @@ At creation every clone DataVolume gets `cdi.kubevirt.io/storage.clone.token`: a
 cdi-apiserver's key (`cdi.common.uploadtoken`, operation `Clone`, the source's name, namespace and
 resource, params `targetNamespace`/`targetName`, valid 5 minutes), which the controller verifies before
 it reads another namespace's volume, so a DataVolume written without passing through this webhook
-clones nothing there. Pre-populated or static-volume DataVolumes go through without a token, as CDI's."""
+clones nothing there.
+
+Unlike CDI, a token that arrives on the object is never kept: whoever wrote it, the webhook removes the
+clone token a CREATE carries (and the extended one, which only the controller issues) and refuses to let
+an UPDATE add or change one, so the only clone token a DataVolume can hold is the one written here after
+the checks above, for the user the API server names. (CDI passes a pre-populated or static-volume
+DataVolume through with whatever token it carries: a token minted elsewhere then clones.)"""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import jsonpatch
 import orjson
 from aiohttp import web
 
+from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.validation import Cause
 from cdi.api.views import DataSourceView, DataVolumeView, dig
@@ -35,9 +42,6 @@ Obj = dict[str, Any]
 PATH = "/datavolume-mutate"
 CONFIGURATION = "cdi-api-datavolume-mutate"
 WEBHOOK = "datavolume-mutate.cdi.kubevirt.io"
-CLONE_TOKEN = "cdi.kubevirt.io/storage.clone.token"
-PRE_POPULATED = "cdi.kubevirt.io/storage.prePopulated"
-CHECK_STATIC_VOLUME = "cdi.kubevirt.io/storage.checkStaticVolume"
 
 
 def insufficient(user: str, namespace: str) -> str:
@@ -60,30 +64,31 @@ class DataVolumeMutation:
         view = DataVolumeView(dv)
         if operation not in ("CREATE", "UPDATE") or view.deleting:
             return review_response(review)
+        old_annotations = DataVolumeView(request.get("oldObject") or {}).annotations if operation == "UPDATE" else None
+        annotations = untrusted_tokens_removed(view.annotations, old_annotations)
         target_ns = str(view.namespace or request.get("namespace") or "")
         target_name = str(view.name or request.get("name") or "")
         found = await clone_source(self.client, dv, target_ns)
-        if found is None:
+        if found is not None:
+            kind, source_ns, source_name = found
+            no_token_okay = ann.PRE_POPULATED in annotations or ann.CHECK_STATIC_VOLUME in annotations
+            user: Mapping[str, Any] = request.get("userInfo") or {}
+            may_clone = source_ns == target_ns or await self._may_clone(kind, source_ns, source_name, user)
+            if not may_clone and not no_token_okay:
+                return review_response(review, [Cause("spec.source.PVC.namespace",
+                                                      insufficient(str(user.get("username", "")), source_ns),
+                                                      "FieldValueInvalid")])
+            if may_clone and operation == "CREATE":
+                annotations[ann.CLONE_TOKEN] = uploadtoken.issue(
+                    self.private_key(), source_ns, source_name, operation=uploadtoken.OPERATION_CLONE,
+                    resource=uploadtoken.PVC_RESOURCE if kind == "pvc" else uploadtoken.SNAPSHOT_RESOURCE,
+                    params={"targetNamespace": target_ns, "targetName": target_name})
+        if annotations == view.annotations:
             return review_response(review)
-        kind, source_ns, source_name = found
-        annotations = view.annotations
-        no_token_okay = PRE_POPULATED in annotations or CHECK_STATIC_VOLUME in annotations
-        user: Mapping[str, Any] = request.get("userInfo") or {}
-        if source_ns != target_ns and not await self._may_clone(kind, source_ns, source_name, user):
-            if no_token_okay:
-                return review_response(review)
-            return review_response(review, [Cause("spec.source.PVC.namespace",
-                                                  insufficient(str(user.get("username", "")), source_ns),
-                                                  "FieldValueInvalid")])
-        if operation != "CREATE":
-            return review_response(review)
-        token = uploadtoken.issue(
-            self.private_key(), source_ns, source_name, operation=uploadtoken.OPERATION_CLONE,
-            resource=uploadtoken.PVC_RESOURCE if kind == "pvc" else uploadtoken.SNAPSHOT_RESOURCE,
-            params={"targetNamespace": target_ns, "targetName": target_name})
-        mutated = {**dv, "metadata": {**(dv.get("metadata") or {}),
-                                      "annotations": {**annotations, CLONE_TOKEN: token}}}
-        patch = jsonpatch.make_patch(dv, mutated).patch
+        metadata = {**(dv.get("metadata") or {}), "annotations": annotations}
+        if not annotations:
+            del metadata["annotations"]
+        patch = jsonpatch.make_patch(dv, {**dv, "metadata": metadata}).patch
         uid = request.get("uid", "")
         return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
             "uid": uid, "allowed": True, "patchType": "JSONPatch",
@@ -108,6 +113,23 @@ class DataVolumeMutation:
         if kind == "pvc":
             return await allowed("pods")
         return await allowed("pods") and await allowed("pvcs")
+
+
+def untrusted_tokens_removed(annotations: Mapping[str, str], old: Mapping[str, str] | None) -> dict[str, str]:
+    """The annotations without a clone token the requester wrote. At creation (`old` None) neither token
+    stays. On an update the short token may stay as stored or go, never be added or changed; the extended
+    one may change, as the controller writes it by an update once it has verified the short one (it is
+    signed by the controller's issuer and bound to this DataVolume's uid, which no creation can know)."""
+    kept = dict(annotations)
+    checked = (ann.CLONE_TOKEN, ann.EXTENDED_CLONE_TOKEN) if old is None else (ann.CLONE_TOKEN,)
+    for key in checked:
+        stored = (old or {}).get(key)
+        if key in kept and kept[key] != stored:
+            if stored is None:
+                del kept[key]
+            else:
+                kept[key] = stored
+    return kept
 
 
 async def clone_source(client: KubeClient, dv: Mapping[str, Any], namespace: str) -> tuple[str, str, str] | None:

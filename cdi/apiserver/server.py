@@ -3,8 +3,9 @@
 
 TLS: its own serving certificate (CA kept in the state directory, published as the webhooks' and the
 APIService's caBundle); client certificates are *optional* and, when given, must chain to the
-aggregation layer's request-header CA, so that one listener serves webhook calls (no client
-certificate) and front-proxied token requests (the front proxy's certificate)."""
+aggregation layer's request-header CA or (with `webhook_client_names`) to the cluster's client CA, so
+that one listener serves webhook calls (the API server's certificate, required when names are given)
+and front-proxied token requests (the front proxy's certificate)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.rendering import webhook_rendering_enabled
 from cdi.apiserver import dvmutate, pvcmutate
 from cdi.apiserver.admission import Admission
-from cdi.apiserver.frontproxy import RequestHeaderConfig
+from cdi.apiserver.frontproxy import RequestHeaderConfig, Unauthenticated, WebhookCallers
 from cdi.apiserver.signingkey import ensure_signing_key
 from cdi.apiserver.uploadtokens import UploadTokenApi
 from cdi.common import pki
@@ -37,8 +39,11 @@ Obj = dict[str, Any]
 
 
 class CdiApiServer:
-    def __init__(self, client: KubeClient, namespace: str, state_dir: Path) -> None:
+    def __init__(self, client: KubeClient, namespace: str, state_dir: Path,
+                 webhook_client_names: tuple[str, ...] = ()) -> None:
         self.client = client
+        self.webhook_client_names = webhook_client_names
+        self.webhook_callers = WebhookCallers()
         self.namespace = namespace
         self.dir = state_dir
         self.admission = Admission(client)
@@ -61,12 +66,24 @@ class CdiApiServer:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.add_routes(self.admission.routes())
-        app.add_routes(self.pvc_mutation.routes())
-        app.add_routes(self.dv_mutation.routes())
+        for route in (*self.admission.routes(), *self.pvc_mutation.routes(), *self.dv_mutation.routes()):
+            assert isinstance(route, web.RouteDef)
+            app.router.add_route(route.method, route.path, self._from_api_server(route.handler))
         app.add_routes(self.tokens.routes())
         app.router.add_get("/healthz", _healthz)
         return app
+
+    def _from_api_server(self, handler: Handler) -> Handler:
+        """An admission webhook's handler, answering only the callers `webhook_callers` admits."""
+        async def checked(request: web.Request) -> web.StreamResponse:
+            try:
+                self.webhook_callers.check(request)
+            except Unauthenticated as exc:
+                log.warning("refused an admission webhook call from %s: %s", request.remote, exc)
+                return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                          "message": str(exc), "reason": "Forbidden", "code": 403}, status=403)
+            return await handler(request)
+        return checked
 
     def _certificates(self, hosts: list[str]) -> pki.KeyPair:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the CA's private key
@@ -85,10 +102,12 @@ class CdiApiServer:
         names = [host, SERVICE_NAME, f"{SERVICE_NAME}.{self.namespace}", f"{SERVICE_NAME}.{self.namespace}.svc"]
         self._signing_key = await ensure_signing_key(self.client, self.namespace)
         self.request_headers = await RequestHeaderConfig.load(self.client)
+        self.webhook_callers = await WebhookCallers.load(self.client, self.webhook_client_names)
         context = pki.server_context(self._certificates(names), self.dir / "serving")
-        if self.request_headers.client_ca:
-            context.verify_mode = ssl.CERT_OPTIONAL
-            context.load_verify_locations(cadata=self.request_headers.client_ca)
+        for client_ca in (self.request_headers.client_ca, self.webhook_callers.client_ca):
+            if client_ca:
+                context.verify_mode = ssl.CERT_OPTIONAL
+                context.load_verify_locations(cadata=client_ca)
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=context)

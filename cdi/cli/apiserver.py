@@ -22,6 +22,10 @@ def register(commands: Any) -> None:
                         help="where the serving CA and certificate are kept")
     parser.add_argument("--endpoint-ip", default=None,
                         help="point the cdi-api Service at this address instead of selecting the pods")
+    parser.add_argument("--webhook-client-names", default="",
+                        help="comma-separated common names of the client certificates the API server presents to "
+                             "admission webhooks (issued by its client CA); given, webhook calls without one are "
+                             "refused")
     parser.set_defaults(run=run)
 
 
@@ -29,7 +33,8 @@ async def serve(args: argparse.Namespace) -> None:
     stop = stop_on_signals()
     host, port = parse_listen(args.listen)
     async with await KubeClient.connect(args.kubeconfig) as client:
-        server = CdiApiServer(client, args.namespace, args.state_dir)
+        names = tuple(n.strip() for n in args.webhook_client_names.split(",") if n.strip())
+        server = CdiApiServer(client, args.namespace, args.state_dir, webhook_client_names=names)
         await server.start(host, port)
         await server.register(args.endpoint_ip)
         print(f"cdi apiserver: serving on {host}:{server.port}", flush=True)

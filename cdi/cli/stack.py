@@ -21,6 +21,7 @@ from cdi.api import featuregates, groups
 from cdi.apiserver.server import CdiApiServer
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
+from cdi.embedded.kubeapi.webhooks import WEBHOOK_CLIENT
 from cdi.kube import AlreadyExists, KubeClient
 from cdi.uploadproxy import serving
 from cdi.uploadproxy.server import UploadProxy
@@ -61,7 +62,8 @@ class CdiStack:
     async def start(self) -> None:
         self.client = await KubeClient.connect(self.kubeconfig)
         await self._bootstrap(self.client)
-        self.apiserver = CdiApiServer(self.client, self.settings.namespace, self.state_dir / "cdi-apiserver")
+        self.apiserver = CdiApiServer(self.client, self.settings.namespace, self.state_dir / "cdi-apiserver",
+                                      webhook_client_names=(WEBHOOK_CLIENT,))
         await self.apiserver.start()
         await self.apiserver.register()
         await self._start_uploadproxy(self.client)

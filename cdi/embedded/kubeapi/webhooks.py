@@ -1,6 +1,9 @@
 """Admission webhooks: the server calls the endpoints registered by Mutating- and
 ValidatingWebhookConfiguration objects with AdmissionReview v1, as kube-apiserver does (rules,
-namespace and object selectors, caBundle, failurePolicy, timeouts, JSONPatch responses)."""
+namespace and object selectors, caBundle, failurePolicy, timeouts, JSONPatch responses), presenting a
+client certificate of this server's CA (CN `WEBHOOK_CLIENT`) to every webhook, as kube-apiserver does when
+its admission configuration names a `kubeConfigFile`: a webhook can tell the API server from anyone else
+who reaches its Service."""
 
 from __future__ import annotations
 
@@ -11,12 +14,14 @@ import logging
 import ssl
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import jsonpatch
 import orjson
 
+from cdi.common import pki
 from cdi.embedded.kubeapi import services
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.objects import AdmissionRequest, Obj
@@ -28,6 +33,7 @@ log = logging.getLogger(__name__)
 MUTATING = "admissionregistration.k8s.io/mutatingwebhookconfigurations"
 VALIDATING = "admissionregistration.k8s.io/validatingwebhookconfigurations"
 _EXEMPT = {MUTATING, VALIDATING}
+WEBHOOK_CLIENT = "kube-apiserver-webhook-client"  # the common name cdi-apiserver expects under `cdi up`
 
 
 def _dropped(exc: aiohttp.ClientError) -> bool:
@@ -68,6 +74,14 @@ class WebhookAdmission:
         self.store = store
         self._session: aiohttp.ClientSession | None = None
         self._contexts: dict[str, ssl.SSLContext] = {}
+        self._identity: tuple[Path, Path] | None = None
+
+    def setup_identity(self, ca: pki.KeyPair, directory: Path) -> None:
+        """The client certificate every webhook call presents, issued anew at each start."""
+        cert, key = directory / "webhook-client.crt", directory / "webhook-client.key"
+        pki.issue(ca, WEBHOOK_CLIENT, None, server=False, client=True).write(cert, key)
+        self._identity = (cert, key)
+        self._contexts.clear()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -143,6 +157,8 @@ class WebhookAdmission:
             if len(self._contexts) >= 64:
                 self._contexts.pop(next(iter(self._contexts)))
             context = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode() if ca_bundle else None)
+            if self._identity is not None:
+                context.load_cert_chain(*self._identity)
             self._contexts[ca_bundle] = context
         return context
 
