@@ -43,6 +43,8 @@ OBJECTTRANSFERS: Final = GVR(CDI_GROUP, CDI_VERSION, "objecttransfers", "ObjectT
 VOLUMEIMPORTSOURCES: Final = GVR(CDI_GROUP, CDI_VERSION, "volumeimportsources", "VolumeImportSource", True)
 VOLUMEUPLOADSOURCES: Final = GVR(CDI_GROUP, CDI_VERSION, "volumeuploadsources", "VolumeUploadSource", True)
 VOLUMECLONESOURCES: Final = GVR(CDI_GROUP, CDI_VERSION, "volumeclonesources", "VolumeCloneSource", True)
+# Gateway API's ReferenceGrant: what a claim's cross-namespace dataSourceRef needs in the source namespace
+REFERENCEGRANTS: Final = GVR("gateway.networking.k8s.io", "v1beta1", "referencegrants", "ReferenceGrant", True)
 UPLOADTOKENREQUESTS: Final = GVR(UPLOAD_GROUP, UPLOAD_VERSION, "uploadtokenrequests", "UploadTokenRequest", True)
 
 VOLUMESNAPSHOTS: Final = GVR(SNAPSHOT_GROUP, SNAPSHOT_VERSION, "volumesnapshots", "VolumeSnapshot", True)

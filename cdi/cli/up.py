@@ -8,11 +8,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cdi.api import referencegrant
 from cdi.cli.controller import add_settings_arguments, settings_from
 from cdi.cli.service import parse_listen, stop_on_signals
 from cdi.cli.stack import CdiStack
 from cdi.common import aioloop
 from cdi.embedded.cluster import ClusterConfig, EmbeddedCluster
+
+SUPPORTED_GATES = (referencegrant.FEATURE_GATE,)
+
+
+def feature_gates(text: str) -> frozenset[str]:
+    """kube-apiserver's `--feature-gates` syntax: the gates switched on; an unknown gate is refused."""
+    on = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in SUPPORTED_GATES:
+            raise argparse.ArgumentTypeError(f"unrecognized feature gate: {name} (supported: "
+                                             f"{', '.join(SUPPORTED_GATES)})")
+        if value.lower() not in ("true", "false"):
+            raise argparse.ArgumentTypeError(f"invalid value of {name}: {value!r}, expected true or false")
+        if value.lower() == "true":
+            on.add(name)
+    return frozenset(on)
 
 
 def register(commands: Any) -> None:
@@ -33,6 +51,10 @@ def register(commands: Any) -> None:
                         help="seconds of the first CrashLoopBackOff delay (doubles up to 300; default 10)")
     parser.add_argument("--shutdown-grace", type=float, default=5.0,
                         help="seconds running containers get to exit when cdi up stops (default 5)")
+    parser.add_argument("--feature-gates", type=feature_gates, default=frozenset(),
+                        help="kube-apiserver feature gates, GATE=true|false,... (supported: "
+                             f"{', '.join(SUPPORTED_GATES)}: a PVC's dataSourceRef may name another namespace, "
+                             "honoured where a ReferenceGrant there allows it)")
     parser.add_argument("--no-cdi", action="store_true",
                         help="run only the Kubernetes-compatible control plane, without CDI's components")
     add_settings_arguments(parser)
@@ -44,7 +66,7 @@ async def serve(args: argparse.Namespace) -> None:
     cluster = EmbeddedCluster(ClusterConfig(args.data_dir.resolve(), host, port, args.watch_history,
                                             args.bookmark_interval, args.token_auth_file,
                                             ext4_volumes=args.ext4_volumes, restart_backoff=args.restart_backoff,
-                                            shutdown_grace=args.shutdown_grace))
+                                            shutdown_grace=args.shutdown_grace, feature_gates=args.feature_gates))
     stop = stop_on_signals()
     await cluster.start()
     stack = None if args.no_cdi else CdiStack(cluster.kubeconfig_path, args.data_dir.resolve(), settings_from(args))

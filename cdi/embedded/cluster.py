@@ -31,13 +31,15 @@ class ClusterConfig:
     ext4_volumes: bool = False      # each Filesystem volume a loop-mounted ext4 image of its size (root)
     restart_backoff: float = 10.0   # the kubelet's first CrashLoopBackOff delay, doubling up to 300s
     shutdown_grace: float = 5.0     # seconds containers get to exit when `cdi up` stops
+    feature_gates: frozenset[str] = frozenset()  # kube-apiserver's gates that are on (`--feature-gates`)
 
 
 class EmbeddedCluster:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         self.apiserver = ApiServer(ServerConfig(config.data_dir, config.host, config.port, config.watch_history,
-                                                config.bookmark_interval, config.token_auth_file))
+                                                config.bookmark_interval, config.token_auth_file,
+                                                config.feature_gates))
         self.api = LocalApi(self.apiserver.objects)
         name = node_name()
         self.storage = LocalStorage(self.api, config.data_dir / "storage", name, ext4=config.ext4_volumes)

@@ -95,6 +95,8 @@ CONTROLLER_CLUSTER_RULES = [
     _rule(["storage.k8s.io"], ["storageclasses", "csidrivers"], READ),
     _rule([groups.SNAPSHOT_GROUP], ["volumesnapshotclasses", "volumesnapshotcontents"], READ),
     _rule([groups.SNAPSHOT_GROUP], ["volumesnapshots"], ALL),  # DataImportCron snapshot sources
+    # a populated claim's dataSourceRef into another namespace needs a grant there (Gateway API)
+    _rule([groups.REFERENCEGRANTS.group], [groups.REFERENCEGRANTS.plural], READ),
     _rule([groups.CDI_GROUP], ["*"], ("*",)),
 ]
 CONTROLLER_NAMESPACE_RULES = [

@@ -37,6 +37,11 @@ def kit_dir() -> Path | None:
 STATE = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))  # the kit's state directory
 CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
 CONTAINERD_PID = STATE / "pids" / "containerd.pid"
+APISERVER_PID = STATE / "pids" / "kube-apiserver.pid"
+# what kube-apiserver presents to admission webhooks: the kit's own client certificate of the API server
+# (CN kube-apiserver-kubelet-client, issued by the cluster's client CA), as an admin would choose one
+WEBHOOK_CLIENT_NAME = "kube-apiserver-kubelet-client"
+CROSS_NAMESPACE_GATE = "CrossNamespaceVolumeDataSource=true"
 
 
 def _sets_device_ownership(config: str) -> bool:
@@ -177,6 +182,47 @@ class RealK8s:
         wait_for(lambda: self.condition(self.get("node", "realk8s"), "Ready") == "True", timeout=120, interval=1.0,
                  message="the node Ready after containerd's restart")
         assert self.block_devices_owned_by_pod_user()
+
+    def configure_api_server(self) -> None:
+        """What the README's install section asks of an admin who wants cdi-apiserver to answer only the API
+        server, plus the CrossNamespaceVolumeDataSource gate (both kube-apiserver flags, which the kit's
+        `up.sh` does not set): an AdmissionConfiguration whose webhook kubeconfig presents the API server's
+        client certificate to `cdi-api.cdi.svc`. kube-apiserver restarts with them (its command line as the
+        kit started it, plus the two flags); this holds until the kit's next start. Nothing is done when the
+        running one has them."""
+        pid = int(APISERVER_PID.read_text())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        directory = STATE / "cdi-admission"
+        config = directory / "admission.yaml"
+        wanted = [f"--admission-control-config-file={config}", f"--feature-gates={CROSS_NAMESPACE_GATE}"]
+        if all(flag in argv for flag in wanted):
+            return
+        directory.mkdir(exist_ok=True)
+        pki = STATE / "pki"
+        kubeconfig = directory / "webhooks.kubeconfig"
+        kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "users": [{
+            "name": "cdi-api.cdi.svc", "user": {"client-certificate": str(pki / "apiserver-kubelet-client.crt"),
+                                                "client-key": str(pki / "apiserver-kubelet-client.key")}}]}))
+        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+                  "kubeConfigFile": str(kubeconfig)}
+        config.write_text(json.dumps({"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+                                      "plugins": [{"name": name, "configuration": plugin} for name in
+                                                  ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
+        argv = [a for a in argv if not a.startswith(("--admission-control-config-file", "--feature-gates"))]
+        os.kill(pid, signal.SIGTERM)  # it drains its requests first; what is still open after 20 s may go
+        try:
+            wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=20, interval=0.2,
+                     message="kube-apiserver stopped")
+        except AssertionError:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=30, interval=0.2,
+                     message="kube-apiserver killed")
+        with (STATE / "logs" / "kube-apiserver.log").open("ab") as log:
+            process = subprocess.Popen(["nsenter", "--net=/run/netns/realk8s", "--", *argv, *wanted],
+                                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        APISERVER_PID.write_text(f"{process.pid}\n")
+        wait_for(lambda: self.kubectl("get", "--raw", "/readyz", check=False).returncode == 0, timeout=120,
+                 interval=0.5, message="kube-apiserver ready after its restart")
 
     def wait_pod_done(self, name: str, namespace: str, timeout: float = 180) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:

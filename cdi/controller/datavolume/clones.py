@@ -80,6 +80,8 @@ CLONE_SOURCE_IN_USE = "CloneSourceInUse"
 CLONER_MOUNT_PATH = "/run/cdi/clone/source"
 SIGNING_KEY_SECRET = "cdi-api-signing-key"  # cdi-apiserver's, which signs and checks clone tokens
 CLONE_SOURCE_ANNOTATION = "cdi.kubevirt.io/storage.clone.source"  # ours: kind/namespace/name the target clones
+SOURCE_UNAUTHORIZED = "CloneSourceUnauthorized"  # ours: the recorded source is not one the clone may read
+MESSAGE_SOURCE_UNAUTHORIZED = "The clone does not go on"
 
 
 def is_clone(dv: Body) -> bool:
@@ -281,15 +283,12 @@ class CloneReconciler(Reconciler):
             return None  # _create_target says why
         if source.namespace == view.namespace:
             return None
-        if self._signing_key is None:
-            secret = await self._get(groups.SECRETS, SIGNING_KEY_SECRET, self.ctx.settings.namespace)
-            data = (secret or {}).get("data") or {}
-            if "id_rsa" not in data:
-                return await self._status(dv, None, reason="Pending", message="waiting for cdi-apiserver's signing key",
-                                          phase="Pending", requeue=POLL)
-            self._signing_key = base64.b64decode(data["id_rsa"])
+        signing_key = await self._signing_key_or_none()
+        if signing_key is None:
+            return await self._status(dv, None, reason="Pending", message="waiting for cdi-apiserver's signing key",
+                                      phase="Pending", requeue=POLL)
         try:
-            extended = clonetoken.verified(view.annotations, self._signing_key, source.kind, source.namespace,
+            extended = clonetoken.verified(view.annotations, signing_key, source.kind, source.namespace,
                                            source.name, view.namespace, view.name, view.uid)
         except clonetoken.TokenInvalid as exc:
             message = str(exc)
@@ -302,6 +301,47 @@ class CloneReconciler(Reconciler):
         await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
             clonetoken.EXTENDED_CLONE_TOKEN: extended}}}, view.namespace)
         return 0.2
+
+    async def _signing_key_or_none(self) -> bytes | None:
+        """cdi-apiserver's key, which signs and checks clone tokens (None until it exists)."""
+        if self._signing_key is None:
+            secret = await self._get(groups.SECRETS, SIGNING_KEY_SECRET, self.ctx.settings.namespace)
+            data = (secret or {}).get("data") or {}
+            if "id_rsa" in data:
+                self._signing_key = base64.b64decode(data["id_rsa"])
+        return self._signing_key
+
+    async def _unauthorized(self, target: Body, kind: str, source_ns: str, source_name: str) -> str | None:
+        """Why the source the target records (an annotation on a claim its user may edit) is not one this
+        clone may read, or None. A DataVolume's target reads its own namespace, or the source its clone
+        token names; a claim of the clone populator reads what its VolumeCloneSource names, from that
+        source's namespace (its own, or one a ReferenceGrant opened, checked when the clone was planned)."""
+        claim = ClaimView(target)
+        recorded = f"{kind}/{source_ns}/{source_name}"
+        owner = next((r for r in claim.owner_references if r.get("kind") == "DataVolume" and r.get("controller")),
+                     None)
+        if owner is not None:
+            if source_ns == claim.namespace:
+                return None
+            dv = self.ctx.cached(groups.DATAVOLUMES, str(owner.get("name")), claim.namespace)
+            signing_key = await self._signing_key_or_none()
+            if dv is None or signing_key is None:
+                return f"no clone token allows reading {recorded}"
+            view = DataVolumeView(dv)
+            try:
+                clonetoken.verified(view.annotations, signing_key, kind, source_ns, source_name, view.namespace,
+                                    view.name, view.uid)
+            except clonetoken.TokenInvalid as exc:
+                return f"no clone token allows reading {recorded}: {exc}"
+            return None
+        ref = claim.populator_ref
+        namespace = str(ref.get("namespace") or claim.namespace)
+        source = self.ctx.cached(groups.VOLUMECLONESOURCES, str(ref.get("name") or ""), namespace)
+        named: Body = ObjectView(source or {}).spec.get("source") or {}
+        wanted = f"{'snapshot' if named.get('kind') == 'VolumeSnapshot' else 'pvc'}/{namespace}/{named.get('name')}"
+        if source is None or recorded != wanted:
+            return f"its VolumeCloneSource does not name {recorded}"
+        return None
 
     async def _detect_size(self, dv: Body) -> float | None:
         """The source's disk image is measured by a size-detection pod (CDI's getSizeFromPod); its
@@ -374,6 +414,11 @@ class CloneReconciler(Reconciler):
         annotations = ClaimView(target).annotations
         kind, _, rest = annotations.get(CLONE_SOURCE_ANNOTATION, "").partition("/")
         source_ns, _, source_name = rest.partition("/")
+        why = await self._unauthorized(target, kind, source_ns, source_name)
+        if why is not None:
+            self.ctx.recorder.record(target, WARNING, SOURCE_UNAUTHORIZED,
+                                     f"{MESSAGE_SOURCE_UNAUTHORIZED}: {CLONE_SOURCE_ANNOTATION}: {why}")
+            return None
         strategy = annotations.get(ann.CLONE_TYPE, planner.COPY)
         if ClaimView(target).volume_name:
             return await self._finish(target, source_ns)

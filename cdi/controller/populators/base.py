@@ -11,20 +11,21 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import groups
+from cdi.api import groups, referencegrant
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import ClaimView, ObjectView, PersistentVolumeView
 from cdi.controller.claims import annotate, owner_reference
 from cdi.controller.copyevents import copy_events
 from cdi.controller.runtime import Context, Reconciler
-from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, ApiError, NotFound, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
 
 PRIME_PREFIX = "prime"
 PVC_PRIME_NAME = ann.PVC_PRIME_NAME
-DATA_SOURCE_NAMESPACE = "cdi.kubevirt.io/dataSourceNamespace"  # CDI's AnnDataSourceNamespace
+REFERENCE_NOT_GRANTED = "CrossNamespaceSourceNotGranted"  # ours: the claim waits for a ReferenceGrant
+GRANT_POLL = 10.0  # seconds between looks for a missing ReferenceGrant (nothing watches grants)
 
 # events, as CDI names them
 ERR_CREATING_PVC_PRIME = "ErrCreatingPVCPrime"
@@ -59,8 +60,30 @@ def refers_to(pvc: Body, kind: str) -> bool:
 
 
 def source_namespace(pvc: Body) -> str:
+    """Where the claim's population source lives: its own namespace, or the one its dataSourceRef names
+    (which the API server keeps only under CrossNamespaceVolumeDataSource, and which is honoured only with a
+    ReferenceGrant: `reference_granted`). Never an annotation: whoever may edit the claim writes those."""
     view = ClaimView(pvc)
-    return str(view.annotations.get(DATA_SOURCE_NAMESPACE) or view.populator_ref.get("namespace") or view.namespace)
+    return str(view.populator_ref.get("namespace") or view.namespace)
+
+
+async def reference_granted(ctx: Context, pvc: Body) -> bool:
+    """A claim whose dataSourceRef names another namespace is filled only when a ReferenceGrant there allows
+    it, as the CSI external-provisioner decides for PVC and VolumeSnapshot sources; else a warning says why
+    and the claim waits (the grant is looked for again at the next look)."""
+    view = ClaimView(pvc)
+    ref = data_source_ref(pvc)
+    namespace = referencegrant.cross_namespace(view.namespace, ref)
+    if namespace is None:
+        return True
+    try:
+        grants = (await ctx.client.list(groups.REFERENCEGRANTS, namespace)).items
+    except ApiError:  # the Gateway API's CRD is not installed (or not readable): nothing is granted
+        grants = []
+    if referencegrant.granted(grants, view.namespace, ref):
+        return True
+    ctx.recorder.record(pvc, WARNING, REFERENCE_NOT_GRANTED, referencegrant.refusal(view.namespace, view.name, ref))
+    return False
 
 
 def owning_claim(pvc: Body) -> str | None:
@@ -156,11 +179,11 @@ class PopulatorReconciler(Reconciler):
         return requeue
 
     async def _create_prime(self, pvc: Body) -> float | None:
-        if data_source_ref(pvc).get("namespace"):
-            return None  # cross-namespace population is not supported (as CDI)
         view = ClaimView(pvc)
         if view.phase not in ("", "Pending"):
             return None
+        if not await reference_granted(self.ctx, pvc):
+            return GRANT_POLL
         source = self.population_source(pvc)
         if source is None:
             return None  # a source event brings the claim back

@@ -14,7 +14,13 @@ from cdi.api.views import ClaimView, ObjectView, SnapshotView
 from cdi.controller.claims import annotate
 from cdi.controller.clone import planner
 from cdi.controller.datavolume import clones
-from cdi.controller.populators.base import Body, PopulatorReconciler, source_namespace
+from cdi.controller.populators.base import (
+    GRANT_POLL,
+    Body,
+    PopulatorReconciler,
+    reference_granted,
+    source_namespace,
+)
 from cdi.controller.runtime import Context
 from cdi.kube import WARNING, split_key
 
@@ -55,6 +61,8 @@ class ClonePopulator(PopulatorReconciler):
         """Pick the strategy (CDI's planner) and record it with the source on the claim."""
         if ClaimView(pvc).phase not in ("", "Pending"):
             return None
+        if not await reference_granted(self.ctx, pvc):
+            return GRANT_POLL
         source = self.population_source(pvc)
         if source is None:
             return None

@@ -15,7 +15,9 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from cdi.api import referencegrant
 from cdi.api.crds import all_crds
+from cdi.api.referencegrant import crd as reference_grant_crd
 from cdi.common import pki
 from cdi.embedded import datadir
 from cdi.embedded.kubeapi import bodies
@@ -46,6 +48,7 @@ class ServerConfig:
     watch_history: int = 20_000
     bookmark_interval: float = 10.0
     token_auth_file: Path | None = None
+    feature_gates: frozenset[str] = frozenset()
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -66,7 +69,8 @@ class ApiServer:
         self.store = Store(self.dir / "state.db", config.watch_history)
         self.registry = Registry()
         self.service_range = claim_range(SERVICE_NETWORK, self.dir / SERVICE_RANGE_FILE)
-        self.strategies = Strategies(ServiceIPs(self.service_range.network))
+        self.strategies = Strategies(ServiceIPs(self.service_range.network),
+                                     cross_namespace_data_sources=referencegrant.FEATURE_GATE in config.feature_gates)
         self.objects = Objects(self.registry, self.store, self.strategies)
         self.webhooks = WebhookAdmission(self.store)
         self.objects.admission.append(self.webhooks)
@@ -154,6 +158,8 @@ class ApiServer:
             await self._ensure("namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         for crd in all_crds():
             await self._ensure("customresourcedefinitions", crd, "apiextensions.k8s.io")
+        if self.strategies.cross_namespace_data_sources:  # what the gate is for needs Gateway API's grants
+            await self._ensure("customresourcedefinitions", reference_grant_crd(), "apiextensions.k8s.io")
         for policy in bootstrap_policy():
             plural = "clusterroles" if policy["kind"] == "ClusterRole" else "clusterrolebindings"
             await self._ensure(plural, policy, "rbac.authorization.k8s.io")
@@ -199,6 +205,8 @@ class ApiServer:
         if self.config.token_auth_file is not None:
             self.auth.load_token_file(self.config.token_auth_file)
         self.aggregator.setup_identity()
+        assert self.ca is not None
+        self.webhooks.setup_identity(self.ca, self.dir)
         self._load_crds()
         self._reserve_service_ips()
         await self._bootstrap()

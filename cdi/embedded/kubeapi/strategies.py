@@ -154,9 +154,12 @@ def _update_pod(obj: Obj, old: Obj | None) -> list[Cause]:
     return []
 
 
-def _create_pvc(obj: Obj, _: Obj | None) -> list[Cause]:
+def _create_pvc(obj: Obj, _: Obj | None, cross_namespace_data_sources: bool = False) -> list[Cause]:
     spec = obj.setdefault("spec", {})
     spec.setdefault("volumeMode", "Filesystem")
+    ref = spec.get("dataSourceRef")
+    if not cross_namespace_data_sources and isinstance(ref, dict):
+        ref.pop("namespace", None)  # kube-apiserver's DropDisabledFields: the field exists only with the gate
     _normalize_data_sources(spec)
     obj["status"] = {"phase": "Pending"}
     return []
@@ -299,10 +302,12 @@ def _create_event(obj: Obj, _: Obj | None) -> list[Cause]:
 class Strategies:
     """Per-kind hooks; a kind without hooks is stored as given."""
 
-    def __init__(self, service_ips: ServiceIPs) -> None:
+    def __init__(self, service_ips: ServiceIPs, cross_namespace_data_sources: bool = False) -> None:
         self.service_ips = service_ips
+        self.cross_namespace_data_sources = cross_namespace_data_sources  # kube's CrossNamespaceVolumeDataSource
         self._create: dict[tuple[str, str], Callable[[Obj, Obj | None], list[Cause]]] = {
-            ("", "Pod"): _create_pod, ("", "PersistentVolumeClaim"): _create_pvc,
+            ("", "Pod"): _create_pod,
+            ("", "PersistentVolumeClaim"): lambda obj, old: _create_pvc(obj, old, self.cross_namespace_data_sources),
             ("", "PersistentVolume"): _create_pv, ("", "Namespace"): _create_namespace,
             ("", "Secret"): _create_secret, ("", "Service"): self._create_service, ("", "Event"): _create_event,
             ("", "ConfigMap"): _check_configmap,

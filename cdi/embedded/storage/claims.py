@@ -15,7 +15,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api.groups import PODS, PVCS, PVS, SNAPSHOT_GROUP, STORAGECLASSES, VOLUMESNAPSHOTCONTENTS, VOLUMESNAPSHOTS
+from cdi.api import referencegrant
+from cdi.api.groups import (
+    PODS,
+    PVCS,
+    PVS,
+    REFERENCEGRANTS,
+    SNAPSHOT_GROUP,
+    STORAGECLASSES,
+    VOLUMESNAPSHOTCONTENTS,
+    VOLUMESNAPSHOTS,
+)
 from cdi.api.quantity import QuantityError, format_bytes, parse_bytes
 from cdi.embedded.control import Controller, Key, LocalApi
 from cdi.embedded.storage.backend import LocalVolumes, StorageError
@@ -221,6 +231,13 @@ class ClaimController(Controller):
 
     # -- provisioning ------------------------------------------------------------------------------
 
+    def _grants(self, namespace: str) -> list[Obj]:
+        """The ReferenceGrants of a namespace (none where the Gateway API's CRD is not installed)."""
+        try:
+            return self.api.list(REFERENCEGRANTS, namespace)
+        except LookupError:
+            return []
+
     async def _provision(self, pvc: Obj, sc: Obj, source: Obj | None) -> Obj | None:
         meta, spec = pvc["metadata"], pvc.get("spec") or {}
         provisioner = sc["provisioner"]
@@ -231,6 +248,9 @@ class ClaimController(Controller):
             return existing
         size = requested_bytes(pvc)
         block = spec.get("volumeMode") == "Block"
+        if source is not None and referencegrant.cross_namespace(meta["namespace"], source) and \
+                not referencegrant.granted(self._grants(str(source["namespace"])), meta["namespace"], source):
+            raise StorageError(referencegrant.refusal(meta["namespace"], meta["name"], source))
         if source is None:
             record = self.volumes.create(pv_name, size, block)
         elif source.get("kind") == "PersistentVolumeClaim":
