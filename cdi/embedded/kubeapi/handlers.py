@@ -74,9 +74,20 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return web.Response(body=orjson.dumps(body), status=status, content_type=JSON, headers=headers)
 
 
+def _warning_header(text: str) -> str:
+    """One `Warning` header value as kube-apiserver writes it (RFC 7234: code 299, no agent, the text a
+    quoted-string with `"` and `\\` escaped). kubectl drops a value it cannot parse, so an unescaped quote
+    in the text (`unknown field "spec.x"`) would hide the warning from the user."""
+    quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'299 - "{quoted}"'
+
+
 def _raw(body: bytes, status: int = 200, warnings: list[str] | None = None) -> web.Response:
-    headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else None
-    return web.Response(body=body, status=status, content_type=JSON, headers=headers)
+    """A JSON body; each distinct warning in a `Warning` header of its own, as kube-apiserver adds them."""
+    response = web.Response(body=body, status=status, content_type=JSON)
+    for text in dict.fromkeys(warnings or ()):
+        response.headers.add("Warning", _warning_header(text))
+    return response
 
 
 def _wants_table(request: web.Request) -> bool:
