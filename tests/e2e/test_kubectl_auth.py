@@ -5,6 +5,7 @@ themselves (`auth whoami`, `auth can-i --list`), impersonation with user extras 
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator
 
 import pytest
@@ -28,6 +29,22 @@ def k(cluster: CdiUp | External, tmp_path_factory: pytest.TempPathFactory) -> Ku
     return Kubectl(cluster.kubeconfig, tmp_path_factory.mktemp("kc"))
 
 
+def blank_dv(name: str) -> str:
+    return textwrap.dedent(f"""\
+        apiVersion: cdi.kubevirt.io/v1beta1
+        kind: DataVolume
+        metadata:
+          name: {name}
+        spec:
+          source:
+            blank: {{}}
+          storage:
+            resources:
+              requests:
+                storage: 16Mi
+        """)
+
+
 def test_admin_of_a_namespace_reads_and_writes_what_edit_and_view_grant(k: Kubectl) -> None:
     ns = new_namespace(k, "admin")
     k("create", "rolebinding", "bob-admin", "--clusterrole=admin", "--user=bob", "-n", ns)
@@ -37,3 +54,21 @@ def test_admin_of_a_namespace_reads_and_writes_what_edit_and_view_grant(k: Kubec
     k("create", "configmap", "settings", "--from-literal=a=b", "-n", ns, "--token", "bob-token")
     k("create", "rolebinding", "carol-view", "--clusterrole=view", "--user=carol", "-n", ns, "--token", "bob-token")
     assert "persistentvolumeclaims" in k("describe", "clusterrole", "admin").stdout
+
+
+def test_edit_creates_datavolumes_and_view_reads_them(k: Kubectl) -> None:
+    ns = new_namespace(k, "cdiroles")
+    k("create", "rolebinding", "bob-edit", "--clusterrole=edit", "--user=bob", "-n", ns)
+    k("create", "rolebinding", "carol-view", "--clusterrole=view", "--group=devs", "-n", ns)
+    created = k("create", "-f", "-", "-n", ns, "--token", "bob-token", input=blank_dv("bobs"), check=False)
+    assert created.returncode == 0, created.stderr
+    assert "datavolume.cdi.kubevirt.io/bobs created" in created.stdout
+    assert "bobs" in k("get", "dv", "-n", ns, "--token", "carol-token").stdout
+    refused = k("create", "-f", "-", "-n", ns, "--token", "carol-token", input=blank_dv("carols"), check=False)
+    assert refused.returncode == 1
+    assert 'User "carol" cannot create resource "datavolumes"' in refused.stderr
+    # every authenticated user reads CDI's configuration, as CDI's config-reader binding says
+    assert k("get", "cdiconfig", "--token", "carol-token").returncode == 0
+    roles = k("get", "clusterroles", "-l", "cdi.kubevirt.io", "-o", "name").stdout.split()
+    assert {"clusterrole.rbac.authorization.k8s.io/cdi.kubevirt.io:" + role
+            for role in ("admin", "edit", "view", "config-reader")} <= set(roles)
