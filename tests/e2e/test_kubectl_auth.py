@@ -5,6 +5,7 @@ themselves (`auth whoami`, `auth can-i --list`), impersonation with user extras 
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Iterator
 
@@ -72,3 +73,36 @@ def test_edit_creates_datavolumes_and_view_reads_them(k: Kubectl) -> None:
     roles = k("get", "clusterroles", "-l", "cdi.kubevirt.io", "-o", "name").stdout.split()
     assert {"clusterrole.rbac.authorization.k8s.io/cdi.kubevirt.io:" + role
             for role in ("admin", "edit", "view", "config-reader")} <= set(roles)
+
+
+def test_can_i_list_prints_the_rules_of_the_namespace(k: Kubectl) -> None:
+    ns = new_namespace(k, "rules")
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "dv-reader", "namespace": ns},
+             "rules": [{"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"], "verbs": ["get", "list"]},
+                       {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["settings"],
+                        "verbs": ["get"]}]})
+    k("create", "rolebinding", "bob-reads", "--role=dv-reader", "--user=bob", "-n", ns)
+    listed = k("auth", "can-i", "--list", "-n", ns, "--token", "bob-token", check=False)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    assert rows[0] == ["Resources", "Non-Resource", "URLs", "Resource", "Names", "Verbs"]
+    assert ["datavolumes.cdi.kubevirt.io", "[]", "[]", "[get", "list]"] in rows
+    assert ["configmaps", "[]", "[settings]", "[get]"] in rows
+    assert ["selfsubjectaccessreviews.authorization.k8s.io", "[]", "[]", "[create]"] in rows  # system:basic-user
+    assert ["[/version]", "[]", "[get]"] in rows  # system:discovery
+    elsewhere = k("auth", "can-i", "--list", "-n", "default", "--token", "bob-token").stdout
+    assert "datavolumes" not in elsewhere
+
+
+def table(text: str) -> list[list[str]]:
+    """kubectl's columns (two spaces or more apart) of each line."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
+
+
+def test_whoami_names_the_user_and_groups(k: Kubectl) -> None:
+    shown = k("auth", "whoami", "--token", "carol-token", check=False)
+    assert shown.returncode == 0, shown.stderr
+    rows = table(shown.stdout)
+    assert ["Username", "carol"] in rows and ["UID", "1002"] in rows
+    assert ["Groups", "[devs system:authenticated]"] in rows

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,22 +98,23 @@ class RbacAuthorizer:
         entry = self.store.get(ROLES, namespace, str(ref.get("name")))
         return list(entry.obj().get("rules") or []) if entry else []
 
+    def rules_for(self, user: UserInfo, namespace: str) -> Iterator[Mapping[str, Any]]:
+        """Every rule granted to `user` in `namespace` (cluster-wide ones first), as kube-apiserver's rule
+        resolver visits them: what authorizes requests and what SelfSubjectRulesReview lists."""
+        for _, _, entry in self.store.items(CLUSTER_ROLE_BINDINGS):
+            binding = entry.obj()
+            if any(_subject_matches(s, user, "") for s in binding.get("subjects") or []):
+                yield from self._role_rules(binding.get("roleRef") or {}, "")
+        if namespace:
+            for _, _, entry in self.store.items(ROLE_BINDINGS, namespace):
+                binding = entry.obj()
+                if any(_subject_matches(s, user, namespace) for s in binding.get("subjects") or []):
+                    yield from self._role_rules(binding.get("roleRef") or {}, namespace)
+
     def allowed(self, user: UserInfo, attrs: Attributes) -> bool:
         if "system:masters" in user.groups:
             return True
-        for _, _, entry in self.store.items(CLUSTER_ROLE_BINDINGS):
-            binding = entry.obj()
-            if any(_subject_matches(s, user, "") for s in binding.get("subjects") or []) and \
-                    any(_rule_allows(r, attrs) for r in self._role_rules(binding.get("roleRef") or {}, "")):
-                return True
-        if attrs.namespace:
-            for _, _, entry in self.store.items(ROLE_BINDINGS, attrs.namespace):
-                binding = entry.obj()
-                if any(_subject_matches(s, user, attrs.namespace) for s in binding.get("subjects") or []) and \
-                        any(_rule_allows(r, attrs) for r in
-                            self._role_rules(binding.get("roleRef") or {}, attrs.namespace)):
-                    return True
-        return False
+        return any(_rule_allows(rule, attrs) for rule in self.rules_for(user, attrs.namespace))
 
 
 def _semantic(rule: Mapping[str, Any]) -> dict[str, Any]:

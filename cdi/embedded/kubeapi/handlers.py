@@ -137,6 +137,13 @@ class ApiHandlers:
         self.aggregator = aggregator
         self.server_address = server_address
         self.log_source: LogSource | None = None
+        # reviews are answered, never stored
+        self._reviews: dict[str, Callable[[web.Request, Target], Awaitable[web.Response]]] = {
+            "authorization.k8s.io/subjectaccessreviews": self._access_review,
+            "authorization.k8s.io/selfsubjectaccessreviews": self._access_review,
+            "authorization.k8s.io/selfsubjectrulesreviews": self._rules_review,
+            "authentication.k8s.io/selfsubjectreviews": self._self_review,
+        }
         self.bookmark_interval = 10.0
 
     def _authorize(self, request: web.Request, attrs: Attributes) -> None:
@@ -353,8 +360,9 @@ class ApiHandlers:
         target = self._target(request)
         method = request.method
         self._authorize(request, self._attributes(request, target))
-        if target.rtype.group == "authorization.k8s.io" and method == "POST" and target.name is None:
-            return await self._access_review(request, target)
+        review = self._reviews.get(target.rtype.key)
+        if review is not None and method == "POST" and target.name is None:
+            return await review(request, target)
         if target.subresource == "log" and method == "GET":
             return await self._log(request, target)
         if target.name is None:
@@ -414,6 +422,34 @@ class ApiHandlers:
             status["reason"] = "allowed by RBAC"
         return _json({**review, "apiVersion": target.rtype.api_version, "kind": target.rtype.kind,
                       "status": status}, 201)
+
+    async def _rules_review(self, request: web.Request, target: Target) -> web.Response:
+        """SelfSubjectRulesReview (`kubectl auth can-i --list`): the caller's rules in the namespace asked,
+        as kube-apiserver's RBAC rule resolver lists them; complete, RBAC being the only authorizer here."""
+        review = await self._body(request) or {}
+        namespace = str((review.get("spec") or {}).get("namespace") or "")
+        if not namespace:
+            raise errors.bad_request("no namespace on request")
+        resource_rules, non_resource_rules = [], []
+        for rule in self.authz.rules_for(request[USER], namespace):
+            verbs = list(rule.get("verbs") or [])
+            if rule.get("resources"):
+                resource_rules.append({"verbs": verbs, **{field: list(rule[field]) for field in
+                                                          ("apiGroups", "resources", "resourceNames")
+                                                          if rule.get(field)}})
+            if rule.get("nonResourceURLs"):
+                non_resource_rules.append({"verbs": verbs, "nonResourceURLs": list(rule["nonResourceURLs"])})
+        return _json({"apiVersion": target.rtype.api_version, "kind": target.rtype.kind,
+                      "metadata": {"creationTimestamp": None}, "spec": {},
+                      "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
+                                 "incomplete": False}}, 201)
+
+    async def _self_review(self, request: web.Request, target: Target) -> web.Response:
+        """SelfSubjectReview (`kubectl auth whoami`): who the server takes the caller for, impersonation
+        applied."""
+        await self._body(request)
+        return _json({"apiVersion": target.rtype.api_version, "kind": target.rtype.kind,
+                      "metadata": {"creationTimestamp": None}, "status": {"userInfo": request[USER].as_dict()}}, 201)
 
     def _respond(self, request: web.Request, target: Target, obj: dict[str, Any], status: int = 200,
                  ctx: RequestContext | None = None) -> web.Response:

@@ -45,7 +45,14 @@ class UserInfo:
     uid: str = ""
 
     def as_dict(self) -> Obj:
-        return {"username": self.name, "uid": self.uid, "groups": list(self.groups)}
+        """authentication.k8s.io/v1 UserInfo, as admission reviews and SelfSubjectReview carry it (empty
+        fields omitted)."""
+        info: Obj = {"username": self.name}
+        if self.uid:
+            info["uid"] = self.uid
+        if self.groups:
+            info["groups"] = list(self.groups)
+        return info
 
 
 SYSTEM = UserInfo("system:apiserver", ("system:masters", "system:authenticated"))
