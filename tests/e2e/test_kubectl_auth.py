@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.target import External, own_cluster
 from tests.e2e.workloads import new_namespace
@@ -106,3 +108,36 @@ def test_whoami_names_the_user_and_groups(k: Kubectl) -> None:
     rows = table(shown.stdout)
     assert ["Username", "carol"] in rows and ["UID", "1002"] in rows
     assert ["Groups", "[devs system:authenticated]"] in rows
+
+
+def impersonating(k: Kubectl, path: Path, token: str, user: str, extra: dict[str, list[str]]) -> Kubectl:
+    """A kubeconfig whose user is `token`'s, acting as `user` with `extra` (kubectl sends
+    `Impersonate-User` and one `Impersonate-Extra-<key>` per value)."""
+    config = yaml.safe_load(k.kubeconfig.read_text())
+    config["users"] = [{"name": "admin", "user": {"token": token, "as": user, "as-user-extra": extra}}]
+    path.write_text(yaml.safe_dump(config))
+    return Kubectl(path, path.parent)
+
+
+def test_impersonating_user_extras_needs_their_own_grant(k: Kubectl, tmp_path: Path) -> None:
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": "impersonate-alice"},
+             "rules": [{"apiGroups": [""], "resources": ["users"], "resourceNames": ["alice"],
+                        "verbs": ["impersonate"]}]})
+    k("create", "clusterrolebinding", "bob-impersonates", "--clusterrole=impersonate-alice", "--user=bob")
+    as_alice = impersonating(k, tmp_path / "kubeconfig", "bob-token", "alice", {"scopes": ["view"]})
+    refused = as_alice("get", "--raw", "/api/v1/namespaces/default/configmaps", check=False)
+    assert refused.returncode == 1
+    assert as_alice("auth", "whoami", check=False).returncode == 1
+    assert ('userextras.authentication.k8s.io "view" is forbidden: User "bob" cannot impersonate resource '
+            '"userextras/scopes" in API group "authentication.k8s.io" at the cluster scope') in refused.stderr
+
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": "impersonate-alice"},
+             "rules": [{"apiGroups": [""], "resources": ["users"], "resourceNames": ["alice"],
+                        "verbs": ["impersonate"]},
+                       {"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/scopes"],
+                        "resourceNames": ["view"], "verbs": ["impersonate"]}]})
+    rows = table(as_alice("auth", "whoami").stdout)
+    assert ["Username", "alice"] in rows
+    assert ["Extra: scopes", "[view]"] in rows

@@ -7,6 +7,7 @@ import asyncio
 import csv
 import logging
 import re
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 _PUBLIC = {"/healthz", "/livez", "/readyz", "/version"}
 USER = web.RequestKey("user", UserInfo)
+IMPERSONATE_EXTRA = "impersonate-extra-"
 
 
 class LogSource(Protocol):
@@ -156,15 +158,22 @@ class ApiHandlers:
                               if attrs.is_resource else {})
 
     def _impersonated(self, request: web.Request, user: UserInfo) -> UserInfo:
-        """`Impersonate-User`/`-Group`/`-Uid` (`kubectl --as`): the request runs as that user if the
-        caller may `impersonate` each of them, as kube-apiserver's impersonation filter decides."""
+        """`Impersonate-User`/`-Group`/`-Uid`/`-Extra-<key>` (`kubectl --as`, `--as-group`, `--as-uid`, a
+        kubeconfig's `as-user-extra`): the request runs as that user if the caller may `impersonate` each
+        of them, as kube-apiserver's impersonation filter decides: users, groups and service accounts in
+        the core group, `uids` and `userextras/<key>` (the value as the name) in authentication.k8s.io."""
         name = request.headers.get("Impersonate-User")
         groups = tuple(request.headers.getall("Impersonate-Group", ()))
         uid = request.headers.get("Impersonate-Uid", "")
+        extra: dict[str, tuple[str, ...]] = {}
+        for header, value in request.headers.items():
+            if header.lower().startswith(IMPERSONATE_EXTRA):
+                key = urllib.parse.unquote(header[len(IMPERSONATE_EXTRA):].lower())
+                extra[key] = (*extra.get(key, ()), value)
         if name is None:
-            if groups or uid:
-                raise StatusError(500, "Internal error occurred: requested impersonation of groups or uid "
-                                       "without a user", "InternalError")
+            if groups or uid or extra:
+                raise StatusError(500, "Internal error occurred: requested impersonation of groups, extras or "
+                                       "uid without a user", "InternalError")
             return user
         checks = []
         if name.startswith("system:serviceaccount:") and name.count(":") == 3:
@@ -173,6 +182,8 @@ class ApiHandlers:
         else:
             checks.append(Attributes("impersonate", "", "users", "", "", name))
         checks += [Attributes("impersonate", "", "groups", "", "", group) for group in groups]
+        checks += [Attributes("impersonate", "authentication.k8s.io", "userextras", key, "", value)
+                   for key, values in extra.items() for value in values]
         if uid:
             checks.append(Attributes("impersonate", "authentication.k8s.io", "uids", "", "", uid))
         for attrs in checks:
@@ -181,7 +192,7 @@ class ApiHandlers:
                                   details={"group": attrs.group, "kind": attrs.resource, "name": attrs.name})
         if name != "system:anonymous" and "system:authenticated" not in groups:
             groups = (*groups, "system:authenticated")
-        return UserInfo(name, groups, uid)
+        return UserInfo(name, groups, uid, extra)
 
     def _authorize_path(self, request: web.Request) -> None:
         self._authorize(request, Attributes(verb=request.method.lower() if request.method != "GET" else "get",
@@ -407,7 +418,8 @@ class ApiHandlers:
         if target.rtype.plural == "selfsubjectaccessreviews":
             user: UserInfo = request[USER]
         else:
-            user = UserInfo(spec.get("user", ""), tuple(spec.get("groups") or ()), spec.get("uid", ""))
+            user = UserInfo(spec.get("user", ""), tuple(spec.get("groups") or ()), spec.get("uid", ""),
+                            {str(key): tuple(values) for key, values in (spec.get("extra") or {}).items()})
         resource = spec.get("resourceAttributes")
         if resource:
             attrs = Attributes(resource.get("verb", ""), resource.get("group", ""), resource.get("resource", ""),
