@@ -23,6 +23,7 @@ from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
 from cdi.embedded.kubeapi.webhooks import WEBHOOK_CLIENT
 from cdi.kube import AlreadyExists, KubeClient
+from cdi.operator import resources
 from cdi.uploadproxy import serving
 from cdi.uploadproxy.server import UploadProxy
 
@@ -44,8 +45,18 @@ class CdiStack:
         self.uploadproxy_ca = kubeconfig.parent / serving.CA_FILE_NEXT_TO_KUBECONFIG
 
     async def _bootstrap(self, client: KubeClient) -> None:
-        """What installing CDI creates: its namespace and the CDI resource (with the feature gates of CDI's
-        released `cdi-cr.yaml`)."""
+        """What installing CDI creates: its namespace, the CDI resource (with the feature gates of CDI's
+        released `cdi-cr.yaml`), and the aggregated ClusterRoles the operator gives every cluster (without
+        them a user bound to `edit` could not create a DataVolume). Those are the operator's to own: a
+        newer version's replace an older data directory's."""
+        for role in resources.aggregated_cluster_roles():
+            gvr = resources.CLUSTERROLES if role["kind"] == "ClusterRole" else resources.CLUSTERROLEBINDINGS
+            try:
+                await client.create(gvr, role)
+            except AlreadyExists:
+                current = await client.get(gvr, role["metadata"]["name"])
+                metadata = {**role["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+                await client.replace(gvr, {**role, "metadata": metadata})
         for gvr, body in (
             (groups.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                  "metadata": {"name": self.settings.namespace}}),

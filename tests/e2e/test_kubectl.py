@@ -189,6 +189,14 @@ def test_invalid_objects_are_refused_with_the_field_named(shared_kubectl: Kubect
     assert 'spec.contentType: Unsupported value: "zip"' in result.stderr
 
 
+def test_unknown_fields_are_warned_about_under_validate_warn(shared_kubectl: Kubectl, ns: str) -> None:
+    """The server keeps the object and says which field it dropped; kubectl prints that as a warning."""
+    typo = dv_manifest("typo").replace("spec:\n", "spec:\n  workloads: 3\n")
+    result = shared_kubectl("apply", "--validate=warn", "-n", ns, "-f", "-", input=typo)
+    assert 'Warning: unknown field "spec.workloads"' in result.stderr
+    assert "datavolume.cdi.kubevirt.io/typo created" in result.stdout
+
+
 def test_api_resources_lists_cdi_kinds_with_short_names(shared_kubectl: Kubectl) -> None:
     lines = shared_kubectl("api-resources").stdout.splitlines()
     rows = {line.split()[0]: line.split() for line in lines[1:]}

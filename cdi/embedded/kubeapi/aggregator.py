@@ -28,6 +28,24 @@ APISERVICES = "apiregistration.k8s.io/apiservices"
 FRONT_PROXY_CLIENT = "front-proxy-client"
 _HOP_HEADERS = {"host", "authorization", "connection", "keep-alive", "transfer-encoding", "content-length",
                 "x-remote-user", "x-remote-group", "upgrade"}
+# what the caller says about its identity is never passed on: only what this server decided it is
+_IDENTITY_PREFIXES = ("x-remote-extra-", "impersonate-")
+_HEADER_TOKEN = frozenset(b"!#$&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _header_key_escape(key: str) -> str:
+    """An extra's key as client-go puts it in a header name: each byte a header token may not hold (and
+    `%`) percent-encoded, so `example.com/scope` travels as `example.com%2Fscope`."""
+    return "".join(chr(b) if b in _HEADER_TOKEN else f"%{b:02X}" for b in key.encode())
+
+
+def _identity(user: UserInfo) -> list[tuple[str, str]]:
+    """The front-proxy headers naming `user`, as kube-aggregator sets them."""
+    headers = [("X-Remote-User", user.name)]
+    headers += [("X-Remote-Group", group) for group in user.groups]
+    headers += [(f"X-Remote-Extra-{_header_key_escape(key)}", value)
+                for key, values in user.extra.items() for value in values]
+    return headers
 
 
 class Aggregator:
@@ -104,10 +122,9 @@ class Aggregator:
                                           int(service.get("port", 443)))
         except ConnectionError as exc:
             raise StatusError(503, f"service unavailable: {exc}", "ServiceUnavailable") from exc
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        headers["X-Remote-User"] = user.name
-        forwarded: list[tuple[str, str]] = [(k, v) for k, v in headers.items()]
-        forwarded += [("X-Remote-Group", group) for group in user.groups]
+        forwarded = [(k, v) for k, v in request.headers.items()
+                     if k.lower() not in _HOP_HEADERS and not k.lower().startswith(_IDENTITY_PREFIXES)]
+        forwarded += _identity(user)
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         url = f"https://{host}:{port}{request.path_qs}"

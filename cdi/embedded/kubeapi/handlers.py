@@ -7,6 +7,7 @@ import asyncio
 import csv
 import logging
 import re
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 _PUBLIC = {"/healthz", "/livez", "/readyz", "/version"}
 USER = web.RequestKey("user", UserInfo)
+IMPERSONATE_EXTRA = "impersonate-extra-"
 
 
 class LogSource(Protocol):
@@ -74,9 +76,20 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return web.Response(body=orjson.dumps(body), status=status, content_type=JSON, headers=headers)
 
 
+def _warning_header(text: str) -> str:
+    """One `Warning` header value as kube-apiserver writes it (RFC 7234: code 299, no agent, the text a
+    quoted-string with `"` and `\\` escaped). kubectl drops a value it cannot parse, so an unescaped quote
+    in the text (`unknown field "spec.x"`) would hide the warning from the user."""
+    quoted = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'299 - "{quoted}"'
+
+
 def _raw(body: bytes, status: int = 200, warnings: list[str] | None = None) -> web.Response:
-    headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else None
-    return web.Response(body=body, status=status, content_type=JSON, headers=headers)
+    """A JSON body; each distinct warning in a `Warning` header of its own, as kube-apiserver adds them."""
+    response = web.Response(body=body, status=status, content_type=JSON)
+    for text in dict.fromkeys(warnings or ()):
+        response.headers.add("Warning", _warning_header(text))
+    return response
 
 
 def _wants_table(request: web.Request) -> bool:
@@ -126,6 +139,13 @@ class ApiHandlers:
         self.aggregator = aggregator
         self.server_address = server_address
         self.log_source: LogSource | None = None
+        # reviews are answered, never stored
+        self._reviews: dict[str, Callable[[web.Request, Target], Awaitable[web.Response]]] = {
+            "authorization.k8s.io/subjectaccessreviews": self._access_review,
+            "authorization.k8s.io/selfsubjectaccessreviews": self._access_review,
+            "authorization.k8s.io/selfsubjectrulesreviews": self._rules_review,
+            "authentication.k8s.io/selfsubjectreviews": self._self_review,
+        }
         self.bookmark_interval = 10.0
 
     def _authorize(self, request: web.Request, attrs: Attributes) -> None:
@@ -138,15 +158,22 @@ class ApiHandlers:
                               if attrs.is_resource else {})
 
     def _impersonated(self, request: web.Request, user: UserInfo) -> UserInfo:
-        """`Impersonate-User`/`-Group`/`-Uid` (`kubectl --as`): the request runs as that user if the
-        caller may `impersonate` each of them, as kube-apiserver's impersonation filter decides."""
+        """`Impersonate-User`/`-Group`/`-Uid`/`-Extra-<key>` (`kubectl --as`, `--as-group`, `--as-uid`, a
+        kubeconfig's `as-user-extra`): the request runs as that user if the caller may `impersonate` each
+        of them, as kube-apiserver's impersonation filter decides: users, groups and service accounts in
+        the core group, `uids` and `userextras/<key>` (the value as the name) in authentication.k8s.io."""
         name = request.headers.get("Impersonate-User")
         groups = tuple(request.headers.getall("Impersonate-Group", ()))
         uid = request.headers.get("Impersonate-Uid", "")
+        extra: dict[str, tuple[str, ...]] = {}
+        for header, value in request.headers.items():
+            if header.lower().startswith(IMPERSONATE_EXTRA):
+                key = urllib.parse.unquote(header[len(IMPERSONATE_EXTRA):].lower())
+                extra[key] = (*extra.get(key, ()), value)
         if name is None:
-            if groups or uid:
-                raise StatusError(500, "Internal error occurred: requested impersonation of groups or uid "
-                                       "without a user", "InternalError")
+            if groups or uid or extra:
+                raise StatusError(500, "Internal error occurred: requested impersonation of groups, extras or "
+                                       "uid without a user", "InternalError")
             return user
         checks = []
         if name.startswith("system:serviceaccount:") and name.count(":") == 3:
@@ -155,6 +182,8 @@ class ApiHandlers:
         else:
             checks.append(Attributes("impersonate", "", "users", "", "", name))
         checks += [Attributes("impersonate", "", "groups", "", "", group) for group in groups]
+        checks += [Attributes("impersonate", "authentication.k8s.io", "userextras", key, "", value)
+                   for key, values in extra.items() for value in values]
         if uid:
             checks.append(Attributes("impersonate", "authentication.k8s.io", "uids", "", "", uid))
         for attrs in checks:
@@ -163,7 +192,7 @@ class ApiHandlers:
                                   details={"group": attrs.group, "kind": attrs.resource, "name": attrs.name})
         if name != "system:anonymous" and "system:authenticated" not in groups:
             groups = (*groups, "system:authenticated")
-        return UserInfo(name, groups, uid)
+        return UserInfo(name, groups, uid, extra)
 
     def _authorize_path(self, request: web.Request) -> None:
         self._authorize(request, Attributes(verb=request.method.lower() if request.method != "GET" else "get",
@@ -342,8 +371,9 @@ class ApiHandlers:
         target = self._target(request)
         method = request.method
         self._authorize(request, self._attributes(request, target))
-        if target.rtype.group == "authorization.k8s.io" and method == "POST" and target.name is None:
-            return await self._access_review(request, target)
+        review = self._reviews.get(target.rtype.key)
+        if review is not None and method == "POST" and target.name is None:
+            return await review(request, target)
         if target.subresource == "log" and method == "GET":
             return await self._log(request, target)
         if target.name is None:
@@ -388,7 +418,8 @@ class ApiHandlers:
         if target.rtype.plural == "selfsubjectaccessreviews":
             user: UserInfo = request[USER]
         else:
-            user = UserInfo(spec.get("user", ""), tuple(spec.get("groups") or ()), spec.get("uid", ""))
+            user = UserInfo(spec.get("user", ""), tuple(spec.get("groups") or ()), spec.get("uid", ""),
+                            {str(key): tuple(values) for key, values in (spec.get("extra") or {}).items()})
         resource = spec.get("resourceAttributes")
         if resource:
             attrs = Attributes(resource.get("verb", ""), resource.get("group", ""), resource.get("resource", ""),
@@ -403,6 +434,34 @@ class ApiHandlers:
             status["reason"] = "allowed by RBAC"
         return _json({**review, "apiVersion": target.rtype.api_version, "kind": target.rtype.kind,
                       "status": status}, 201)
+
+    async def _rules_review(self, request: web.Request, target: Target) -> web.Response:
+        """SelfSubjectRulesReview (`kubectl auth can-i --list`): the caller's rules in the namespace asked,
+        as kube-apiserver's RBAC rule resolver lists them; complete, RBAC being the only authorizer here."""
+        review = await self._body(request) or {}
+        namespace = str((review.get("spec") or {}).get("namespace") or "")
+        if not namespace:
+            raise errors.bad_request("no namespace on request")
+        resource_rules, non_resource_rules = [], []
+        for rule in self.authz.rules_for(request[USER], namespace):
+            verbs = list(rule.get("verbs") or [])
+            if rule.get("resources"):
+                resource_rules.append({"verbs": verbs, **{field: list(rule[field]) for field in
+                                                          ("apiGroups", "resources", "resourceNames")
+                                                          if rule.get(field)}})
+            if rule.get("nonResourceURLs"):
+                non_resource_rules.append({"verbs": verbs, "nonResourceURLs": list(rule["nonResourceURLs"])})
+        return _json({"apiVersion": target.rtype.api_version, "kind": target.rtype.kind,
+                      "metadata": {"creationTimestamp": None}, "spec": {},
+                      "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
+                                 "incomplete": False}}, 201)
+
+    async def _self_review(self, request: web.Request, target: Target) -> web.Response:
+        """SelfSubjectReview (`kubectl auth whoami`): who the server takes the caller for, impersonation
+        applied."""
+        await self._body(request)
+        return _json({"apiVersion": target.rtype.api_version, "kind": target.rtype.kind,
+                      "metadata": {"creationTimestamp": None}, "status": {"userInfo": request[USER].as_dict()}}, 201)
 
     def _respond(self, request: web.Request, target: Target, obj: dict[str, Any], status: int = 200,
                  ctx: RequestContext | None = None) -> web.Response:

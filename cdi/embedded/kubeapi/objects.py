@@ -13,7 +13,7 @@ import datetime
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,12 +40,26 @@ ORPHAN = "orphan"
 
 @dataclass(frozen=True)
 class UserInfo:
+    """Who makes a request, as kube-apiserver's user.Info: `extra` holds what an authenticator or
+    impersonation (`Impersonate-Extra-<key>`) adds, key to values, and travels with the user into
+    admission reviews, access reviews and the aggregation layer's headers."""
+
     name: str
     groups: tuple[str, ...] = ()
     uid: str = ""
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def as_dict(self) -> Obj:
-        return {"username": self.name, "uid": self.uid, "groups": list(self.groups)}
+        """authentication.k8s.io/v1 UserInfo, as admission reviews and SelfSubjectReview carry it (empty
+        fields omitted)."""
+        info: Obj = {"username": self.name}
+        if self.uid:
+            info["uid"] = self.uid
+        if self.groups:
+            info["groups"] = list(self.groups)
+        if self.extra:
+            info["extra"] = {key: list(values) for key, values in self.extra.items()}
+        return info
 
 
 SYSTEM = UserInfo("system:apiserver", ("system:masters", "system:authenticated"))

@@ -76,6 +76,10 @@ _SCHEMAS: dict[str, dict[int, tuple[str, Any]]] = {
     "ResourceAttributes": {1: ("namespace", _S), 2: ("verb", _S), 3: ("group", _S), 4: ("version", _S),
                            5: ("resource", _S), 6: ("subresource", _S), 7: ("name", _S)},
     "NonResourceAttributes": {1: ("path", _S), 2: ("verb", _S)},
+    # `kubectl auth can-i --list` sends a SelfSubjectRulesReview, `kubectl auth whoami` a SelfSubjectReview
+    "SelfSubjectRulesReview": {1: ("metadata", "ObjectMeta"), 2: ("spec", "SelfSubjectRulesReviewSpec")},
+    "SelfSubjectRulesReviewSpec": {1: ("namespace", _S)},
+    "SelfSubjectReview": {1: ("metadata", "ObjectMeta")},
 }
 
 

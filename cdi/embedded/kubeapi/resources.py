@@ -103,7 +103,10 @@ BUILTINS: tuple[ResourceType, ...] = (
     _g("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False, verbs=("create",)),
     _g("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
        verbs=("create",)),
+    _g("authorization.k8s.io", "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview", False,
+       verbs=("create",)),
     _g("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=("create",)),
+    _g("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, verbs=("create",)),
 )
 
 class Registry:

@@ -22,7 +22,7 @@ from cdi.common import pki
 from cdi.embedded import datadir
 from cdi.embedded.kubeapi import bodies
 from cdi.embedded.kubeapi.aggregator import Aggregator
-from cdi.embedded.kubeapi.authz import RbacAuthorizer, bootstrap_policy
+from cdi.embedded.kubeapi.authz import RbacAuthorizer, RoleAggregation, bootstrap_policy, reconcile_bootstrap
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.garbage import GarbageCollector
 from cdi.embedded.kubeapi.handlers import ApiHandlers, Authenticator
@@ -81,6 +81,7 @@ class ApiServer:
                                     lambda: f"{self.config.host}:{self.port}")
         self.handlers.bookmark_interval = config.bookmark_interval
         self.gc = GarbageCollector(self.objects)
+        self.role_aggregation = RoleAggregation(self.objects)
         self.port = 0
         self.token = ""
         self.ca: pki.KeyPair | None = None
@@ -152,6 +153,8 @@ class ApiServer:
             body = {**body, "metadata": {**body["metadata"],
                                          "resourceVersion": current["metadata"]["resourceVersion"]}}
             await self.objects.update(rtype, namespace, name, body, ctx)
+        elif group == "rbac.authorization.k8s.io" and (updated := reconcile_bootstrap(current, body)) is not None:
+            await self.objects.update(rtype, namespace, name, updated, ctx)
 
     async def _bootstrap(self) -> None:
         for ns in SYSTEM_NAMESPACES:
@@ -210,7 +213,9 @@ class ApiServer:
         self._load_crds()
         self._reserve_service_ips()
         await self._bootstrap()
+        await self.role_aggregation.settle()
         self.gc.start()
+        self.role_aggregation.start()
         self._tasks.append(asyncio.create_task(self._default_service_accounts(), name="serviceaccounts"))
         app = web.Application(middlewares=[self.handlers.middleware], client_max_size=bodies.MAX_BYTES)
         app.add_routes(self.handlers.routes())
@@ -243,6 +248,7 @@ class ApiServer:
             except asyncio.CancelledError:
                 pass
         await self.gc.stop()
+        await self.role_aggregation.stop()
         self.store.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()

@@ -36,6 +36,8 @@ async def aggregated(tmp_path: Path) -> AsyncIterator[tuple[Api, list[dict[str, 
         peer = request.transport.get_extra_info("peercert") if request.transport else None
         seen.append({"user": request.headers.get("X-Remote-User"),
                      "groups": request.headers.getall("X-Remote-Group", []),
+                     "identity": sorted((k.lower(), v) for k, v in request.headers.items()
+                                        if k.lower().startswith(("x-remote-extra-", "impersonate-"))),
                      "client_cn": dict(x[0] for x in peer["subject"])["commonName"] if peer else None})
         body = await request.json()
         return web.json_response({**body, "status": {"token": "signed"}}, status=201)
@@ -94,3 +96,17 @@ async def test_aggregated_requests_are_authorized_first(aggregated: tuple[Api, l
         assert resp.status == 403
         assert 'cannot create resource "uploadtokenrequests"' in (await resp.json())["message"]
     assert seen == []
+
+
+async def test_the_backend_hears_the_impersonated_users_extras_and_nothing_the_caller_forged(
+        aggregated: tuple[Api, list[dict[str, Any]]]) -> None:
+    """An aggregated server trusts X-Remote-* from the front proxy: extras it receives are those this server
+    granted (escaped as client-go escapes header keys), never headers the caller sent itself."""
+    api, seen = aggregated
+    request = {"apiVersion": "upload.cdi.kubevirt.io/v1beta1", "kind": "UploadTokenRequest",
+               "metadata": {"name": "t"}, "spec": {"pvcName": "disk"}}
+    headers = {"Impersonate-User": "carol", "Impersonate-Group": "system:masters",
+               "Impersonate-Extra-Example.com%2fScope": "view", "X-Remote-Extra-Forged": "yes"}
+    await api.ok("POST", GROUP + "/namespaces/default/uploadtokenrequests", request, headers=headers)
+    assert seen[-1]["user"] == "carol" and seen[-1]["groups"] == ["system:masters", "system:authenticated"]
+    assert seen[-1]["identity"] == [("x-remote-extra-example.com%2fscope", "view")]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.integration.kubeapi.conftest import DV, Api, datavolume, make_api
+from tests.support.cluster import async_wait_for
 
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
@@ -70,8 +71,14 @@ async def test_group_bindings_and_aggregated_roles(rbac_api: Api) -> None:
         "rules": [{"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"], "verbs": ["get", "list", "watch"]}]})
     await api.ok("POST", f"{RBAC}/clusterrolebindings",
                  binding("ClusterRoleBinding", "devs-view", "ClusterRole", "view", "Group", "devs"))
-    status, _ = await as_user(api, "carol-token", "GET", DV)
-    assert status == 200
+
+    async def carol_lists() -> bool:  # the aggregation controller writes `view` a moment later
+        return (await as_user(api, "carol-token", "GET", DV))[0] == 200
+
+    await async_wait_for(carol_lists, message="the view role aggregated cdi.kubevirt.io:view")
+    view = await api.ok("GET", f"{RBAC}/clusterroles/view")
+    assert {"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"],
+            "verbs": ["get", "list", "watch"]} in view["rules"]
     status, _ = await as_user(api, "carol-token", "POST", DV, datavolume("nope"))
     assert status == 403
 
@@ -100,3 +107,23 @@ async def test_access_reviews_answer_for_users_and_for_the_caller(rbac_api: Api)
     status, body = await as_user(api, "carol-token", "POST",
                                  "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", self_review)
     assert status == 201 and body["status"]["allowed"] is False
+
+
+async def test_bootstrap_roles_regain_what_a_restart_brings(tmp_path: Path) -> None:
+    """A data directory from an older version gets the newer bootstrap rules at start, as kube-apiserver
+    reconciles its bootstrap policy (adding, never removing: a rule an admin added stays)."""
+    api = await make_api(tmp_path / "srv")
+    role = await api.ok("GET", f"{RBAC}/clusterroles/system:basic-user")
+    kept = {"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["get"]}
+    await api.ok("PUT", f"{RBAC}/clusterroles/system:basic-user", {**role, "rules": [kept]})
+    await api.session.close()
+    await api.server.stop()
+    api = await make_api(tmp_path / "srv")
+    try:
+        rules = (await api.ok("GET", f"{RBAC}/clusterroles/system:basic-user"))["rules"]
+        assert rules[0] == kept
+        assert {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"],
+                "verbs": ["create"]} in rules
+    finally:
+        await api.session.close()
+        await api.server.stop()

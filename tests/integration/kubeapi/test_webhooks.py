@@ -92,6 +92,11 @@ async def test_mutating_and_validating_webhooks_are_called(
     assert status == 400
     assert body["message"] == ('admission webhook "validatingwebhookconfiguration.cdi.kubevirt.io" denied the '
                                "request: archive is not allowed here")
+    # an impersonated user's extras reach the webhook with the rest of who asked
+    await api.ok("POST", DV, datavolume("as-carol"), headers={
+        "Impersonate-User": "carol", "Impersonate-Group": "system:masters", "Impersonate-Extra-Scopes": "view"})
+    user = reviews[-1]["request"]["userInfo"]
+    assert (user["username"], user["extra"]) == ("carol", {"scopes": ["view"]})
 
 
 async def test_unreachable_webhook_fails_closed_or_open_by_policy(api: Api, tmp_path: Path) -> None:
