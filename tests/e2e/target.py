@@ -17,6 +17,9 @@ the two is stated here once, never in a test:
 | `CDI_E2E_IMAGE` | the image of the tests' own pods (python3, sh, coreutils) | `debian` (the node runs it locally) |
 | `CDI_E2E_BLOCK` | `0`: the cluster's runtime gives non-root pods no block devices; Block cases skip | `1` |
 | `CDI_E2E_CDI_NAMESPACE` | where cdi's components run (the upload proxy's Service) | |
+| `CDI_E2E_SNAPSHOT_CLASS` | a VolumeSnapshotClass of `CDI_E2E_STORAGE_CLASS`'s driver | `local` |
+| `CDI_E2E_WEBHOOK_CLIENT_AUTH` | `1`: webhooks get the API server's client certificate and require it | `1` |
+| `CDI_E2E_CROSS_NAMESPACE_GATE` | `1`: the API server has `CrossNamespaceVolumeDataSource` | per module |
 
 Against a real cluster the tests' pods run as CDI's workers do (uid 107, the `restricted` Pod Security
 profile), and the namespaces they create enforce that profile."""
@@ -51,6 +54,9 @@ class Target:
     image: str
     block: bool
     cdi_namespace: str
+    snapshot_class: str = "local"
+    webhook_client_auth: bool = True
+    cross_namespace_gate: bool | None = None  # None: `cdi up`, where each module chooses
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> Target:
@@ -61,7 +67,10 @@ class Target:
                    env.get("CDI_E2E_SMART_CLONE", "snapshot"),
                    env.get("CDI_E2E_COPY_CLASS", "csi-hostpath-nosnap"), env.get("CDI_E2E_WFFC_CLASS", "cdi-e2e-wffc"),
                    env.get("CDI_E2E_IMAGE", Images().of("cdi-importer")), env.get("CDI_E2E_BLOCK", "1") != "0",
-                   env.get("CDI_E2E_CDI_NAMESPACE", "cdi"))
+                   env.get("CDI_E2E_CDI_NAMESPACE", "cdi"),
+                   env.get("CDI_E2E_SNAPSHOT_CLASS", "csi-hostpath-snapclass"),
+                   env.get("CDI_E2E_WEBHOOK_CLIENT_AUTH", "0") == "1",
+                   env.get("CDI_E2E_CROSS_NAMESPACE_GATE", "0") == "1")
 
     @property
     def embedded(self) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from tests.support.realk8s import IMAGES_DIR, NODE_IP, REPO, RealK8s, kit_dir
+from tests.support.realk8s import IMAGES_DIR, NODE_IP, REPO, WEBHOOK_CLIENT_NAME, RealK8s, kit_dir
 from tests.support.waiting import wait_for
 
 KIT = kit_dir()
@@ -135,6 +135,9 @@ def k8s() -> RealK8s:
     cluster.prepare()
     # as with CDI, non-root worker pods write Block volumes only where the runtime hands the devices over
     cluster.hand_block_devices_to_pod_users()
+    # as the README's install section asks of an admin: kube-apiserver presents its client certificate to
+    # admission webhooks (and, for the isolation scenarios, runs with CrossNamespaceVolumeDataSource)
+    cluster.configure_api_server()
     clean_slate(cluster)
     return cluster
 
@@ -215,7 +218,7 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
             "patches": [{"resourceName": "cdi-uploadproxy", "resourceType": "Deployment", "type": "strategic",
                          "patch": json.dumps({"spec": {"template": {"spec": {"containers": [
                              {"name": "cdi-uploadproxy", "env": [{"name": "CUSTOMIZED", "value": "yes"}]}]}}}})}],
-            "flags": {"api": {"v": "2"}}}}}))
+            "flags": {"api": {"v": "2", "webhook-client-names": WEBHOOK_CLIENT_NAME}}}}}))
 
     def lifetime(cert: x509.Certificate) -> datetime.timedelta:
         return cert.not_valid_after_utc - cert.not_valid_before_utc
@@ -245,13 +248,14 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     assert proxy["metadata"]["annotations"]["cdi.kubevirt.io/customizer-identifier"]
     assert {"name": "CUSTOMIZED", "value": "yes"} in proxy["spec"]["template"]["spec"]["containers"][0]["env"]
     api_args = k8s.get("deployment", "cdi-apiserver", "cdi")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert api_args[-2:] == ["--v", "2"]
+    assert api_args[-4:] == ["--v", "2", "--webhook-client-names", WEBHOOK_CLIENT_NAME], api_args
 
     # -- the end-to-end suite's `anycluster` scenarios, against this cluster (tests/e2e/target.py) -----------
     t0 = time.monotonic()
     prepare_for_e2e(k8s)
     env = {"CDI_E2E_KUBECONFIG": KUBECONFIG, "CDI_E2E_STORAGE_CLASS": CLASS, "CDI_E2E_COPY_CLASS": COPY_CLASS,
-           "CDI_E2E_WFFC_CLASS": WFFC_CLASS, "CDI_E2E_SERVE_HOST": NODE_IP}
+           "CDI_E2E_WFFC_CLASS": WFFC_CLASS, "CDI_E2E_SERVE_HOST": NODE_IP, "CDI_E2E_WEBHOOK_CLIENT_AUTH": "1",
+           "CDI_E2E_CROSS_NAMESPACE_GATE": "1"}
     suite = k8s.run("env", *(f"{name}={value}" for name, value in env.items()), sys.executable, "-m", "pytest",
                     "tests/e2e", "-m", "anycluster", "-n", "0", "-p", "no:cacheprovider", "-q", "-rs",
                     f"--basetemp={tmp_path / 'e2e'}", "--junitxml", str(tmp_path / "e2e.xml"),
@@ -261,7 +265,7 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     assert suite.returncode == 0, \
         f"the e2e suite failed on the real cluster:\n{suite.stdout[-20000:]}{suite.stderr[-3000:]}"
     ran = passed_and_skipped(tmp_path / "e2e.xml")
-    assert ran["passed"] >= 32 and ran["skipped"] == 0, ran  # every scenario ran here, Block ones too
+    assert ran["passed"] >= 36 and ran["skipped"] == 0, ran  # every scenario ran here, Block ones too
 
     # a DataVolume in a namespace that enforces the restricted profile: its worker pod is admitted and placed
     # as spec.workload says, with the pull policy of cdi-cr.yaml
