@@ -98,7 +98,7 @@ trap '"$bb" kill "$httpd" 2>/dev/null; exit 143' TERM INT
 # ready once httpd answers (its bind may also fail: then its message is in the log, and the pod fails)
 # (wget under timeout: busybox 1.35's wget -T crashes)
 tries=0
-until "$bb" timeout 5 "$bb" wget -q -Y off -O /dev/null "$url" 2>/dev/null; do
+until "$bb" timeout 2 "$bb" wget -q -Y off -O /dev/null "$url" 2>/dev/null; do
     "$bb" kill -0 "$httpd" 2>/dev/null || { wait "$httpd"; fail "cdi-containerimage-server: httpd could not serve on $listen"; }
     tries=$((tries + 1))
     [ "$tries" -lt 300 ] || fail "cdi-containerimage-server: httpd does not answer on $listen"

@@ -352,3 +352,27 @@ def test_an_image_without_exactly_one_file_is_refused(tmp_path: Path, files: lis
     assert process.wait(timeout=30) == 1
     assert "Invalid container image" in log.read_text()
     assert not (shared / "ready").exists()
+
+
+def test_a_port_in_use_fails_the_server_instead_of_a_silent_wait(tmp_path: Path) -> None:
+    """httpd cannot bind: the server exits 1 and never writes the ready file, so the importer's wait
+    ends in its timeout rather than in requests to some other program on that port."""
+    image_dir = tmp_path / "disk"
+    image_dir.mkdir()
+    (image_dir / "disk.img").write_bytes(b"x")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        assert containerimage.install(str(shared / "server")) == 0
+        log = tmp_path / "server.log"
+        with log.open("wb") as out:
+            code = subprocess.run(
+                [str(shared / "server"), "-p", str(port), "-image-dir", str(image_dir),
+                 "-ready-file", str(shared / "ready"), "-done-file", str(shared / "done")],
+                env={"POD_IP": "127.0.0.1"}, stdout=out, stderr=subprocess.STDOUT, timeout=60, check=False).returncode
+    assert code == 1
+    assert f"httpd could not serve on 127.0.0.1:{port}" in log.read_text()
+    assert not (shared / "ready").exists()
