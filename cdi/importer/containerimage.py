@@ -1,10 +1,11 @@
 """Registry `pullMethod: node`, the importer's side (CDI's pod shape).
 
 The importer pod's init container runs `cdi-importer --install-containerimage-server /shared/server`,
-which copies `cdi-containerimage-server` (a static executable, built from `containerimage_server.c`)
-into the shared emptyDir. The user's containerDisk image runs it as the pod's `server` container: it
-serves the one file under the image's `/disk` over HTTP on port 8100 and writes that file's name to
-the ready file (`IMPORTER_READY_FILE`). The importer, an HTTP import of `IMPORTER_ENDPOINT`, waits
+which copies Debian's static busybox (package busybox-static) and `containerimage_server.sh` into the
+shared emptyDir, the script as `server`, started by that busybox's shell. The user's containerDisk
+image runs it as the pod's `server` container: busybox httpd serves the one file under the image's
+`/disk` over HTTP on port 8100, and the script writes that file's name to the ready file
+(`IMPORTER_READY_FILE`). The importer, an HTTP import of `IMPORTER_ENDPOINT`, waits
 for the ready file (60 seconds, as CDI), reads the image's file name from it and imports that name;
 when it has finished it creates the done file (`IMPORTER_DONE_FILE`), and the server exits.
 
@@ -30,20 +31,46 @@ from .errors import ImporterError, Reason
 
 log = logging.getLogger(__name__)
 
-SERVER = Path(__file__).with_name("cdi-containerimage-server")
+SERVER = Path(__file__).with_name("containerimage_server.sh")
+# where Debian's busybox-static puts it (`/bin` is `/usr/bin` on a merged-/usr system)
+BUSYBOX_PATHS = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
 INSTALL_FLAG = "--install-containerimage-server"
 READY_TIMEOUT = 60.0
 
 
+def _static(path: Path) -> bool:
+    """Whether an ELF executable needs no dynamic loader (no PT_INTERP program header): the user's
+    image has no libc of ours, so a dynamically linked busybox would fail there with a bare
+    "no such file or directory"."""
+    import struct
+
+    with path.open("rb") as f:
+        ident = f.read(64)
+        if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] != 2:  # 64-bit ELF only
+            return False
+        order = "<" if ident[5] == 1 else ">"
+        phoff, = struct.unpack_from(order + "Q", ident, 32)
+        phentsize, phnum = struct.unpack_from(order + "HH", ident, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    return all(struct.unpack_from(order + "I", table, i * phentsize)[0] != 3 for i in range(phnum))
+
+
 def install(destination: str) -> int:
-    """The init container's work: the server, executable, at `destination`."""
-    if not SERVER.is_file():
-        print(f"{SERVER} is missing: this importer was built without a C compiler", flush=True)
+    """The init container's work: the server at `destination`, an executable script whose first line
+    names the static busybox copied beside it (the user's image may have no shell at all)."""
+    busybox = next((p for p in BUSYBOX_PATHS if p.is_file()), None)
+    if busybox is None or not _static(busybox):
+        print(f"no static busybox at {' or '.join(map(str, BUSYBOX_PATHS))}: this importer's image lacks "
+              "Debian's busybox-static, which registry pullMethod node needs", flush=True)
         return 1
     target = Path(destination)
-    shutil.copyfile(SERVER, target)
+    shell = target.parent / "busybox"
+    shutil.copyfile(busybox, shell)
+    os.chmod(shell, 0o755)
+    target.write_text(f"#!{shell} sh\n" + SERVER.read_text())
     os.chmod(target, 0o755)
-    print(f"installed {target}", flush=True)
+    print(f"installed {target} (busybox httpd)", flush=True)
     return 0
 
 
