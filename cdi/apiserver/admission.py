@@ -63,7 +63,7 @@ class Admission:
             return review_response(review)
         if dig(cdi, "spec", "uninstallStrategy") != UNINSTALL_BLOCK:
             return review_response(review)
-        listed = await self.client.list(groups.DATAVOLUMES, label_selector=f"!{DATAIMPORTCRON_LABEL}", limit=2)
+        listed = await self.client.list_all(groups.DATAVOLUMES, label_selector=f"!{DATAIMPORTCRON_LABEL}")
         count = len(listed.items)
         if not count:
             return review_response(review)

@@ -75,15 +75,16 @@ def test_a_claim_not_owned_by_a_datavolume_is_not_taken_over(shared_kubectl: Kub
 def test_uninstall_is_refused_while_datavolumes_exist_under_block_uninstall(kubectl: Kubectl) -> None:
     """CDI's `cdi-api-validate` webhook: with `uninstallStrategy: BlockUninstallIfWorkloadsExist`,
     deleting the CDI resource is refused while a DataVolume exists, and allowed once none does."""
-    kubectl("apply", "-f", "-", input=manifest("keep", STORAGE + "source:\n  blank: {}\n"))
+    for name in ("keep", "keep-2", "keep-3"):  # the message counts them all (not one page of the list)
+        kubectl("apply", "-f", "-", input=manifest(name, STORAGE + "source:\n  blank: {}\n"))
     kubectl("patch", "cdi", "cdi", "--type", "merge",
             "-p", '{"spec":{"uninstallStrategy":"BlockUninstallIfWorkloadsExist"}}')
     refused = kubectl("delete", "cdi", "cdi", check=False)
     assert refused.returncode != 0
     assert ('admission webhook "cdi-validate.cdi.kubevirt.io" denied the request: rejecting the uninstall request, '
-            "since there are still 1 DataVolumes present. Either delete all DataVolumes or change the uninstall "
+            "since there are still 3 DataVolumes present. Either delete all DataVolumes or change the uninstall "
             "strategy before uninstalling CDI") in refused.stderr
     assert kubectl.exists("cdi", "cdi")
-    kubectl("delete", "dv", "keep", "--wait=true")
+    kubectl("delete", "dv", "keep", "keep-2", "keep-3", "--wait=true")
     kubectl("delete", "cdi", "cdi")
     assert not kubectl.exists("cdi", "cdi")
