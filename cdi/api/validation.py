@@ -219,6 +219,69 @@ def validate_datavolume(dv: Body, old: Body | None = None) -> list[Cause]:
     return validate_datavolume_spec(dv.get("spec") or {})
 
 
+POPULATOR_NAME_MAX = 63  # CDI's DNS1035LabelMaxLength for populator sources
+
+
+def _without_nulls(spec: Body) -> dict[str, Any]:
+    """A spec as Go decodes it: a field given as null is a field not given."""
+    return {k: v for k, v in spec.items() if v is not None}
+
+
+def _frozen_spec(kind: str, new: Body, old: Body | None, multi_stage: bool = False) -> list[Cause]:
+    """CDI refuses any change of a populator source's spec (the claims it fills read it once); a multi-stage
+    import (vddk or imageio with checkpoints) may still move its checkpoints."""
+    if old is None:
+        return []
+    new_spec, old_spec = _without_nulls(new.get("spec") or {}), _without_nulls(old.get("spec") or {})
+    if multi_stage:
+        for spec in (new_spec, old_spec):
+            spec.pop("checkpoints", None)
+            spec.pop("finalCheckpoint", None)
+    if new_spec != old_spec:
+        return [Cause(f"{kind}.Spec", f"Cannot update {kind} Spec", "FieldValueDuplicate")]
+    return []
+
+
+def _populator_name(obj: Body) -> list[Cause]:
+    if len(str((obj.get("metadata") or {}).get("name", ""))) > POPULATOR_NAME_MAX:
+        return [Cause("", f"Name cannot be longer than {POPULATOR_NAME_MAX} characters")]
+    return []
+
+
+def _content_type_causes(spec: Body) -> list[Cause]:
+    if str(spec.get("contentType") or "") not in ("", "kubevirt", "archive"):
+        return [Cause("spec.contentType", "ContentType not one of: kubevirt, archive")]
+    return []
+
+
+def validate_volume_import_source(obj: Body, old: Body | None = None) -> list[Cause]:
+    """CDI's populator validating webhook for a VolumeImportSource: its spec never changes after creation
+    (but a multi-stage import's checkpoints), its name fits a DNS label, and its one source is checked as a
+    DataVolume's (same field paths and words), with CDI's order of checks."""
+    spec: Body = obj.get("spec") or {}
+    source: Body = spec.get("source") or {}
+    multi_stage = bool(spec.get("checkpoints")) and bool(source.get("vddk") or source.get("imageio"))
+    causes = _frozen_spec("VolumeImportSource", obj, old, multi_stage) or _populator_name(obj) or \
+        _content_type_causes(spec)
+    if causes:
+        return causes
+    present = [key for key, value in source.items() if value is not None]
+    if not present:
+        return [Cause("spec.source", "Missing VolumeImport source")]
+    if len(present) > 1:
+        return [Cause("spec.source", "Multiple VolumeImport sources")]
+    if multi_stage and not spec.get("targetClaim"):
+        return [Cause("spec.targetClaim", "Unable to do multi-stage import without specifying a target claim")]
+    return _source_causes({"source": {present[0]: source[present[0]]}, "contentType": spec.get("contentType")})
+
+
+def validate_volume_upload_source(obj: Body, old: Body | None = None) -> list[Cause]:
+    """CDI's populator validating webhook for a VolumeUploadSource: a frozen spec, a DNS-label name and a
+    content type CDI knows."""
+    return _frozen_spec("VolumeUploadSource", obj, old) or _populator_name(obj) or \
+        _content_type_causes(obj.get("spec") or {})
+
+
 def rejection_message(causes: list[Cause]) -> str:
     """How CDI's webhooks join causes into the denial message (each prefixed with a space)."""
     return "".join(f" {c.message}" for c in causes)

@@ -12,7 +12,13 @@ from aiohttp import web
 
 from cdi.api import featuregates, groups
 from cdi.api.cronvalidation import already_managed, validate_dataimportcron
-from cdi.api.validation import Cause, rejection_message, validate_datavolume
+from cdi.api.validation import (
+    Cause,
+    rejection_message,
+    validate_datavolume,
+    validate_volume_import_source,
+    validate_volume_upload_source,
+)
 from cdi.api.views import ClaimView, DataVolumeView, dig
 from cdi.kube import KubeClient, NotFound
 
@@ -43,7 +49,8 @@ class Admission:
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/datavolume-validate", self.validate_datavolume),
                 web.post("/cdi-validate", self.validate_cdi),
-                web.post("/dataimportcron-validate", self.validate_dataimportcron)]
+                web.post("/dataimportcron-validate", self.validate_dataimportcron),
+                web.post("/populator-validate", self.validate_populator)]
 
     async def validate_cdi(self, http: web.Request) -> web.Response:
         """CDI's uninstall guard: deleting a deployed CDI resource whose `uninstallStrategy` is
@@ -95,6 +102,23 @@ class Admission:
             others = await self.client.list_all(groups.DATAIMPORTCRONS, request.get("namespace") or None)
             causes = already_managed(cron, list(others.items))
         return review_response(review, causes)
+
+    async def validate_populator(self, http: web.Request) -> web.Response:
+        """CDI's `/populator-validate`: VolumeImportSources and VolumeUploadSources, on creation and update;
+        any other resource sent here is an error, as in CDI."""
+        review = await http.json()
+        request = review.get("request") or {}
+        resource = request.get("resource") or {}
+        validate = {"volumeimportsources": validate_volume_import_source,
+                    "volumeuploadsources": validate_volume_upload_source}.get(str(resource.get("resource")))
+        if resource.get("group") != groups.CDI_GROUP or validate is None:
+            return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+                "uid": request.get("uid", ""), "allowed": False, "status": {
+                    "status": "Failure", "message": f"unexpected resource: {resource.get('resource')}"}}})
+        if request.get("operation") not in ("CREATE", "UPDATE"):
+            return review_response(review)
+        old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
+        return review_response(review, validate(request.get("object") or {}, old))
 
     async def _claim_conflict(self, dv: Mapping[str, Any], namespace: str) -> list[Cause]:
         """A PVC of the DataVolume's name that is not a DataVolume's would be taken over silently."""

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "cdi-api"
 UPLOAD_APISERVICE = f"{groups.UPLOAD_VERSION}.{groups.UPLOAD_GROUP}"
 PVC_MUTATE_CONFIGURATION = "cdi-api-pvc-mutate"
+POPULATOR_VALIDATE_CONFIGURATION = "cdi-api-populator-validate"
+POPULATOR_VALIDATE_RESOURCES = ["volumeimportsources", "volumeuploadsources"]
 Obj = dict[str, Any]
 
 
@@ -157,6 +159,7 @@ class CdiApiServer:
                                                                                   bundle))
         await self._apply(groups.VALIDATING_WEBHOOKS, cdi_validating_configuration(self.namespace, bundle))
         await self._apply(groups.VALIDATING_WEBHOOKS, dataimportcron_validating_configuration(self.namespace, bundle))
+        await self._apply(groups.VALIDATING_WEBHOOKS, populator_validating_configuration(self.namespace, bundle))
         await self._apply(groups.APISERVICES, upload_apiservice(self.namespace, bundle))
         if self.pvc_webhook is None:
             self.pvc_webhook = PvcWebhookRegistration(self.client, pvc_mutating_configuration(self.namespace, bundle))
@@ -248,6 +251,15 @@ def dataimportcron_validating_configuration(namespace: str, ca_bundle: str) -> O
                                "/dataimportcron-validate", "dataimportcrons", ["CREATE", "UPDATE"], "Fail")]}
 
 
+def populator_validating_configuration(namespace: str, ca_bundle: str) -> Obj:
+    """CDI's `cdi-api-populator-validate`: VolumeImportSources and VolumeUploadSources (CDI validates no
+    VolumeCloneSource), on creation and update."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": POPULATOR_VALIDATE_CONFIGURATION, "labels": {"cdi.kubevirt.io": ""}},
+            "webhooks": [_hook(namespace, ca_bundle, "populator-validate.cdi.kubevirt.io", "/populator-validate",
+                               POPULATOR_VALIDATE_RESOURCES, ["CREATE", "UPDATE"], "Fail")]}
+
+
 def cdi_validating_configuration(namespace: str, ca_bundle: str) -> Obj:
     """CDI's uninstall guard on the CDI resource (`Ignore` as CDI's: a CDI whose apiserver is gone can go)."""
     return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
@@ -256,13 +268,14 @@ def cdi_validating_configuration(namespace: str, ca_bundle: str) -> Obj:
                                ["DELETE"], "Ignore")]}
 
 
-def _hook(namespace: str, ca_bundle: str, name: str, path: str, resource: str, operations: list[str],
+def _hook(namespace: str, ca_bundle: str, name: str, path: str, resource: str | list[str], operations: list[str],
           failure_policy: str) -> Obj:
     return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": failure_policy,
             "clientConfig": {"service": {"namespace": namespace, "name": SERVICE_NAME, "path": path, "port": 443},
                              "caBundle": ca_bundle},
             "rules": [{"operations": operations, "apiGroups": [groups.CDI_GROUP],
-                       "apiVersions": [groups.CDI_VERSION], "resources": [resource], "scope": "*"}]}
+                       "apiVersions": [groups.CDI_VERSION],
+                       "resources": [resource] if isinstance(resource, str) else list(resource), "scope": "*"}]}
 
 
 def pvc_mutating_configuration(namespace: str, ca_bundle: str) -> Obj:

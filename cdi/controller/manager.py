@@ -109,11 +109,25 @@ class Manager:
                 self.imports.enqueue(f"{pod.namespace}/{claim}")
                 self.datavolumes.enqueue(f"{pod.namespace}/{claim}")
 
+        def waiting_on_storage(storage_class: str) -> None:
+            """As CDI's DataVolume controllers watch StorageClasses and StorageProfiles: whatever could not
+            have its claim yet (no class, or a profile without the access and volume modes the `storage`
+            API leaves out) is looked at again, so that creating the class or completing its profile is
+            all an admin has to do. Every DataVolume without a claim, whatever class it names: a new
+            default class changes the one a DataVolume naming none gets."""
+            for dv in self.ctx.cached_list(groups.DATAVOLUMES):
+                view = ObjectView(dv)
+                if self.ctx.cached(groups.PVCS, view.name, view.namespace) is None:
+                    self.datavolumes.enqueue(view.key)
+                    self.clones.enqueue(view.key)
+            for populator in self.populators:
+                for key in populator.keys_waiting_on_class(storage_class):
+                    populator.enqueue(key)
+
         def on_storage(obj: Obj, *rest: Obj) -> None:
             self.profiles.enqueue(ObjectView(obj).name)
             self.config.enqueue(CONFIG_KEY)
-            for key in list(self.datavolumes.pending_on_storage):
-                self.datavolumes.enqueue(key)
+            waiting_on_storage(ObjectView(obj).name)
             for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS):  # a new default class moves their images
                 self.crons.enqueue(object_key(cron))
 
@@ -121,8 +135,7 @@ class Manager:
             self.profiles.enqueue(ObjectView(obj).name)
             for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS):  # dataImportCronSourceFormat
                 self.crons.enqueue(object_key(cron))
-            for key in list(self.datavolumes.pending_on_storage):
-                self.datavolumes.enqueue(key)
+            waiting_on_storage(ObjectView(rest[0] if rest else obj).name)
 
         def on_snapshot_class(obj: Obj, *rest: Obj) -> None:
             for sc in self.ctx.cached_list(groups.STORAGECLASSES):

@@ -243,12 +243,13 @@ def _service(name: str, namespace: str, selector: str, port: int, target: int, p
 def webhooks_and_apiservice(namespace: str, ca_bundle: str) -> list[Obj]:
     """The admission webhooks and the upload APIService, addressed at the `cdi-api` Service with the
     apiserver's CA (the apiserver registers the same from that CA when it starts)."""
-    def hook(name: str, path: str, resource: str, operations: list[str], failure: str = "Fail") -> Obj:
+    def hook(name: str, path: str, resource: str | list[str], operations: list[str], failure: str = "Fail") -> Obj:
         return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": failure,
                 "clientConfig": {"service": {"namespace": namespace, "name": API_SERVICE, "path": path, "port": 443},
                                  "caBundle": ca_bundle},
                 "rules": [{"operations": operations, "apiGroups": [groups.CDI_GROUP],
-                           "apiVersions": [groups.CDI_VERSION], "resources": [resource], "scope": "*"}]}
+                           "apiVersions": [groups.CDI_VERSION],
+                           "resources": [resource] if isinstance(resource, str) else resource, "scope": "*"}]}
 
     def configuration(name: str, webhook: Obj) -> Obj:
         return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
@@ -261,6 +262,9 @@ def webhooks_and_apiservice(namespace: str, ca_bundle: str) -> list[Obj]:
         configuration("cdi-api-dataimportcron-validate", hook("dataimportcron-validate.cdi.kubevirt.io",
                                                               "/dataimportcron-validate", "dataimportcrons",
                                                               ["CREATE", "UPDATE"])),
+        configuration("cdi-api-populator-validate", hook("populator-validate.cdi.kubevirt.io", "/populator-validate",
+                                                         ["volumeimportsources", "volumeuploadsources"],
+                                                         ["CREATE", "UPDATE"])),
         # as CDI's: Ignore, so that a CDI whose apiserver is gone can still be deleted
         configuration("cdi-api-validate", hook("cdi-validate.cdi.kubevirt.io", "/cdi-validate", "cdis",
                                                ["DELETE"], "Ignore")),

@@ -20,6 +20,10 @@ the two is stated here once, never in a test:
 | `CDI_E2E_SNAPSHOT_CLASS` | a VolumeSnapshotClass of `CDI_E2E_STORAGE_CLASS`'s driver | `local` |
 | `CDI_E2E_WEBHOOK_CLIENT_AUTH` | `1`: webhooks get the API server's client certificate and require it | `1` |
 | `CDI_E2E_CROSS_NAMESPACE_GATE` | `1`: the API server has `CrossNamespaceVolumeDataSource` | per module |
+| `CDI_E2E_UNLISTED_PROVISIONER` | a provisioner CDI does not know (default `hostpath.csi.k8s.io`) | `unlisted...` |
+
+`unlisted...` is `unlisted.local.storage.cdi.kubevirt.io`; a class of the unlisted provisioner gets a
+StorageProfile without `claimPropertySets`, as CDI gives one to a driver it does not know.
 
 Against a real cluster the tests' pods run as CDI's workers do (uid 107, the `restricted` Pod Security
 profile), and the namespaces they create enforce that profile."""
@@ -57,6 +61,7 @@ class Target:
     snapshot_class: str = "local"
     webhook_client_auth: bool = True
     cross_namespace_gate: bool | None = None  # None: `cdi up`, where each module chooses
+    unlisted_provisioner: str = "unlisted.local.storage.cdi.kubevirt.io"
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> Target:
@@ -70,7 +75,8 @@ class Target:
                    env.get("CDI_E2E_CDI_NAMESPACE", "cdi"),
                    env.get("CDI_E2E_SNAPSHOT_CLASS", "csi-hostpath-snapclass"),
                    env.get("CDI_E2E_WEBHOOK_CLIENT_AUTH", "0") == "1",
-                   env.get("CDI_E2E_CROSS_NAMESPACE_GATE", "0") == "1")
+                   env.get("CDI_E2E_CROSS_NAMESPACE_GATE", "0") == "1",
+                   env.get("CDI_E2E_UNLISTED_PROVISIONER", "hostpath.csi.k8s.io"))
 
     @property
     def embedded(self) -> bool:

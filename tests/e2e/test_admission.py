@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 import pytest
 
+from tests.e2e.workloads import new_namespace
 from tests.support.cluster import Kubectl
 
 DENIED = 'admission webhook "datavolume-validate.cdi.kubevirt.io" denied the request:  '
@@ -88,3 +90,52 @@ def test_uninstall_is_refused_while_datavolumes_exist_under_block_uninstall(kube
     kubectl("delete", "dv", "keep", "keep-2", "keep-3", "--wait=true")
     kubectl("delete", "cdi", "cdi")
     assert not kubectl.exists("cdi", "cdi")
+
+
+POPULATOR_DENIED = 'admission webhook "populator-validate.cdi.kubevirt.io" denied the request:  '
+
+
+def populator_source(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.mark.anycluster
+@pytest.mark.parametrize(("kind", "name", "spec", "message"), [
+    ("VolumeImportSource", "two-sources", {"source": {"http": {"url": "http://example.com/a"}, "blank": {}}},
+     "Multiple VolumeImport sources"),
+    ("VolumeImportSource", "no-source", {"contentType": "kubevirt"}, "Missing VolumeImport source"),
+    ("VolumeImportSource", "ftp", {"source": {"http": {"url": "ftp://example.com/a"}}},
+     "spec.source Invalid source URL scheme: ftp://example.com/a"),
+    ("VolumeImportSource", "blank-archive", {"contentType": "archive", "source": {"blank": {}}},
+     "SourceType cannot be blank and the contentType be archive"),
+    ("VolumeImportSource", "x" * 64, {"source": {"blank": {}}}, "Name cannot be longer than 63 characters"),
+    ("VolumeUploadSource", "odd-content", {"contentType": "iso"}, "ContentType not one of: kubevirt, archive"),
+])
+def test_invalid_populator_sources_are_refused(shared_kubectl: Kubectl, kind: str, name: str, spec: dict[str, Any],
+                                               message: str) -> None:
+    """CDI's populator webhook (`cdi-api-populator-validate`): a source the populator could not use is refused
+    when it is written, not found out when a claim names it."""
+    result = shared_kubectl.apply(populator_source(kind, name, spec), check=False)
+    assert result.returncode != 0
+    assert POPULATOR_DENIED + message in result.stderr
+    assert not shared_kubectl.exists(kind.lower(), name)
+
+
+@pytest.mark.anycluster
+@pytest.mark.parametrize(("kind", "spec", "changed", "message"), [
+    ("VolumeImportSource", {"source": {"http": {"url": "http://example.com/disk.img"}}},
+     {"source": {"http": {"url": "http://example.com/other.img"}}}, "Cannot update VolumeImportSource Spec"),
+    ("VolumeUploadSource", {"contentType": "kubevirt"}, {"contentType": "archive"},
+     "Cannot update VolumeUploadSource Spec"),
+])
+def test_populator_source_specs_never_change(shared_kubectl: Kubectl, kind: str, spec: dict[str, Any],
+                                             changed: dict[str, Any], message: str) -> None:
+    """As CDI: the claims a source fills read it once, so its spec is frozen; its metadata is not."""
+    k, name = shared_kubectl, "frozen"
+    ns = new_namespace(k, "frozen")
+    k.apply(populator_source(kind, name, spec), "-n", ns)
+    result = k.apply(populator_source(kind, name, changed), "-n", ns, check=False)
+    assert result.returncode != 0
+    assert POPULATOR_DENIED + message in result.stderr
+    k("label", kind.lower(), name, "-n", ns, "metadata=changes-are-fine")
+    assert k.get(kind.lower(), name, ns)["spec"] == spec

@@ -167,7 +167,7 @@ def leftovers(k: Kubectl, ns: str) -> list[str]:
               if (c["spec"].get("volumeSnapshotRef") or {}).get("namespace") == ns]
     names += [(v["spec"].get("claimRef") or {}).get("name", "") for v in k.json("get", "pv")["items"]
               if (v["spec"].get("claimRef") or {}).get("namespace") == ns]
-    return [n for n in names if n.startswith(("tmp-pvc-", "tmp-snapshot-"))]
+    return [n for n in names if n.startswith(("tmp-pvc-", "tmp-snapshot-", "tmp-source-pvc-"))]
 
 
 def test_snapshot_and_csi_clone_keep_bytes_and_leave_nothing_behind(shared_kubectl: Kubectl) -> None:
@@ -267,6 +267,38 @@ def test_clone_into_another_namespace_rebinds_the_volume(shared_kubectl: Kubectl
     reasons = [r for r, _ in events_of(k, ns, "copy")]
     for reason in ("CloneScheduled", "RebindInProgress", "CloneSucceeded"):
         assert reason in reasons, reasons
+    wait_for(lambda: leftovers(k, src_ns) == [] and leftovers(k, ns) == [], 60, 0.5,
+             message="no temporary claim or snapshot left")
+
+
+@pytest.mark.anycluster
+def test_a_snapshot_restored_into_a_class_of_another_driver_is_copied_through_a_restored_claim(
+        shared_kubectl: Kubectl) -> None:
+    """A VolumeSnapshot restored into a class of another driver falls back to a host-assisted copy, which reads
+    a claim: as CDI does, the snapshot is restored beside it (`tmp-source-pvc-<uid>`, a class of its own
+    driver) and copied from there; the DataVolume shows each step and ends with the snapshot's bytes."""
+    k = shared_kubectl
+    src_ns, ns = new_namespace(k, "snapsrc"), new_namespace(k, "snapdst")
+    k.apply(pvc("golden", "64Mi", storage_class=TARGET.storage_class), "-n", src_ns)
+    run_to_completion(k, src_ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, src_ns, "golden", "describe-golden")
+    k.apply({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "golden-snap"},
+             "spec": {"volumeSnapshotClassName": TARGET.snapshot_class,
+                      "source": {"persistentVolumeClaimName": "golden"}}}, "-n", src_ns)
+    wait_for(lambda: ((get(k, "volumesnapshot", "golden-snap", src_ns) or {}).get("status") or {}).get("readyToUse"),
+             60, 0.2, message="the snapshot ready")
+    k.apply(clone_dv("restored", {"snapshot": {"namespace": src_ns, "name": "golden-snap"}},
+                     storage_class=TARGET.copy_class), "-n", ns)
+    dv = wait_dv_phase(k, ns, "restored", "Succeeded", timeout=180)
+    assert dv["status"]["progress"] == "100.0%"
+    annotations = get(k, "pvc", "restored", ns)["metadata"]["annotations"]
+    assert annotations["cdi.kubevirt.io/cloneType"] == "copy"
+    assert annotations["cdi.kubevirt.io/cloneFallbackReason"]
+    reasons = [r for r, _ in events_of(k, ns, "restored")]
+    for reason in ("CloneScheduled", "CloneFromSnapshotSourceInProgress", "CloneInProgress", "RebindInProgress",
+                   "CloneSucceeded"):
+        assert reason in reasons, reasons
+    assert describe(k, ns, "restored", "describe-restored")["sha256"] == original["sha256"]
     wait_for(lambda: leftovers(k, src_ns) == [] and leftovers(k, ns) == [], 60, 0.5,
              message="no temporary claim or snapshot left")
 

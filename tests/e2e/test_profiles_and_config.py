@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.importing import datavolume, wait_phase
-from tests.e2e.workloads import new_namespace
+from tests.e2e.importing import datavolume, read_back, wait_phase
+from tests.e2e.target import TARGET
+from tests.e2e.workloads import get, new_namespace
 from tests.support.cluster import CdiUp, Kubectl, wait_for
+from tests.support.images import Image
+from tests.support.servers import FileServer
 
 RWO, RWX = "ReadWriteOnce", "ReadWriteMany"
 FS, BLOCK = "Filesystem", "Block"
@@ -297,3 +300,71 @@ def test_claims_are_sized_as_cdis_code_sizes_them(shared_kubectl: Kubectl, class
     finally:
         k("patch", "cdi", "cdi", "--type", "merge", "-p", '{"spec":{"config":{}}}')
         k("delete", "namespace", ns, "--wait=false")
+
+
+def bound_condition(k: Kubectl, ns: str, name: str) -> dict[str, Any]:
+    dv = get(k, "dv", name, ns) or {}
+    return next((c for c in (dv.get("status") or {}).get("conditions") or [] if c["type"] == "Bound"), {})
+
+
+def warnings_of(k: Kubectl, ns: str, name: str) -> list[tuple[str, str]]:
+    items = k.json("get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [(e["reason"], e["message"]) for e in items if e.get("type") == "Warning"]
+
+
+def waits_with(k: Kubectl, ns: str, name: str, message: str) -> None:
+    """The DataVolume says (its Bound condition) that it waits, and why; it has no claim."""
+    wait_for(lambda: bound_condition(k, ns, name).get("message") == message, 60, 0.2,
+             message=f"DataVolume {ns}/{name} waiting with {message!r}: {bound_condition(k, ns, name)}")
+    assert not k.exists("pvc", name, ns)
+
+
+def populated_claim(name: str, source: str, storage_class: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+            "spec": {"accessModes": [RWO], "storageClassName": storage_class,
+                     "resources": {"requests": {"storage": "64Mi"}},
+                     "dataSourceRef": {"apiGroup": "cdi.kubevirt.io", "kind": "VolumeImportSource", "name": source}}}
+
+
+@pytest.mark.anycluster
+def test_the_storage_profile_workflow_needs_nothing_but_the_admins_steps(
+        shared_kubectl: Kubectl, classes: list[str], range_server: FileServer, images: dict[str, Image]) -> None:
+    """CDI's documented workflow for a class of a driver it does not know: a `storage` DataVolume naming the
+    class waits (first for the class, then with ErrClaimNotValid for the class's StorageProfile), the admin
+    creates the class and completes its profile's `claimPropertySets`, and that is all: the waiting import,
+    clone and populated claim go on by themselves (CDI's controllers watch StorageClasses and StorageProfiles)."""
+    k = shared_kubectl
+    ns = new_namespace(k, "spflow")
+    name = f"cdi-e2e-unlisted-{ns}"
+    image = images["qcow2.qcow2"]
+    url = f"{range_server.url}/{image.name}"
+    k.apply(datavolume("source", {"http": {"url": url}}, storage_class=TARGET.storage_class), "-n", ns)
+    k.apply(datavolume("early", {"http": {"url": url}}, storage_class=name), "-n", ns)
+    clone = datavolume("copy", {"pvc": {"name": "source", "namespace": ns}}, storage_class=name)
+    del clone["spec"]["storage"]["resources"]  # CDI's size: the source's
+    k.apply(clone, "-n", ns)
+    k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "VolumeImportSource", "metadata": {"name": "disk"},
+             "spec": {"source": {"http": {"url": url}}}}, "-n", ns)
+    k.apply(populated_claim("filled", "disk", name), "-n", ns)
+    waits_with(k, ns, "early", "DataVolume.storage spec is missing accessMode and no storageClass to choose profile")
+    wait_phase(k, "source", "Succeeded", namespace=ns)
+
+    classes.append(name)  # the admin's first step: the class
+    k.apply(storage_class(name, TARGET.unlisted_provisioner))
+    assert "claimPropertySets" not in profile_of(k, name)["status"]
+    missing = f"Spec is missing accessMode and volumeMode, cannot get access mode from StorageProfile {name}"
+    for dv in ("early", "copy"):
+        waits_with(k, ns, dv, missing)
+        assert ("ErrClaimNotValid", missing) in warnings_of(k, ns, dv)
+
+    # the second: the profile's claim property sets, as README and CDI's documentation say
+    k("patch", "storageprofile", name, "--type=merge",
+      "-p", json.dumps({"spec": {"claimPropertySets": [{"accessModes": [RWO], "volumeMode": FS}]}}))
+    for dv in ("early", "copy"):
+        wait_phase(k, dv, "Succeeded", namespace=ns, timeout=180)
+        assert get(k, "pvc", dv, ns)["spec"]["storageClassName"] == name
+        assert read_back(k, dv, image.virtual_size, namespace=ns) == image.sha256
+    wait_for(lambda: (get(k, "pvc", "filled", ns) or {}).get("status", {}).get("phase") == "Bound", 180, 0.2,
+             message="the populated claim of the new class bound")
+    assert read_back(k, "filled", image.virtual_size, namespace=ns) == image.sha256
+

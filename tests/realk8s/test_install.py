@@ -311,6 +311,7 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
             ("clusterrole", "cdi-apiserver", None), ("clusterrole", "cdi.kubevirt.io:view", None),
             ("validatingwebhookconfiguration", "cdi-api-datavolume-validate", None),
             ("validatingwebhookconfiguration", "cdi-api-validate", None),
+            ("validatingwebhookconfiguration", "cdi-api-populator-validate", None),
             ("mutatingwebhookconfiguration", "cdi-api-datavolume-mutate", None),
             ("apiservice", "v1beta1.upload.cdi.kubevirt.io", None), ("cdiconfig", "config", None),
             ("prometheusrule", "prometheus-cdi-rules", "cdi"), ("servicemonitor", "service-monitor-cdi", "cdi"),

@@ -67,7 +67,6 @@ class DataVolumeReconciler(Reconciler):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._session: aiohttp.ClientSession | None = None
-        self.pending_on_storage: set[str] = set()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -77,7 +76,6 @@ class DataVolumeReconciler(Reconciler):
         namespace, name = split_key(key)
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
         if dv is None or DataVolumeView(dv).deleting:
-            self._set_pending(key, False)
             self.ctx.metrics.clear_import_progress(key)
             return None
         view = DataVolumeView(dv)
@@ -112,7 +110,6 @@ class DataVolumeReconciler(Reconciler):
             await self.ctx.client.patch(groups.DATAVOLUMES, name, {"metadata": {"annotations": {
                 ann.PRE_POPULATED: ClaimView(pvc).name}}}, namespace)
         await self._delayed_annotations(view, pvc)
-        self._set_pending(key, False)
         requeue = await self._update_status(dv, pvc, requires_work=requires_work)
         if claim_uses_populator(pvc) and ClaimView(pvc).phase == "Bound" and \
                 ClaimView(pvc).annotations.get(ann.POD_PHASE) == "Succeeded":
@@ -163,12 +160,6 @@ class DataVolumeReconciler(Reconciler):
             await self.ctx.client.patch(groups.PVCS, view.name, {"metadata": {"annotations": {
                 ann.POPULATED_FOR: wanted}}}, view.namespace)
 
-    def _set_pending(self, key: str, pending: bool) -> None:
-        if pending:
-            self.pending_on_storage.add(key)
-        else:
-            self.pending_on_storage.discard(key)
-
     async def _refuse(self, dv: Body, cause: Cause) -> float | None:
         """A source CDI admits that cannot work here: Failed at once, with the field and the reason."""
         event: Event = (WARNING, cause.reason, cause.message)
@@ -181,12 +172,11 @@ class DataVolumeReconciler(Reconciler):
             spec = unrendered_claim_spec(dv) if self._left_to_pvc_webhook(view) else \
                 render_claim_spec(dv, cluster_storage(self.ctx))
         except NoStorageClass as exc:
-            self._set_pending(view.key, True)
+            # the manager brings the DataVolume back when a StorageClass or StorageProfile changes
             return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")
         except RenderError as exc:
             return await self._update_status(dv, None, message=str(exc), reason=exc.reason, phase="Pending",
                                              event=(WARNING, exc.reason, str(exc)))
-        self._set_pending(view.key, False)
         annotations = {k: v for k, v in view.annotations.items() if k in _PASSED_ANNOTATIONS}
         static = staticvolumes.available_for(self.ctx.cached_list(groups.PVS), view.namespace, view.name, spec) \
             if ann.CHECK_STATIC_VOLUME in view.annotations else []

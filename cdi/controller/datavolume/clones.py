@@ -13,7 +13,9 @@ recording each in the target's `cdi.kubevirt.io/clonePhase`:
   temporary claim restored from it (SnapshotClone), then PrepClaim and Rebind as above; a
   `source.snapshot` DataVolume restores the user's snapshot directly;
 - copy (host-assisted): a temporary claim filled by an upload server from a clone source pod (HostClone),
-  then Rebind as above.
+  then Rebind as above; from a VolumeSnapshot (restored elsewhere than its driver, for example), the
+  snapshot is first restored into `tmp-source-pvc-<target uid>` in its namespace, of the first class of
+  its driver (SnapshotClone), and the copy reads that claim, as CDI's planHostAssistedFromSnapshot.
 
 Every temporary object is deleted when the clone succeeds. The DataVolume's phase follows the
 clonePhase (CDI's populator phase map), with CDI's events."""
@@ -40,6 +42,7 @@ from cdi.api.views import (
     ObjectView,
     PersistentVolumeView,
     PodView,
+    SnapshotContentView,
     SnapshotView,
 )
 from cdi.common import pki
@@ -100,6 +103,11 @@ def temp_claim_name(target: Body) -> str:
 def source_pod_name(temp: Body) -> str:
     """CDI's `<uid>-source-pod` (the uid of the claim the upload server fills)."""
     return f"{ClaimView(temp).uid}-source-pod"
+
+
+def temp_source_claim_name(target: Body) -> str:
+    """CDI's `tmp-source-pvc-<target uid>`: a snapshot restored for a host-assisted copy to read."""
+    return f"tmp-source-pvc-{ClaimView(target).uid}"
 
 
 def temp_snapshot_name(target: Body) -> str:
@@ -427,6 +435,11 @@ class CloneReconciler(Reconciler):
         if temp is not None:  # what happens to the temporary claim shows on the target (CDI's CopyEvents)
             await copy_events(self.ctx, temp, target)
         if strategy == planner.COPY:
+            if kind == "snapshot":
+                restored, written = await self._restored_source(target, source_ns, source_name)
+                if restored is None:
+                    return written
+                source_name = ClaimView(restored).name
             return await self._host_clone(target, temp, source_ns, source_name)
         if temp is None:
             return await self._start(target, kind, source_ns, source_name, strategy)
@@ -487,6 +500,49 @@ class CloneReconciler(Reconciler):
             ann.CONDITION_RUNNING: None, ann.CONDITION_RUNNING_REASON: None, ann.CONDITION_RUNNING_MESSAGE: None})
         await self._create_source_pod(target, temp, source_ns, source_name)
         return written
+
+    async def _restored_source(self, target: Body, namespace: str,
+                               snapshot_name: str) -> tuple[Obj | None, Obj | None]:
+        """A host-assisted copy reads a claim, never a snapshot: as CDI's planHostAssistedFromSnapshot, the
+        snapshot is restored into `tmp-source-pvc-<target uid>` beside it, of the first class (by name) of
+        the snapshot's driver, ReadWriteOnce, in the volume mode the snapshot was taken of, at its restore
+        size (SnapshotClone). Returns that claim once it exists, else the target as written when its phase
+        changed. Not waiting for the claim to bind: on a WaitForFirstConsumer class the clone source pod is
+        its consumer."""
+        name = temp_source_claim_name(target)
+        restored = await self._get(groups.PVCS, name, namespace)
+        if restored is not None:
+            return restored, None
+        snapshot = self.ctx.cached(groups.VOLUMESNAPSHOTS, snapshot_name, namespace)
+        content_name = SnapshotView(snapshot or {}).content_name
+        content = self.ctx.cached(groups.VOLUMESNAPSHOTCONTENTS, content_name, "") if content_name else None
+        if snapshot is None or content is None or not SnapshotView(snapshot).ready_to_use:
+            return None, None  # the DataVolume's planning waits for a ready snapshot; the cache is behind
+        driver = SnapshotContentView(content).driver
+        classes = sorted(ObjectView(sc).name for sc in self.ctx.cached_list(groups.STORAGECLASSES)
+                         if sc.get("provisioner") == driver)
+        if not classes:
+            # CDI's error, retried with back-off; the target's DataVolume stays in CloneScheduled
+            raise RuntimeError("unable to find a valid storage class for the temporal source claim")
+        target_claim = ClaimView(target)
+        size = SnapshotView(snapshot).restore_size
+        if not _bytes(size):
+            size = target_claim.requested_storage
+        claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                 "metadata": {"name": name, "namespace": namespace,
+                              "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true",
+                                         ann.LABEL_OWNED_BY_UID: target_claim.uid},
+                              "annotations": {ann.BIND_IMMEDIATE: "true"}},
+                 "spec": {"storageClassName": classes[0], "accessModes": ["ReadWriteOnce"],
+                          "volumeMode": SnapshotContentView(content).source_volume_mode or target_claim.volume_mode,
+                          "resources": {"requests": {"storage": size}},
+                          "dataSource": {"apiGroup": groups.SNAPSHOT_GROUP, "kind": "VolumeSnapshot",
+                                         "name": snapshot_name}}}
+        try:
+            await self.ctx.client.create(groups.PVCS, claim, namespace)
+        except AlreadyExists:
+            pass
+        return None, await self._set_phase(target, SNAPSHOT_CLONE)
 
     def _pods_using(self, namespace: str, claim: str, target_uid: str) -> list[Obj]:
         """Running pods (not this clone's) that mount the source: CDI holds a host-assisted clone
@@ -676,7 +732,8 @@ class CloneReconciler(Reconciler):
         """The target holds the volume: remove every temporary object, then say so."""
         if not ClaimView(target).bound:
             return None
-        for gvr, name in ((groups.PVCS, temp_claim_name(target)), (groups.VOLUMESNAPSHOTS, temp_snapshot_name(target))):
+        for gvr, name in ((groups.PVCS, temp_claim_name(target)), (groups.VOLUMESNAPSHOTS, temp_snapshot_name(target)),
+                          (groups.PVCS, temp_source_claim_name(target))):
             try:
                 await self.ctx.client.delete(gvr, name, source_ns)
             except NotFound:

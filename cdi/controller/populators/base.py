@@ -163,6 +163,17 @@ class PopulatorReconciler(Reconciler):
                     source_namespace(pvc) == namespace:
                 yield ClaimView(pvc).key
 
+    def keys_waiting_on_class(self, storage_class: str) -> Iterable[str]:
+        """A StorageClass or StorageProfile event: the unbound claims of that class naming our kind that have
+        no prime yet. Their population waits for the class to exist (CDI retries that wait with back-off;
+        here the class's arrival is what brings them back)."""
+        for pvc in self.ctx.cached_list(groups.PVCS):
+            view = ClaimView(pvc)
+            if refers_to(pvc, self.source_kind) and view.storage_class == storage_class and \
+                    view.phase in ("", "Pending") and \
+                    self.ctx.cached(groups.PVCS, prime_name(pvc), view.namespace) is None:
+                yield view.key
+
     # -- the shared flow ------------------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> float | None:

@@ -3,7 +3,9 @@ provisioner can do.
 
 Two provisioners share one backend: the capable one copies volumes for CSI clones and snapshots;
 the `nosnap` one refuses both, as many real drivers do, so that CDI's host-assisted clone has
-something to fall back for."""
+something to fall back for. A third, `unlisted`, is the nosnap one under a name CDI's table of known
+provisioners does not list and with no class of its own: a class an admin makes of it gets a StorageProfile
+without `claimPropertySets`, as a class of a driver CDI knows nothing about does on a real cluster."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from cdi.api.groups import SNAPSHOT_API_VERSION
 
 PROVISIONER = "local.storage.cdi.kubevirt.io"
 NOSNAP_PROVISIONER = "nosnap.local.storage.cdi.kubevirt.io"
+UNLISTED_PROVISIONER = "unlisted.local.storage.cdi.kubevirt.io"
 
 CLASS_LOCAL = "local"
 CLASS_WFFC = "local-wffc"
@@ -31,6 +34,7 @@ class Capabilities:
 PROVISIONERS: dict[str, Capabilities] = {
     PROVISIONER: Capabilities(clone=True, snapshot=True),
     NOSNAP_PROVISIONER: Capabilities(clone=False, snapshot=False),
+    UNLISTED_PROVISIONER: Capabilities(clone=False, snapshot=False),
 }
 
 

@@ -7,7 +7,11 @@ from typing import Any
 import pytest
 
 from cdi.api.checksum import ChecksumSyntaxError, parse_checksum
-from cdi.api.validation import rejection_message, validate_datavolume
+from cdi.api.validation import (
+    rejection_message,
+    validate_datavolume,
+    validate_volume_import_source,
+)
 
 SHA256 = "a" * 64
 
@@ -88,3 +92,23 @@ def test_checksum_parsing() -> None:
         parse_checksum("crc32:00")
     with pytest.raises(ChecksumSyntaxError, match="not valid hexadecimal"):
         parse_checksum("md5:" + "z" * 32)
+
+
+def vddk_source(**spec: Any) -> dict[str, Any]:
+    source = {"vddk": {"url": "https://vcenter.example.com", "uuid": "u", "backingFile": "[ds] vm.vmdk",
+                       "thumbprint": "t", "secretRef": "s"}}
+    return {"metadata": {"name": "warm"}, "spec": {"source": source, **spec}}
+
+
+def test_a_multi_stage_import_source_may_move_its_checkpoints_and_nothing_else() -> None:
+    """CDI's populator webhook lets a warm migration (vddk or imageio with checkpoints) advance its checkpoints
+    on a VolumeImportSource whose spec is otherwise frozen, and wants the claim it fills named."""
+    first = vddk_source(targetClaim="disk", checkpoints=[{"previous": "", "current": "c1"}])
+    later = vddk_source(targetClaim="disk", checkpoints=[{"previous": "", "current": "c1"},
+                                                         {"previous": "c1", "current": "c2"}], finalCheckpoint=True)
+    assert validate_volume_import_source(later, first) == []
+    moved = vddk_source(targetClaim="other", checkpoints=[{"previous": "", "current": "c1"}])
+    assert rejection_message(validate_volume_import_source(moved, first)) == " Cannot update VolumeImportSource Spec"
+    unnamed = vddk_source(checkpoints=[{"previous": "", "current": "c1"}])
+    assert rejection_message(validate_volume_import_source(unnamed)) == \
+        " Unable to do multi-stage import without specifying a target claim"
