@@ -224,8 +224,8 @@ class TLSPolicy:
         if not suites:  # no suite below TLS 1.3 can be negotiated: nothing below it can be either
             minimum = max(minimum, ssl.TLSVersion.TLSv1_3)
         level = 0 if minimum < ssl.TLSVersion.TLSv1_2 else 2
-        if ignored:
-            log.warning("TLS profile: ignoring cipher names no server of CDI's can offer: %s", ", ".join(ignored))
+        if ignored:  # as CDI, silently for the built-in profiles' DHE suites (every start would warn)
+            log.debug("TLS profile: ignoring cipher names no server of CDI's can offer: %s", ", ".join(ignored))
         return cls(minimum, f"{':'.join(suites) or _INERT_CIPHERS}:@SECLEVEL={level}", tuple(ignored))
 
     def at_least(self, minimum: ssl.TLSVersion) -> TLSPolicy:
