@@ -5,7 +5,8 @@ TLS: its own serving certificate (CA kept in the state directory, published as t
 APIService's caBundle); client certificates are *optional* and, when given, must chain to the
 aggregation layer's request-header CA or (with `webhook_client_names`) to the cluster's client CA, so
 that one listener serves webhook calls (the API server's certificate, required when names are given)
-and front-proxied token requests (the front proxy's certificate)."""
+and front-proxied token requests (the front proxy's certificate). Versions and cipher suites are
+CDIConfig's `tlsSecurityProfile`, followed as it changes (`cdi.kube.tlswatch`), as CDI's."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from cdi.apiserver.signingkey import ensure_signing_key
 from cdi.apiserver.uploadtokens import UploadTokenApi
 from cdi.common import pki
 from cdi.kube import AlreadyExists, ApiError, Backoff, Informer, KubeClient, NotFound
+from cdi.kube.tlswatch import TLSProfileWatch
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "cdi-api"
@@ -58,6 +60,8 @@ class CdiApiServer:
         self.request_headers = RequestHeaderConfig()
         self.tokens = UploadTokenApi(client, self.signing_key, self._request_header_config)
         self.dv_mutation = dvmutate.DataVolumeMutation(client, self.signing_key)
+        self.tls_profile = TLSProfileWatch(client)
+        self._context: ssl.SSLContext | None = None
 
     def signing_key(self) -> bytes:
         assert self._signing_key is not None, "start() loads the signing key"
@@ -105,18 +109,28 @@ class CdiApiServer:
         self._signing_key = await ensure_signing_key(self.client, self.namespace)
         self.request_headers = await RequestHeaderConfig.load(self.client)
         self.webhook_callers = await WebhookCallers.load(self.client, self.webhook_client_names)
-        context = pki.server_context(self._certificates(names), self.dir / "serving")
+        await self.tls_profile.start()
+        context = pki.server_context(self._certificates(names), self.dir / "serving", policy=self.tls_profile.policy)
         for client_ca in (self.request_headers.client_ca, self.webhook_callers.client_ca):
             if client_ca:
                 context.verify_mode = ssl.CERT_OPTIONAL
                 context.load_verify_locations(cadata=client_ca)
+        self._context = context
+        self.tls_profile.subscribe(self._follow)
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
+    def _follow(self, policy: pki.TLSPolicy) -> None:
+        """A change of CDIConfig's profile: the serving context changes in place, on the event loop, where
+        aiohttp makes every connection from it; connections made afterwards get the new versions and suites."""
+        if self._context is not None:
+            policy.apply(self._context)
+
     async def stop(self) -> None:
+        await self.tls_profile.stop()
         if self.pvc_webhook is not None:
             await self.pvc_webhook.stop()
         if self._runner is not None:

@@ -131,6 +131,7 @@ class Demo:
         image_server: web.AppRunner | None = None
         try:
             await self.stack.start()
+            self.stack.follow_tls_profile(self.cluster.apiserver.set_tls_policy)  # as `cdi up`
             self.say(f"API server {self.cluster.url}; export KUBECONFIG={self.cluster.kubeconfig_path}")
             image, file_sum, disk_sum = build_image(self.data_dir / "images")
             app = web.Application()

@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
 from cdi.api import featuregates, groups
 from cdi.apiserver.server import CdiApiServer
+from cdi.common import pki
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
 from cdi.embedded.kubeapi.webhooks import WEBHOOK_CLIENT
@@ -87,6 +89,11 @@ class CdiStack:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
         await self.manager.start()
+
+    def follow_tls_profile(self, subscriber: Callable[[pki.TLSPolicy], None]) -> None:
+        """Call `subscriber` with CDIConfig's TLS policy now and at each change (what cdi-apiserver follows)."""
+        assert self.apiserver is not None
+        self.apiserver.tls_profile.subscribe(subscriber)
 
     async def _start_uploadproxy(self, client: KubeClient) -> None:
         directory = self.state_dir / "uploadproxy"

@@ -73,6 +73,8 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         if stack is not None:
             await stack.start()
+            # the embedded API server is the cluster: CDIConfig's TLS profile is the only one there is
+            stack.follow_tls_profile(cluster.apiserver.set_tls_policy)
         print(f"cdi up: ready - API server {cluster.url}, kubeconfig {cluster.kubeconfig_path}", flush=True)
         print(f"  export KUBECONFIG={cluster.kubeconfig_path}", flush=True)
         print(f"  pod IPs {cluster.node.ips.network}, service cluster IPs {cluster.apiserver.service_range.network}",

@@ -11,7 +11,21 @@
    and its own `SSL` over the socket's descriptor from the first byte of the handshake on; the `ssl`
    module's objects are never touched. The descriptor belongs to the caller (a `socket.socket`) and is
    put in non-blocking mode: every wait is a `poll` with a deadline, as in the `ssl` module (bytes
-   trickling into a record that is not complete yet do not extend it). */
+   trickling into a record that is not complete yet do not extend it).
+
+   The protocol versions and cipher suites are not chosen here: `Context` takes the minimum version, the
+   OpenSSL cipher list (TLS 1.2 and older, with its security level) and the option bits of the Python
+   `ssl.SSLContext` that the same server would otherwise serve with (`cdi.common.tlsfront.ServerTLS`), so
+   that both paths offer exactly the same. TLS 1.3 suites are left at OpenSSL's default, as the `ssl`
+   module cannot set them (`cdi.common.pki.TLSPolicy`).
+
+   The lifetime rule of a connection's `SSL*`: it is used only between `conn_enter` and `conn_leave`,
+   which are counted under the connection's mutex; `conn_enter` refuses once `close` began and while another
+   call is inside (OpenSSL's `SSL` may not be used by two threads at once), and `close` frees the `SSL*` only
+   when no call is inside. A call that waits in `poll` with the GIL released is woken by `close`, which
+   shuts the descriptor down both ways first; `close` returns once that call has left, so the caller may
+   close the descriptor after it (no call can touch a reused descriptor number either). The mutex is taken
+   twice per call (a MiB per `fill`), never per byte. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,7 +33,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <openssl/err.h>
@@ -73,26 +89,44 @@ typedef struct {
 static PyTypeObject ConnType;
 
 static int Context_init(Context *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"certfile", "keyfile", "cafile", "minimum", NULL};
-    const char *certfile, *keyfile, *cafile = NULL;
+    static char *kwlist[] = {"certfile", "keyfile", "cafile", "minimum", "ciphers", "options", NULL};
+    const char *certfile, *keyfile, *cafile = NULL, *ciphers = NULL;
     int minimum = TLS1_2_VERSION;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ss|zi", kwlist, &certfile, &keyfile, &cafile, &minimum))
+    unsigned long long options = 0;
+    int has_options = 0;
+    PyObject *options_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ss|ziz$O", kwlist, &certfile, &keyfile, &cafile, &minimum,
+                                     &ciphers, &options_obj))
         return -1;
+    if (self->ctx != NULL) { /* accept() may run in other threads on this context: it never changes */
+        PyErr_SetString(PyExc_RuntimeError, "a TLS context is set up once; make a new one to change it");
+        return -1;
+    }
+    if (options_obj != NULL && options_obj != Py_None) {
+        options = PyLong_AsUnsignedLongLong(options_obj);
+        if (PyErr_Occurred())
+            return -1;
+        has_options = 1;
+    }
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (ctx == NULL)
         goto fail;
-    if (!SSL_CTX_set_min_proto_version(ctx, minimum) || SSL_CTX_use_certificate_chain_file(ctx, certfile) != 1 ||
+    if (has_options) { /* exactly the Python context's option bits */
+        SSL_CTX_clear_options(ctx, SSL_CTX_get_options(ctx));
+        SSL_CTX_set_options(ctx, (uint64_t)options);
+    } else {
+        SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_NO_RENEGOTIATION);
+    }
+    if (!SSL_CTX_set_min_proto_version(ctx, minimum) || (ciphers != NULL && SSL_CTX_set_cipher_list(ctx, ciphers) != 1) ||
+        SSL_CTX_use_certificate_chain_file(ctx, certfile) != 1 ||
         SSL_CTX_use_PrivateKey_file(ctx, keyfile, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1)
         goto fail;
-    SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_NO_RENEGOTIATION);
     SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     if (cafile != NULL) { /* a client certificate is optional, and when given it must chain to cafile */
         if (SSL_CTX_load_verify_locations(ctx, cafile, NULL) != 1)
             goto fail;
         SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
     }
-    if (self->ctx != NULL)
-        SSL_CTX_free(self->ctx);
     self->ctx = ctx;
     return 0;
 fail:;
@@ -101,7 +135,8 @@ fail:;
     ERR_clear_error();
     if (ctx != NULL)
         SSL_CTX_free(ctx);
-    PyErr_Format(PyExc_ValueError, "cannot load the TLS certificate, key or CA: %s", reason);
+    PyErr_Format(PyExc_ValueError, "cannot set up TLS with this certificate, key, CA, version or ciphers: %s",
+                 reason);
     return -1;
 }
 
@@ -117,7 +152,34 @@ typedef struct {
     PyObject_HEAD
     SSL *ssl;
     int fd;
+    pthread_mutex_t mu; /* guards busy and closed (see the lifetime rule at the top) */
+    pthread_cond_t idle; /* signalled when busy drops to 0 */
+    int busy;            /* a call is using ssl */
+    int closed;          /* close began: no call may enter any more */
 } Conn;
+
+/* The SSL* for one call, or NULL with an exception set (closed, or in use by another thread). With or
+   without the GIL; must be paired with conn_leave. */
+static SSL *conn_enter(Conn *self) {
+    pthread_mutex_lock(&self->mu);
+    int closed = self->closed || self->ssl == NULL, busy = self->busy;
+    if (!closed && !busy)
+        self->busy = 1;
+    pthread_mutex_unlock(&self->mu);
+    if (closed)
+        PyErr_SetString(PyExc_ValueError, "the TLS connection is closed");
+    else if (busy)
+        PyErr_SetString(PyExc_RuntimeError, "another thread is using this TLS connection");
+    return closed || busy ? NULL : self->ssl;
+}
+
+/* The call is done with the SSL*; wakes a close waiting for it. Needs no GIL. */
+static void conn_leave(Conn *self) {
+    pthread_mutex_lock(&self->mu);
+    self->busy = 0;
+    pthread_cond_broadcast(&self->idle);
+    pthread_mutex_unlock(&self->mu);
+}
 
 static PyObject *raise_tls(int why, int err, const char *reason) {
     if (why == TIMEOUT)
@@ -198,6 +260,10 @@ static PyObject *Context_accept(Context *self, PyObject *args) {
     }
     conn->ssl = ssl;
     conn->fd = fd;
+    conn->busy = 0;
+    conn->closed = 0;
+    pthread_mutex_init(&conn->mu, NULL);
+    pthread_cond_init(&conn->idle, NULL);
     return (PyObject *)conn;
 }
 
@@ -217,21 +283,17 @@ static PyTypeObject ContextType = {
     .tp_doc = "A server TLS context from certificate, key and (optional) client CA files.",
 };
 
-static int conn_open(Conn *self) {
-    if (self->ssl == NULL) {
-        PyErr_SetString(PyExc_ValueError, "the TLS connection is closed");
-        return 0;
-    }
-    return 1;
-}
-
 /* fill(buffer, first_ms, pause_ms) -> (bytes read, why it stopped, errno or reason) */
 static PyObject *Conn_fill(Conn *self, PyObject *args) {
     int first_ms, pause_ms;
     Py_buffer view;
-    if (!conn_open(self) || !PyArg_ParseTuple(args, "w*ii", &view, &first_ms, &pause_ms))
+    if (!PyArg_ParseTuple(args, "w*ii", &view, &first_ms, &pause_ms))
         return NULL;
-    SSL *ssl = self->ssl;
+    SSL *ssl = conn_enter(self);
+    if (ssl == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     int fd = self->fd;
     size_t got = 0, len = (size_t)view.len;
     int why = FULL, err = 0;
@@ -277,6 +339,7 @@ static PyObject *Conn_fill(Conn *self, PyObject *args) {
         ERR_clear_error();
         break;
     }
+    conn_leave(self);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (why == TLS_ERROR)
@@ -305,18 +368,22 @@ static int step_write(SSL *ssl, void *arg) {
 static PyObject *Conn_sendall(Conn *self, PyObject *args) {
     int timeout_ms;
     Py_buffer view;
-    if (!conn_open(self) || !PyArg_ParseTuple(args, "y*i", &view, &timeout_ms))
+    if (!PyArg_ParseTuple(args, "y*i", &view, &timeout_ms))
         return NULL;
+    SSL *ssl = conn_enter(self);
+    if (ssl == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     Pending p = {view.buf, (size_t)view.len, 0};
     int why = FULL, err = 0;
     char reason[256] = "";
-    if (p.len) {
-        SSL *ssl = self->ssl;
-        int fd = self->fd;
-        Py_BEGIN_ALLOW_THREADS
+    int fd = self->fd;
+    Py_BEGIN_ALLOW_THREADS
+    if (p.len)
         why = drive(ssl, fd, step_write, &p, deadline_of(timeout_ms), &err, reason, sizeof reason);
-        Py_END_ALLOW_THREADS
-    }
+    conn_leave(self);
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (why == FULL)
         Py_RETURN_NONE;
@@ -339,14 +406,17 @@ static int step_shutdown(SSL *ssl, void *arg) {
 /* shutdown(timeout_ms): close_notify both ways; the descriptor stays open, at the byte after the peer's */
 static PyObject *Conn_shutdown(Conn *self, PyObject *args) {
     int timeout_ms;
-    if (!conn_open(self) || !PyArg_ParseTuple(args, "i", &timeout_ms))
+    if (!PyArg_ParseTuple(args, "i", &timeout_ms))
+        return NULL;
+    SSL *ssl = conn_enter(self);
+    if (ssl == NULL)
         return NULL;
     int why, err = 0;
     char reason[256] = "";
-    SSL *ssl = self->ssl;
     int fd = self->fd;
     Py_BEGIN_ALLOW_THREADS
     why = drive(ssl, fd, step_shutdown, NULL, deadline_of(timeout_ms), &err, reason, sizeof reason);
+    conn_leave(self);
     Py_END_ALLOW_THREADS
     if (why == FULL)
         Py_RETURN_NONE;
@@ -358,15 +428,27 @@ static PyObject *Conn_shutdown(Conn *self, PyObject *args) {
 }
 
 static PyObject *Conn_pending(Conn *self, PyObject *Py_UNUSED(arg)) {
-    return PyLong_FromLong(self->ssl == NULL ? 0 : SSL_pending(self->ssl));
+    pthread_mutex_lock(&self->mu);
+    int closed = self->closed || self->ssl == NULL;
+    pthread_mutex_unlock(&self->mu);
+    if (closed)
+        return PyLong_FromLong(0);
+    SSL *ssl = conn_enter(self);
+    if (ssl == NULL)
+        return NULL;
+    int pending = SSL_pending(ssl);
+    conn_leave(self);
+    return PyLong_FromLong(pending);
 }
 
 /* The client certificate's subject as the ssl module gives it, ((("commonName", "x"),), ...); None: no
    certificate (one that does not verify fails the handshake) */
 static PyObject *Conn_peer_subject(Conn *self, PyObject *Py_UNUSED(arg)) {
-    if (!conn_open(self))
+    SSL *ssl = conn_enter(self);
+    if (ssl == NULL)
         return NULL;
-    X509 *cert = SSL_get1_peer_certificate(self->ssl);
+    X509 *cert = SSL_get1_peer_certificate(ssl);
+    conn_leave(self); /* the certificate is ours now (a reference), whatever happens to the SSL */
     if (cert == NULL)
         Py_RETURN_NONE;
     X509_NAME *name = X509_get_subject_name(cert);
@@ -392,17 +474,34 @@ static PyObject *Conn_peer_subject(Conn *self, PyObject *Py_UNUSED(arg)) {
     return subject;
 }
 
+/* close(): free the TLS state, not the descriptor. A call inside on another thread (a fill waiting for
+   bytes) is cut: the descriptor is shut down both ways, and close returns once that call has left. */
 static PyObject *Conn_close(Conn *self, PyObject *Py_UNUSED(arg)) {
-    if (self->ssl != NULL) {
-        SSL_free(self->ssl); /* the descriptor is the caller's (SSL_set_fd's BIO does not close it) */
-        self->ssl = NULL;
-    }
+    pthread_mutex_lock(&self->mu);
+    int first = !self->closed;
+    self->closed = 1;
+    if (first && self->busy)
+        shutdown(self->fd, SHUT_RDWR); /* its poll wakes up, its SSL call fails, it leaves */
+    pthread_mutex_unlock(&self->mu);
+    Py_BEGIN_ALLOW_THREADS /* the call inside may need the GIL to leave the method it is in: not to leave */
+    pthread_mutex_lock(&self->mu);
+    while (self->busy)
+        pthread_cond_wait(&self->idle, &self->mu);
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    SSL *ssl = self->ssl; /* closed and not busy: nobody can enter again, so nobody else touches it */
+    self->ssl = NULL;
+    if (ssl != NULL)
+        SSL_free(ssl); /* the descriptor is the caller's (SSL_set_fd's BIO does not close it) */
     Py_RETURN_NONE;
 }
 
 static void Conn_dealloc(Conn *self) {
+    /* no call can be inside: each holds a reference to self */
     if (self->ssl != NULL)
         SSL_free(self->ssl);
+    pthread_cond_destroy(&self->idle);
+    pthread_mutex_destroy(&self->mu);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

@@ -8,16 +8,21 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
+import logging
 import os
 import ssl
 import tempfile
-from dataclasses import dataclass
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -133,8 +138,10 @@ def issue(ca: KeyPair | None, common_name: str, hosts: list[str] | None = None, 
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-def server_context(pair: KeyPair, directory: Path, client_ca: bytes | None = None) -> ssl.SSLContext:
-    """An SSL context serving `pair`; with `client_ca`, clients must present a certificate it signed."""
+def server_context(pair: KeyPair, directory: Path, client_ca: bytes | None = None,
+                   policy: TLSPolicy | None = None) -> ssl.SSLContext:
+    """An SSL context serving `pair`; with `client_ca`, clients must present a certificate it signed; with
+    `policy` (cdi's servers: CDIConfig's TLS profile), its versions and suites, else Python's defaults."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the private key
     cert_path, key_path = directory / "tls.crt", directory / "tls.key"
     pair.write(cert_path, key_path)
@@ -143,4 +150,97 @@ def server_context(pair: KeyPair, directory: Path, client_ca: bytes | None = Non
     if client_ca is not None:
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(cadata=client_ca.decode())
+    if policy is not None:
+        policy.apply(context)
     return context
+
+
+# -- the TLS policy of cdi's servers -------------------------------------------------------------------
+
+TLS_VERSIONS = {"VersionTLS10": ssl.TLSVersion.TLSv1, "VersionTLS11": ssl.TLSVersion.TLSv1_1,
+                "VersionTLS12": ssl.TLSVersion.TLSv1_2, "VersionTLS13": ssl.TLSVersion.TLSv1_3}
+# TLS 1.3's suites, named alike by IANA and OpenSSL; not configurable (`TLSPolicy`)
+TLS13_SUITES = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256")
+# The suites of TLS 1.2 and older that CDI's servers can offer, by their OpenSSL name (how OpenShift's
+# profiles name them) and their IANA name (which CDI accepts too); any other name is ignored, as CDI does
+# (its Go servers know no DHE suite, for one).
+SUITES_IANA = {
+    "ECDHE-ECDSA-AES128-GCM-SHA256": "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256": "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384": "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384": "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305": "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    "ECDHE-RSA-CHACHA20-POLY1305": "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+    "ECDHE-ECDSA-AES128-SHA256": "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256",
+    "ECDHE-RSA-AES128-SHA256": "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256",
+    "AES128-GCM-SHA256": "TLS_RSA_WITH_AES_128_GCM_SHA256",
+    "AES256-GCM-SHA384": "TLS_RSA_WITH_AES_256_GCM_SHA384",
+    "AES128-SHA256": "TLS_RSA_WITH_AES_128_CBC_SHA256",
+    "ECDHE-ECDSA-AES128-SHA": "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA",
+    "ECDHE-RSA-AES128-SHA": "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",
+    "ECDHE-ECDSA-AES256-SHA": "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA",
+    "ECDHE-RSA-AES256-SHA": "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA",
+    "AES128-SHA": "TLS_RSA_WITH_AES_128_CBC_SHA",
+    "AES256-SHA": "TLS_RSA_WITH_AES_256_CBC_SHA",
+    "DES-CBC3-SHA": "TLS_RSA_WITH_3DES_EDE_CBC_SHA",
+}
+_OPENSSL_NAME = {**{name: name for name in SUITES_IANA}, **{iana: name for name, iana in SUITES_IANA.items()}}
+# No suite of TLS 1.2 or older: the cipher list is then inert (the minimum is TLS 1.3) but still set, so that
+# both TLS implementations run at the same security level.
+_INERT_CIPHERS = "ECDHE+AESGCM"
+
+
+@dataclass(frozen=True)
+class TLSPolicy:
+    """Which protocol versions and cipher suites a server offers: CDI's TLS security profile
+    (`cdi.api.tlsprofile`) in OpenSSL's terms, applied the same way to an `ssl.SSLContext` (`apply`) and
+    to the C path's own context (`cdi.common.tlsfront`, which takes `minimum` and `ciphers`).
+
+    As in CDI: the profile's suites of TLS 1.2 and older in its order (the server's preference), names
+    neither CDI nor OpenShift know ignored; TLS 1.3's suites are OpenSSL's three, whatever the profile lists
+    (CDI's Go servers cannot configure them either, and Python's `ssl` has no way to). The security level
+    is OpenSSL's 2 (Python's default), or 0 where the profile allows TLS 1.0 or 1.1, which OpenSSL 3 refuses
+    above level 0 (the Old profile)."""
+
+    minimum: ssl.TLSVersion
+    ciphers: str  # an OpenSSL cipher list for TLS 1.2 and older, with its @SECLEVEL
+    ignored: tuple[str, ...] = ()  # names in the profile that no server of CDI's can offer
+
+    @classmethod
+    def of(cls, names: Iterable[str], min_version: str) -> TLSPolicy:
+        """From a profile's cipher names and minTLSVersion (`VersionTLS12`; an unknown one: TLS 1.2)."""
+        minimum = TLS_VERSIONS.get(min_version, ssl.TLSVersion.TLSv1_2)
+        suites: list[str] = []
+        ignored: list[str] = []
+        for name in names:
+            name = name.strip()
+            if name in TLS13_SUITES or not name:
+                continue
+            known = _OPENSSL_NAME.get(name)
+            if known is None:
+                ignored.append(name)
+            elif known not in suites:
+                suites.append(known)
+        if not suites:  # no suite below TLS 1.3 can be negotiated: nothing below it can be either
+            minimum = max(minimum, ssl.TLSVersion.TLSv1_3)
+        level = 0 if minimum < ssl.TLSVersion.TLSv1_2 else 2
+        if ignored:  # as CDI, silently for the built-in profiles' DHE suites (every start would warn)
+            log.debug("TLS profile: ignoring cipher names no server of CDI's can offer: %s", ", ".join(ignored))
+        return cls(minimum, f"{':'.join(suites) or _INERT_CIPHERS}:@SECLEVEL={level}", tuple(ignored))
+
+    def at_least(self, minimum: ssl.TLSVersion) -> TLSPolicy:
+        """This policy with a higher minimum version (a channel of cdi's own that needs TLS 1.3)."""
+        return replace(self, minimum=max(self.minimum, minimum))
+
+    def apply(self, context: ssl.SSLContext) -> None:
+        """Put the policy on a server context. Also on one that serves already (a live change), from the
+        thread that makes its connections (the event loop for aiohttp's): OpenSSL contexts are not to be
+        changed while another thread makes a connection from them."""
+        with warnings.catch_warnings():  # Python deprecates TLS 1.0 and 1.1; the Old profile asks for them
+            warnings.simplefilter("ignore", DeprecationWarning)
+            context.minimum_version = self.minimum
+        context.set_ciphers(self.ciphers)
+        context.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+
+    def describe(self) -> str:
+        return f"TLS {self.minimum.name.removeprefix('TLSv').replace('_', '.')} and up, ciphers {self.ciphers}"

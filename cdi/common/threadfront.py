@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import h11
 
-from cdi.common import tlsfront
+from cdi.common import pki, tlsfront
 from cdi.common.sockhttp import HEAD_TIMEOUT, MAX_HEAD, read_event, text_answer
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,11 @@ class ThreadFront:
         self._lock = threading.Lock()
         self._threads = 0
         self._ended = asyncio.Event()  # set (from a thread) when the last connection thread ends
+
+    def set_policy(self, policy: pki.TLSPolicy) -> None:
+        """New versions and suites for the connections accepted from now on (`tlsfront.Acceptor`)."""
+        if self.acceptor is not None:
+            self.acceptor.set_policy(policy)
 
     def start(self, host: str, port: int, backlog: int = 128) -> int:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -24,6 +24,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from cdi.common import pki
+
 NO_EXTENSIONS_ENV = "CDI_NO_EXTENSIONS"
 
 # why a native fill stopped (the C module's enum)
@@ -63,49 +65,69 @@ def how() -> str:
 
 @dataclass(frozen=True)
 class ServerTLS:
-    """A server's TLS settings: a certificate and key, and optionally the CA that a client certificate
-    (optional at the TLS layer) must chain to. `files` are None where only an `ssl.SSLContext` exists (the
-    Python path then serves)."""
+    """A server's TLS settings: a certificate and key, optionally the CA that a client certificate
+    (optional at the TLS layer) must chain to, and the versions and suites to offer (CDIConfig's TLS
+    profile, `cdi.common.pki.TLSPolicy`). Both implementations are set up from these, the C one with the
+    Python context's own option bits, so that they offer exactly the same."""
 
-    context: ssl.SSLContext
-    cert_file: Path | None = None
-    key_file: Path | None = None
+    cert_file: Path
+    key_file: Path
+    policy: pki.TLSPolicy
     client_ca_file: Path | None = None
-    minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
 
-    @classmethod
-    def from_files(cls, cert_file: Path, key_file: Path, client_ca_file: Path | None = None,
-                   minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> ServerTLS:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = minimum
-        context.load_cert_chain(cert_file, key_file)
-        if client_ca_file is not None:
+    def context(self, policy: pki.TLSPolicy | None = None) -> ssl.SSLContext:
+        """The `ssl` module's server context for these files under `policy` (default: this one's)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert_file, self.key_file)
+        if self.client_ca_file is not None:
             context.verify_mode = ssl.CERT_OPTIONAL
-            context.load_verify_locations(cafile=str(client_ca_file))
-        return cls(context, cert_file, key_file, client_ca_file, minimum)
+            context.load_verify_locations(cafile=str(self.client_ca_file))
+        (policy or self.policy).apply(context)
+        return context
 
     def acceptor(self) -> Acceptor:
-        """What a front accepts connections with: native when enabled and the files are known."""
-        if native_enabled() and self.cert_file is not None and self.key_file is not None:
-            assert _native is not None
-            native = _native.Context(str(self.cert_file), str(self.key_file),
-                                     None if self.client_ca_file is None else str(self.client_ca_file),
-                                     int(self.minimum.value))
-            return Acceptor(self.context, native)
-        return Acceptor(self.context, None)
+        """What a front accepts connections with: native when enabled (decided now, for its lifetime)."""
+        return Acceptor(self, native_enabled())
 
 
 class Acceptor:
-    def __init__(self, context: ssl.SSLContext, native: Any) -> None:
-        self.context = context
-        self.native = native
+    """Accepts the TLS connections of one front with the current policy. `set_policy` (a live change of
+    CDIConfig) makes new contexts and swaps them in one assignment: a connection being accepted keeps the
+    contexts it began with, and no context is changed while another thread makes a connection from it."""
+
+    def __init__(self, tls: ServerTLS, native: bool) -> None:
+        self.tls = tls
+        self._native = native
+        self._contexts = self._make(tls.policy)
+
+    def _make(self, policy: pki.TLSPolicy) -> tuple[ssl.SSLContext, Any]:
+        context = self.tls.context(policy)
+        if not self._native:
+            return context, None
+        assert _native is not None
+        native = _native.Context(str(self.tls.cert_file), str(self.tls.key_file),
+                                 None if self.tls.client_ca_file is None else str(self.tls.client_ca_file),
+                                 int(context.minimum_version), policy.ciphers, options=int(context.options))
+        return context, native
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        return self._contexts[0]
+
+    @property
+    def native(self) -> Any:
+        return self._contexts[1]
+
+    def set_policy(self, policy: pki.TLSPolicy) -> None:
+        self._contexts = self._make(policy)
 
     def accept(self, raw: socket.socket, timeout: float) -> socket.socket | TLSConnection:
         """The server's handshake on an accepted connection; OSError or ValueError when it fails."""
-        if self.native is None:
+        context, native = self._contexts
+        if native is None:
             raw.settimeout(timeout)
-            return self.context.wrap_socket(raw, server_side=True)
-        return TLSConnection(raw, self.native.accept(raw.fileno(), _ms(timeout)))
+            return context.wrap_socket(raw, server_side=True)
+        return TLSConnection(raw, native.accept(raw.fileno(), _ms(timeout)))
 
 
 class TLSConnection:

@@ -121,6 +121,7 @@ APISERVER_NAMESPACE_RULES = [
 ]
 UPLOADPROXY_CLUSTER_RULES = [
     _rule([""], ["persistentvolumeclaims", "services", "endpoints"], READ),
+    _rule([groups.CDI_GROUP], ["cdiconfigs"], READ),  # its TLS profile (`cdi.kube.tlswatch`), as CDI's proxy
 ]
 UPLOADPROXY_NAMESPACE_RULES = [
     _rule([""], ["secrets"], ["get"], names=["cdi-uploadserver-client-cert"]),

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import h11
 
 from cdi.api import upload as names
-from cdi.common import sockfill, sockhttp, threadfront, tlsfront
+from cdi.common import pki, sockfill, sockhttp, threadfront, tlsfront
 from cdi.uploadproxy import proxying
 from cdi.uploadproxy.proxying import ClientGone
 
@@ -85,6 +85,9 @@ class Front:
 
     def start(self, host: str, port: int) -> int:
         return self._front.start(host, port)
+
+    def set_policy(self, policy: pki.TLSPolicy) -> None:
+        self._front.set_policy(policy)
 
     def stop(self) -> None:
         self._front.stop()

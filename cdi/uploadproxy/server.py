@@ -20,15 +20,20 @@ for a resumed upload. Headers of our resume extension (`Upload-Offset`, `Upload-
 A raw upload can instead be switched to end-to-end TLS with the upload server (`cdi.api.upload`): the
 proxy authorises it as any other, then only splices TCP bytes; its answer to the `HEAD` probe offers it.
 
-CORS allows every origin, as CDI's (a browser uploading with the form endpoints)."""
+CORS allows every origin, as CDI's (a browser uploading with the form endpoints).
+
+TLS versions and cipher suites are CDIConfig's `tlsSecurityProfile`, followed as it changes
+(`cdi.kube.tlswatch`), as CDI's proxy does."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from cdi.common import tlsfront
 from cdi.kube import KubeClient
+from cdi.kube.tlswatch import TLSProfileWatch
 from cdi.uploadproxy.auth import Denied, PublicKey, authorize
 from cdi.uploadproxy.front import Answer, Forward, Front
 from cdi.uploadproxy.routing import NotReady, UpstreamTls, upload_path, upstream_for, wait_until_ready
@@ -45,12 +50,23 @@ class UploadProxy:
         self.ready_timeout = ready_timeout
         self._front: Front | None = None
         self.port = 0
+        self.tls_profile: TLSProfileWatch | None = None
 
     async def start(self, host: str, port: int, tls: tlsfront.ServerTLS | None) -> None:
-        self._front = Front(asyncio.get_running_loop(), tls, self.plan)
-        self.port = self._front.start(host, port)
+        """Serve on host:port, with `tls` (its certificate; the versions and suites are CDIConfig's) or, in
+        tests only, in plain HTTP."""
+        if tls is not None:
+            self.tls_profile = TLSProfileWatch(self.client)
+            await self.tls_profile.start()
+            tls = replace(tls, policy=self.tls_profile.policy)
+        front = self._front = Front(asyncio.get_running_loop(), tls, self.plan)
+        if self.tls_profile is not None:
+            self.tls_profile.subscribe(front.set_policy)
+        self.port = front.start(host, port)
 
     async def stop(self) -> None:
+        if self.tls_profile is not None:
+            await self.tls_profile.stop()
         if self._front is not None:
             await self._front.closed()
         self.tls.close()

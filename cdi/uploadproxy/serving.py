@@ -19,7 +19,7 @@ from typing import Any
 
 from cdi.api import groups
 from cdi.common import pki, tlsfront
-from cdi.kube import AlreadyExists, KubeClient, NotFound
+from cdi.kube import AlreadyExists, KubeClient, NotFound, tlswatch
 
 CA_CONFIGMAP = "cdi-uploadproxy-ca"
 CA_KEY = "ca.crt"
@@ -46,11 +46,12 @@ def self_managed(directory: Path, hosts: list[str]) -> tuple[tlsfront.ServerTLS,
     leaf = pki.issue(ca, hosts[0], hosts)
     serving = directory / "serving"
     pki.server_context(leaf, serving)  # writes the pair there
-    return tlsfront.ServerTLS.from_files(serving / "tls.crt", serving / "tls.key"), ca
+    return brought(serving / "tls.crt", serving / "tls.key"), ca
 
 
 def brought(cert_file: Path, key_file: Path) -> tlsfront.ServerTLS:
-    return tlsfront.ServerTLS.from_files(cert_file, key_file)
+    """Serving TLS from these files (the proxy serves with CDIConfig's TLS profile once it has read it)."""
+    return tlsfront.ServerTLS(cert_file, key_file, tlswatch.DEFAULT_POLICY)
 
 
 async def publish_ca(client: KubeClient, namespace: str, ca_pem: bytes) -> None:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdi.api import env as envnames
+from cdi.api import tlsprofile
 from cdi.api import upload as names
 from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.api.sizing import overhead_fraction
+from cdi.api.tlsprofile import TLSProfileSpec
 from cdi.importer import BlockTarget, FileTarget, ImporterError, Reason, Target
 from cdi.importer.config import parse_bool, positive_float
 
@@ -49,6 +51,7 @@ class UploadServerConfig:
     termination_log: Path
     idle_timeout: float = 120.0  # seconds a request body may stay silent before it counts as cut off
     state_dir: Path | None = None  # where the resume record is kept (`kept.py`); None: in memory only
+    tls_profile: TLSProfileSpec = tlsprofile.DEFAULT  # TLS_CIPHERS, TLS_MIN_VERSION: CDIConfig's, at creation
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> UploadServerConfig:
@@ -99,6 +102,7 @@ class UploadServerConfig:
             termination_log=Path(env.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT),
             idle_timeout=positive_float(env, IDLE_TIMEOUT, 120.0),
             state_dir=state_dir,
+            tls_profile=TLSProfileSpec.from_environ(env),
         )
 
     @property

@@ -18,7 +18,8 @@ End-to-end TLS (`cdi.api.upload`): a raw upload `POST` from the proxy (authorise
 with `Upgrade: cdi-upload-tls/1` and a nonce is answered 101; the client then opens a TLS session
 with this server through the proxy and sends the upload with that nonce, served as above.
 
-TLS: the server's certificate from `TLS_CERT_FILE`/`TLS_KEY_FILE`; client certificates are optional
+TLS: the server's certificate from `TLS_CERT_FILE`/`TLS_KEY_FILE`, the versions and suites of CDIConfig's
+TLS profile when the pod was made (`TLS_CIPHERS`, `TLS_MIN_VERSION`, as CDI's); client certificates are optional
 at the TLS layer (the kubelet's readiness probe has none) and, when presented, must chain to
 `CLIENT_CERT_FILE`; upload requests then require one whose CN is `CLIENT_NAME` (CDI's
 `VerifyClientCertIfGiven` plus its CN check).
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api import upload as names
-from cdi.common import tlsfront
+from cdi.common import pki, tlsfront
 from cdi.uploadserver import clonesink
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.front import BodyBridge, Front
@@ -52,16 +53,19 @@ log = logging.getLogger(__name__)
 
 
 
-def server_tls(config: UploadServerConfig, minimum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2) -> tlsfront.ServerTLS:
-    return tlsfront.ServerTLS.from_files(Path(config.cert_file), Path(config.key_file),
-                                         None if config.client_ca_file is None else Path(config.client_ca_file),
-                                         minimum)
+def server_tls(config: UploadServerConfig) -> tlsfront.ServerTLS:
+    spec = config.tls_profile
+    policy = pki.TLSPolicy.of(spec.ciphers, spec.min_tls_version)
+    return tlsfront.ServerTLS(Path(config.cert_file), Path(config.key_file), policy,
+                              None if config.client_ca_file is None else Path(config.client_ca_file))
 
 
 def end_to_end_tls(config: UploadServerConfig) -> tlsfront.ServerTLS:
     """The server side of end-to-end TLS with a client the proxy switched over (`cdi.api.upload`): the same
-    certificate, no client certificate (the client is authorised by the nonce the proxy gave)."""
-    return server_tls(replace(config, client_ca_file=None), ssl.TLSVersion.TLSv1_3)
+    certificate, no client certificate (the client is authorised by the nonce the proxy gave), TLS 1.3 only
+    (a channel between cdi's own programs, stricter than any profile)."""
+    tls = server_tls(replace(config, client_ca_file=None))
+    return replace(tls, policy=tls.policy.at_least(ssl.TLSVersion.TLSv1_3))
 
 
 class UploadServer:

@@ -4,7 +4,9 @@
 One test, because every step needs the previous one (and `pytest -n 2` must not split them):
 install -> `Deployed`/`Available=True` -> the Prometheus operator's CRDs appear and the operator adds
 CDI's PrometheusRule and ServiceMonitor -> `certConfig` and `customizeComponents` change and the
-components follow -> **the end-to-end suite's `anycluster` scenarios run against this cluster** (the same
+components follow -> CDIConfig's TLS profile set to Modern: cdi-api and the proxy refuse TLS 1.2 (openssl
+s_client from the kit's netns), and accept it again once it is removed -> **the end-to-end suite's
+`anycluster` scenarios run against this cluster** (the same
 tests that run against `cdi up`: HTTP imports of raw and qcow2 read back by a pod, blank disks, permanent
 failures, WaitForFirstConsumer, `cdi image-upload` of four formats, DataVolumes refused at admission, smart
 and host-assisted clones across namespaces, the three populators, DataImportCrons from HTTP; run from inside
@@ -53,6 +55,23 @@ def monitoring_crd(plural: str, kind: str) -> dict[str, Any]:
                      "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
                      "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
                          "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+def _handshake(k8s: RealK8s, service: str, version: str) -> bool:
+    """Whether the real `openssl s_client`, from inside the kit's network namespace, completes a handshake
+    with only `version` (-tls1_2, -tls1_3) with the Service's cluster IP."""
+    spec = k8s.get("service", service, "cdi")["spec"]
+    address = f"{spec['clusterIP']}:{spec['ports'][0]['port']}"
+    done = k8s.run("openssl", "s_client", "-brief", version, "-connect", address, check=False, timeout=30, input="")
+    return done.returncode == 0
+
+
+def tls12_accepted(k8s: RealK8s, service: str) -> bool:
+    return _handshake(k8s, service, "-tls1_2")
+
+
+def tls13_accepted(k8s: RealK8s, service: str) -> bool:
+    return _handshake(k8s, service, "-tls1_3")
 
 
 def cdi(*argv: str) -> str:
@@ -249,6 +268,22 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     assert {"name": "CUSTOMIZED", "value": "yes"} in proxy["spec"]["template"]["spec"]["containers"][0]["env"]
     api_args = k8s.get("deployment", "cdi-apiserver", "cdi")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert api_args[-4:] == ["--v", "2", "--webhook-client-names", WEBHOOK_CLIENT_NAME], api_args
+
+    # -- CDIConfig's TLS profile, as HyperConverged sets it: cdi-api and the proxy follow it without a restart --
+    t0 = time.monotonic()
+    assert tls12_accepted(k8s, "cdi-api") and tls12_accepted(k8s, "cdi-uploadproxy")  # Intermediate
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", json.dumps({"spec": {"config": {
+        "tlsSecurityProfile": {"type": "Modern", "modern": {}}}}}))
+    for service in ("cdi-api", "cdi-uploadproxy"):
+        wait_for(lambda s=service: not tls12_accepted(k8s, s), timeout=60, interval=1.0,
+                 message=f"{service} to refuse TLS 1.2 under the Modern profile")
+        assert tls13_accepted(k8s, service), service
+    k8s.kubectl("patch", "cdi", "cdi", "--type=json",
+                "-p", '[{"op":"remove","path":"/spec/config/tlsSecurityProfile"}]')
+    for service in ("cdi-api", "cdi-uploadproxy"):
+        wait_for(lambda s=service: tls12_accepted(k8s, s), timeout=60, interval=1.0,
+                 message=f"{service} to accept TLS 1.2 again (Intermediate)")
+    timings["TLS profile"] = round(time.monotonic() - t0, 1)
 
     # -- the end-to-end suite's `anycluster` scenarios, against this cluster (tests/e2e/target.py) -----------
     t0 = time.monotonic()

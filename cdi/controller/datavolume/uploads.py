@@ -7,7 +7,8 @@ and then pod, Service, certificate and scratch are removed.
 Upload-server pod contract (env, as CDI's): TLS_CERT_FILE / TLS_KEY_FILE (its certificate),
 CLIENT_CERT_FILE (CA of the proxy's client certificate), CLIENT_NAME (the CN the client must have),
 UPLOAD_IMAGE_SIZE, FILESYSTEM_OVERHEAD, PREALLOCATION, DESTINATION (/data/disk.img or
-/dev/cdi-block-volume), CONTENT_TYPE, POD_IP, OWNER_UID; scratch at /scratch when mounted; HTTPS on
+/dev/cdi-block-volume), CONTENT_TYPE, POD_IP, OWNER_UID, TLS_CIPHERS / TLS_MIN_VERSION (CDIConfig's TLS
+profile, `cdi.api.tlsprofile`); scratch at /scratch when mounted; HTTPS on
 $POD_IP:8443; readiness on GET /healthz. A Block volume without scratch also gets an emptyDir at
 UPLOAD_STATE_DIR (ours), where the server keeps the resume offset of a raw upload across its restarts.
 
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import env, groups
+from cdi.api import env, groups, tlsprofile
 from cdi.api.upload import (
     ENV_STATE_DIR,
     FORMAT_ANNOTATION,
@@ -180,6 +181,7 @@ class UploadReconciler(Reconciler):
             {"name": "CONTENT_TYPE", "value": annotations.get(ann.CONTENT_TYPE) or "kubevirt"},
             {"name": env.OWNER_UID, "value": str(owner_uid)},
             {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *tlsprofile.of_config(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).to_env(),
         ]
         mounts: list[Obj] = [{"name": "tls", "mountPath": "/etc/tls", "readOnly": True}]
         volumes: list[Obj] = [{"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": name}},

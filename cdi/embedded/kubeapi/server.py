@@ -8,6 +8,7 @@ import base64
 import logging
 import secrets
 import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from cdi.api import referencegrant
+from cdi.api import referencegrant, tlsprofile
 from cdi.api.crds import all_crds
 from cdi.api.referencegrant import crd as reference_grant_crd
 from cdi.common import pki
@@ -86,6 +87,9 @@ class ApiServer:
         self.token = ""
         self.ca: pki.KeyPair | None = None
         self._runner: web.AppRunner | None = None
+        self._context: ssl.SSLContext | None = None
+        # Intermediate until `cdi up` has read CDIConfig (`set_tls_policy`), as CDI's servers begin
+        self.tls_policy = pki.TLSPolicy.of(tlsprofile.DEFAULT.ciphers, tlsprofile.DEFAULT.min_tls_version)
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -230,7 +234,7 @@ class ApiServer:
             previous = int(port_file.read_text().strip() or 0)
             if previous and _port_free(self.config.host, previous):
                 port = previous
-        context = pki.server_context(serving, self.dir / "serving")
+        context = self._context = pki.server_context(serving, self.dir / "serving", policy=self.tls_policy)
         site = web.TCPSite(self._runner, self.config.host, port, ssl_context=context, reuse_address=True)
         await site.start()
         server = site._server
@@ -238,6 +242,14 @@ class ApiServer:
         self.port = server.sockets[0].getsockname()[1]
         port_file.write_text(f"{self.port}\n")
         pki.write_private(self.kubeconfig_path, yaml.safe_dump(self.kubeconfig(), sort_keys=False).encode())
+
+    def set_tls_policy(self, policy: pki.TLSPolicy) -> None:
+        """Serve the connections made from now on with these versions and suites (`cdi up` follows CDIConfig's
+        TLS profile, the cluster's in CDI's world). Changed in place on the event loop, where aiohttp makes
+        every connection from the context."""
+        self.tls_policy = policy
+        if self._context is not None:
+            policy.apply(self._context)
 
     async def stop(self) -> None:
         for task in self._tasks:

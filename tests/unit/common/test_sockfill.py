@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cdi.common import pki, sockfill, tlsfront
+from cdi.kube.tlswatch import DEFAULT_POLICY
 
 MiB = 1 << 20
 
@@ -26,7 +27,7 @@ def pki_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[tlsfront.Server
     ca = pki.make_ca("test-ca")
     directory = tmp_path_factory.mktemp("pki")
     pki.server_context(pki.issue(ca, "receiver", ["127.0.0.1"]), directory)
-    server = tlsfront.ServerTLS.from_files(directory / "tls.crt", directory / "tls.key")
+    server = tlsfront.ServerTLS(directory / "tls.crt", directory / "tls.key", DEFAULT_POLICY)
     return server, ssl.create_default_context(cadata=ca.cert_pem.decode())
 
 

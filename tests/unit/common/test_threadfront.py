@@ -10,6 +10,7 @@ import h11
 import pytest
 
 from cdi.common import pki, sockhttp, threadfront, tlsfront
+from cdi.kube.tlswatch import DEFAULT_POLICY
 from tests.support.cluster import async_wait_for
 
 
@@ -82,7 +83,7 @@ async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.Monkey
         monkeypatch.setenv(tlsfront.NO_EXTENSIONS_ENV, "1")
     ca = pki.make_ca("test-ca")
     pki.server_context(pki.issue(ca, "front", ["127.0.0.1"]), tmp_path)
-    tls = tlsfront.ServerTLS.from_files(tmp_path / "tls.crt", tmp_path / "tls.key")
+    tls = tlsfront.ServerTLS(tmp_path / "tls.crt", tmp_path / "tls.key", DEFAULT_POLICY)
     front = threadfront.ThreadFront(asyncio.get_running_loop(), tls, _ok)
     assert (front.acceptor is not None and front.acceptor.native is not None) == native
     port = front.start("127.0.0.1", 0)

@@ -334,6 +334,22 @@ async def test_an_upload_datavolume_gets_an_upload_server_and_its_service(kube: 
     assert ("Normal", "UploadReady", "Upload into up ready") in await events_of(ctx, "up")
 
 
+async def test_the_upload_server_gets_cdiconfigs_tls_profile_in_cdis_env_names(kube: FakeKube,
+                                                                              ctx: Context) -> None:
+    """As CDI's controller: the profile's cipher names comma-separated and its minimum version."""
+    config = kube.object(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
+    assert config is not None
+    kube.add(groups.CDICONFIGS, {**config, "spec": {"tlsSecurityProfile": {"type": "Modern", "modern": {}}}})
+    kube.add(groups.DATAVOLUMES, datavolume("up", {"upload": {}}))
+    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/up")
+    bind(kube, "up")
+    await UploadReconciler(ctx).reconcile(f"{NAMESPACE}/up")
+    pod = kube.object(groups.PODS, "cdi-upload-up", NAMESPACE)
+    assert pod is not None
+    assert env_of(pod)["TLS_CIPHERS"] == "TLS_AES_128_GCM_SHA256,TLS_AES_256_GCM_SHA384,TLS_CHACHA20_POLY1305_SHA256"
+    assert env_of(pod)["TLS_MIN_VERSION"] == "VersionTLS13"
+
+
 # -- the DataSource reconciler --------------------------------------------------------------------------
 
 async def test_a_datasource_is_ready_once_its_datavolume_succeeded(kube: FakeKube, ctx: Context) -> None:
