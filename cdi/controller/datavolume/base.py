@@ -201,6 +201,9 @@ class DataVolumeReconciler(Reconciler):
             annotations[EXTERNAL_POPULATION] = "true"
         else:
             annotations.update(ImportRequest.from_source(view.source, view.content_type).to_annotations())
+        # as CDI, every claim of a DataVolume says what it holds, whichever path fills it: a clone reads it
+        # to measure a disk image's virtual size (the target's size, and whether a smaller Block target fits)
+        annotations.setdefault(ann.CONTENT_TYPE, view.content_type)
         preallocation = view.spec.get("preallocation")
         if preallocation is not None:
             annotations[ann.PREALLOCATION_REQUESTED] = "true" if preallocation else "false"

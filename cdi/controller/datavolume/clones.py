@@ -78,6 +78,7 @@ CLONE_SOURCE_KIND = "VolumeCloneSource"
 DATA_SOURCE_NAMESPACE = "cdi.kubevirt.io/dataSourceNamespace"
 SOURCE_CONTAINER = "cdi-clone-source"
 CLONE_SOURCE_IN_USE = "CloneSourceInUse"
+CLONE_WITHOUT_SOURCE = "CloneWithoutSource"
 # CDI's /var/run/cdi/clone/source, where /var/run is the usual symlink (the embedded node's sandbox
 # cannot make a mount point through that symlink)
 CLONER_MOUNT_PATH = "/run/cdi/clone/source"
@@ -127,6 +128,21 @@ def planner_cluster(ctx: Context) -> planner.Cluster:
     profiles = {ObjectView(p).name: p for p in ctx.cached_list(groups.STORAGEPROFILES)}
     return planner.Cluster(ctx.cached_list(groups.STORAGECLASSES), profiles,
                            ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES), str(override) if override else None)
+
+
+def _writes(pod: PodView, claim: str) -> bool:
+    """The pod mounts the claim writable in one of its containers (a block device always is)."""
+    for volume in pod.volumes:
+        source: Body = volume.get("persistentVolumeClaim") or {}
+        if source.get("claimName") != claim or source.get("readOnly"):
+            continue
+        for container in pod.containers:
+            if any(m.get("name") == volume.get("name") and not m.get("readOnly")
+                   for m in container.get("volumeMounts") or []):
+                return True
+            if any(d.get("name") == volume.get("name") for d in container.get("volumeDevices") or []):
+                return True
+    return False
 
 
 class SourceMissing(Exception):
@@ -226,8 +242,8 @@ class CloneReconciler(Reconciler):
         except SourceMissing as exc:
             message = str(exc)
             if (conditions.find(list(view.status.get("conditions") or []), "Bound") or {}).get("message") != message:
-                self.ctx.recorder.record(dv, WARNING, "CloneWithoutSource", message)
-            return await self._status(dv, None, reason="CloneWithoutSource", message=message, phase="Pending",
+                self.ctx.recorder.record(dv, WARNING, CLONE_WITHOUT_SOURCE, message)
+            return await self._status(dv, None, reason=CLONE_WITHOUT_SOURCE, message=message, phase="Pending",
                                       requeue=POLL)
         except planner.CloneValidationError as exc:
             message = f"{planner.MESSAGE_CLONE_VALIDATION_FAILED}: {exc}"
@@ -495,7 +511,8 @@ class CloneReconciler(Reconciler):
             return None
         users = self._pods_using(source_ns, source_name, target_claim.uid)
         if users:
-            return await self._source_in_use(target, users, source_name)
+            return await self._wait(target, HOST_CLONE, CLONE_SOURCE_IN_USE,
+                                    [f"pod {PodView(p).key} using PersistentVolumeClaim {source_name}" for p in users])
         written = await self._set_phase(target, HOST_CLONE, {
             ann.CONDITION_RUNNING: None, ann.CONDITION_RUNNING_REASON: None, ann.CONDITION_RUNNING_MESSAGE: None})
         await self._create_source_pod(target, temp, source_ns, source_name)
@@ -545,29 +562,31 @@ class CloneReconciler(Reconciler):
         return None, await self._set_phase(target, SNAPSHOT_CLONE)
 
     def _pods_using(self, namespace: str, claim: str, target_uid: str) -> list[Obj]:
-        """Running pods (not this clone's) that mount the source: CDI holds a host-assisted clone
-        until they are gone, as the source is read while nothing writes it."""
+        """Running pods that may write to the source (CDI's GetPodsUsingPVCs allowing read-only users): no
+        strategy starts while they do, since a copy or a snapshot of a volume being written is not the
+        disk anyone meant. Pods that only read it, and clone source pods, do not hold a clone."""
         out = []
         for pod in self.ctx.cached_list(groups.PODS, namespace):
             view = PodView(pod)
-            if view.finished or view.labels.get(ann.LABEL_OWNED_BY_UID) == target_uid:
+            if view.finished or view.labels.get(ann.LABEL_OWNED_BY_UID) == target_uid or \
+                    view.labels.get(ann.LABEL_COMPONENT) == SOURCE_CONTAINER:
                 continue
-            if claim in view.claim_names:
+            if _writes(view, claim):
                 out.append(pod)
         return out
 
-    async def _source_in_use(self, target: Body, users: list[Obj], claim: str) -> Obj | None:
-        """CloneSourceInUse: a Warning event per pod on the DataVolume, and its Running condition says so."""
-        messages = [f"pod {PodView(p).key} using "
-                    f"PersistentVolumeClaim {claim}" for p in users]
+    async def _wait(self, target: Body, phase: str, reason: str, messages: list[str]) -> Obj | None:
+        """The clone cannot start yet (CloneSourceInUse, CloneWithoutSource): a Warning event per cause on
+        the DataVolume (the claim of a clone populator), and its Running condition says why, once."""
         target_claim = ClaimView(target)
-        if target_claim.annotations.get(ann.CONDITION_RUNNING_MESSAGE) == "; ".join(messages):
+        if target_claim.annotations.get(ann.CONDITION_RUNNING_MESSAGE) == "; ".join(messages) and \
+                target_claim.annotations.get(ann.CLONE_PHASE) == phase:
             return None
         owner = self.ctx.cached(groups.DATAVOLUMES, target_claim.name, target_claim.namespace)
         for message in messages:
-            self.ctx.recorder.record(owner or target, WARNING, CLONE_SOURCE_IN_USE, message)
-        return await self._set_phase(target, HOST_CLONE, {
-            ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: CLONE_SOURCE_IN_USE,
+            self.ctx.recorder.record(owner or target, WARNING, reason, message)
+        return await self._set_phase(target, phase, {
+            ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: reason,
             ann.CONDITION_RUNNING_MESSAGE: "; ".join(messages)})
 
     async def pki(self) -> UploadPki:
@@ -658,53 +677,77 @@ class CloneReconciler(Reconciler):
 
     async def _start(self, target: Body, kind: str, source_ns: str, source_name: str, strategy: str) -> Obj | None:
         """Create what the strategy copies through: the temporary claim (cloning the source, or
-        restoring a snapshot), after the temporary snapshot is ready for a smart clone."""
+        restoring a snapshot), after the temporary snapshot is ready for a smart clone. Like CDI's
+        IsSourceClaimReady, nothing starts while the source is missing or a running pod writes to it; the
+        clone waits in its first phase and its Running condition and an event say why."""
         target_claim = ClaimView(target)
-        target_size = target_claim.requested_storage
         if kind == "snapshot":
             snapshot = self.ctx.cached(groups.VOLUMESNAPSHOTS, source_name, source_ns)
-            size = SnapshotView(snapshot or {}).restore_size or target_size
-            await self._create_temp(target, source_ns, self._smaller(size, target_size),
+            size = SnapshotView(snapshot or {}).restore_size or target_claim.requested_storage
+            await self._create_temp(target, source_ns, size,
                                     {"apiGroup": groups.SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": source_name})
             return await self._set_phase(target, SNAPSHOT_CLONE)
+        first = CSI_CLONE if strategy == planner.CSI_CLONE else SNAPSHOT_PHASE
+        if first == SNAPSHOT_PHASE:
+            # once taken, the snapshot holds the data: the clone goes on from it whatever became of the source
+            snapshot = await self._get(groups.VOLUMESNAPSHOTS, temp_snapshot_name(target), source_ns)
+            if snapshot is not None:
+                return await self._from_snapshot(target, snapshot, source_ns, source_name)
         source = self.ctx.cached(groups.PVCS, source_name, source_ns)
         if source is None or not ClaimView(source).bound:
-            return None
-        capacity = ClaimView(source).capacity or target_size
-        if strategy == planner.CSI_CLONE:
-            await self._create_temp(target, source_ns, self._smaller(capacity, target_size),
+            return await self._wait(target, first, CLONE_WITHOUT_SOURCE,
+                                    [f"The source pvc {source_ns}/{source_name} doesn't exist" if source is None else
+                                     f"The source pvc {source_ns}/{source_name} is not bound"])
+        users = self._pods_using(source_ns, source_name, target_claim.uid)
+        if users:
+            return await self._wait(target, first, CLONE_SOURCE_IN_USE,
+                                    [f"pod {PodView(p).key} using PersistentVolumeClaim {source_name}" for p in users])
+        started = {ann.CONDITION_RUNNING: None, ann.CONDITION_RUNNING_REASON: None, ann.CONDITION_RUNNING_MESSAGE: None}
+        if first == CSI_CLONE:
+            # CDI's CSIClonePhase: the clone has the source's size (a driver clones no smaller), grown after
+            await self._create_temp(target, source_ns, ClaimView(source).capacity or target_claim.requested_storage,
                                     {"kind": "PersistentVolumeClaim", "name": source_name})
-            return await self._set_phase(target, CSI_CLONE)
-        snap_name = temp_snapshot_name(target)
-        snapshot = await self._get(groups.VOLUMESNAPSHOTS, snap_name, source_ns)
-        if snapshot is None:
-            cluster = planner_cluster(self.ctx)
-            target_class = cluster.storage_class(target_claim.storage_class)
-            klass = planner.snapshot_class_for(str((target_class or {}).get("provisioner") or ""), cluster,
-                                               target_claim.storage_class)
-            body: Obj = {"apiVersion": groups.SNAPSHOT_API_VERSION, "kind": "VolumeSnapshot",
-                    "metadata": {"name": snap_name, "namespace": source_ns,
-                                 "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true",
-                                            ann.LABEL_OWNED_BY_UID: ClaimView(target).uid}},
-                    "spec": {"source": {"persistentVolumeClaimName": source_name}}}
-            if klass:
-                body["spec"]["volumeSnapshotClassName"] = klass
-            try:
-                await self.ctx.client.create(groups.VOLUMESNAPSHOTS, body, source_ns)
-            except AlreadyExists:
-                pass
-            return await self._set_phase(target, SNAPSHOT_PHASE)
-        if not SnapshotView(snapshot).ready_to_use:
-            return None
-        size = SnapshotView(snapshot).restore_size or capacity
-        await self._create_temp(target, source_ns, self._smaller(size, target_size),
-                                {"apiGroup": groups.SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": snap_name})
-        return await self._set_phase(target, SNAPSHOT_CLONE)
+            return await self._set_phase(target, CSI_CLONE, started)
+        cluster = planner_cluster(self.ctx)
+        target_class = cluster.storage_class(target_claim.storage_class)
+        klass = planner.snapshot_class_for(str((target_class or {}).get("provisioner") or ""), cluster,
+                                           target_claim.storage_class)
+        body: Obj = {"apiVersion": groups.SNAPSHOT_API_VERSION, "kind": "VolumeSnapshot",
+                     "metadata": {"name": temp_snapshot_name(target), "namespace": source_ns,
+                                  "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true",
+                                             ann.LABEL_OWNED_BY_UID: target_claim.uid}},
+                     "spec": {"source": {"persistentVolumeClaimName": source_name}}}
+        if klass:
+            body["spec"]["volumeSnapshotClassName"] = klass
+        try:
+            await self.ctx.client.create(groups.VOLUMESNAPSHOTS, body, source_ns)
+        except AlreadyExists:
+            pass
+        return await self._set_phase(target, SNAPSHOT_PHASE, started)
 
-    @staticmethod
-    def _smaller(a: str, b: str) -> str:
-        """The temporary claim starts at the source's size and is expanded to the target's after."""
-        return a if (_bytes(a) or 0) <= (_bytes(b) or 0) else b
+    async def _from_snapshot(self, target: Body, snapshot: Body, source_ns: str, source_name: str) -> Obj | None:
+        """Restore the temporary snapshot once it is ready. One that is not, of a source that is gone, never
+        will be: the clone fails with CDI's reason rather than wait for good, and the snapshot goes."""
+        taken = SnapshotView(snapshot)
+        if taken.ready_to_use:
+            source = self.ctx.cached(groups.PVCS, source_name, source_ns)
+            size = taken.restore_size or ClaimView(source or {}).capacity or ClaimView(target).requested_storage
+            await self._create_temp(target, source_ns, size, {"apiGroup": groups.SNAPSHOT_GROUP,
+                                                              "kind": "VolumeSnapshot", "name": taken.name})
+            return await self._set_phase(target, SNAPSHOT_CLONE)
+        if self.ctx.cached(groups.PVCS, source_name, source_ns) is not None:
+            return None  # the snapshotter is still at it
+        error = str((taken.status.get("error") or {}).get("message") or "")
+        why = f"the source pvc {source_ns}/{source_name} was deleted before its snapshot {taken.name} was taken"
+        return await self._fail(target, source_ns, f"{why}: {error}" if error else why)
+
+    async def _fail(self, target: Body, source_ns: str, why: str) -> Obj | None:
+        """CDI's Error phase: the cause in `cdi.kubevirt.io/cloneError` and the Running condition (reason
+        `Error`), the DataVolume Failed with CloneFailed, and no temporary object left behind."""
+        await self._delete_temporaries(target, source_ns)
+        return await self._set_phase(target, ERROR, {
+            ann.CLONE_ERROR: why, ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: "Error",
+            ann.CONDITION_RUNNING_MESSAGE: why})
 
     async def _create_temp(self, target: Body, namespace: str, size: str, data_source: Obj) -> None:
         try:
@@ -732,13 +775,13 @@ class CloneReconciler(Reconciler):
         """The target holds the volume: remove every temporary object, then say so."""
         if not ClaimView(target).bound:
             return None
+        await self._delete_temporaries(target, source_ns)
+        return await self._set_phase(target, SUCCEEDED, {ann.POPULATOR_PROGRESS: PROGRESS_COMPLETE})
+
+    async def _delete_temporaries(self, target: Body, source_ns: str) -> None:
         for gvr, name in ((groups.PVCS, temp_claim_name(target)), (groups.VOLUMESNAPSHOTS, temp_snapshot_name(target)),
                           (groups.PVCS, temp_source_claim_name(target))):
-            try:
-                await self.ctx.client.delete(gvr, name, source_ns)
-            except NotFound:
-                pass
-        return await self._set_phase(target, SUCCEEDED, {ann.POPULATOR_PROGRESS: PROGRESS_COMPLETE})
+            await self._delete(gvr, name, source_ns)
 
     # -- status ------------------------------------------------------------------------------------
 
@@ -810,7 +853,8 @@ class CloneReconciler(Reconciler):
             "PrepClaimInProgress": ("PrepClaimInProgress", f"Prepping PersistentVolumeClaim for DataVolume {target}"),
             "RebindInProgress": ("RebindInProgress", f"Rebinding PersistentVolumeClaim for DataVolume {target}"),
             "Succeeded": ("CloneSucceeded", f"Successfully cloned from {src_ns}/{src_name} into {target}"),
+            "Failed": ("CloneFailed", f"Cloning from {src_ns}/{src_name} into {target} failed"),
         }
         if phase in events:
             reason, message = events[phase]
-            self.ctx.recorder.record(dv, NORMAL, reason, message)
+            self.ctx.recorder.record(dv, WARNING if phase == "Failed" else NORMAL, reason, message)

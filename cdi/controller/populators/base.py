@@ -1,6 +1,6 @@
 """What the populators share (CDI's populator-base and its util): which claims a populator serves,
 the prime claim it creates for them, the annotations it mirrors from the prime onto the user's claim,
-the hand-over of the prime's volume, and the deletion of the prime once it is Lost.
+the hand-over of the prime's volume, and the deletion of the prime once the claim holds that volume.
 
 A populator's reconcile key is the user's claim (`namespace/name`); events on the prime claim, on
 the source object and on the pods map back to it."""
@@ -186,7 +186,7 @@ class PopulatorReconciler(Reconciler):
             return await self._create_prime(pvc)
         requeue = await self.reconcile_target(pvc, prime)
         if is_complete(pvc) and is_bound(pvc):
-            await self._cleanup(prime)
+            await self._cleanup(prime, pvc)
         return requeue
 
     async def _create_prime(self, pvc: Body) -> float | None:
@@ -271,15 +271,34 @@ class PopulatorReconciler(Reconciler):
         fresh = await self.ctx.client.get(groups.PVCS, view.name, view.namespace)
         await rebind(self.ctx, prime, fresh)
 
-    async def _cleanup(self, prime: Body) -> None:
-        """The prime, Lost once its volume moved, goes (or stays, with an event, when asked to)."""
+    async def _cleanup(self, prime: Body, pvc: Body) -> None:
+        """The prime goes (or stays, with an event, when asked to) as soon as the user's claim holds its
+        volume. CDI waits for the PV controller to mark the prime Lost, which it does only at its next
+        resync of that claim (tens of seconds later); the PV's claimRef naming the bound claim is the same
+        proof, and the PV controller that bound the claim has seen it, so deleting the prime releases
+        nothing."""
         view = ClaimView(prime)
-        if view.phase != "Lost":
+        if view.phase != "Lost" and not await self._handed_over(prime, pvc):
             return
         if view.annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true":
-            self.ctx.recorder.record(prime, WARNING, RETAINED_PVC_PRIME, MESSAGE_RETAINED_PVC_PRIME)
+            if view.phase == "Lost":
+                self.ctx.recorder.record(prime, WARNING, RETAINED_PVC_PRIME, MESSAGE_RETAINED_PVC_PRIME)
+            return
+        if view.deleting:
             return
         try:
             await self.ctx.client.delete(groups.PVCS, view.name, view.namespace)
         except NotFound:
             pass
+
+    async def _handed_over(self, prime: Body, pvc: Body) -> bool:
+        """The prime's volume is bound to the user's claim (read from the API: the volume's cache may trail
+        the claim's)."""
+        name, claim = ClaimView(prime).volume_name, ClaimView(pvc)
+        if not name or claim.volume_name != name:
+            return False
+        try:
+            pv = await self.ctx.client.get(groups.PVS, name)
+        except NotFound:
+            return False
+        return PersistentVolumeView(pv).claim_ref.get("uid") == claim.uid

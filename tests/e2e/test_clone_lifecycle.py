@@ -1,0 +1,207 @@
+"""What a user of clones and populated claims notices around the copy itself (issue #27): a claim filled
+through a populator says it holds a disk image, so clones of it get CDI's size and a same-size Block
+clone is accepted; a smart clone does not start while a pod writes to its source; a snapshot clone whose
+source goes away ends instead of hanging; and no temporary claim or snapshot outlives the DataVolume's
+success by more than a moment."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cdi.api.sizing import required_space
+from tests.e2e.importing import read_back
+from tests.e2e.target import TARGET
+from tests.e2e.test_clone import clone_dv, describe, events_of, filesystem_overhead, leftovers
+from tests.e2e.workloads import SPARSE_WRITE, get, new_namespace, pod, pvc, run_to_completion
+from tests.support.cluster import Kubectl, wait_for
+from tests.support.images import Image
+from tests.support.servers import FileServer
+
+MIB = 1024 * 1024
+SMART_PHASE = {"csi-clone": "CSICloneInProgress", "snapshot": "SnapshotForSmartCloneInProgress"}
+GONE_AT_ONCE = 3.0  # seconds after Succeeded within which the temporaries must be gone
+
+
+def import_dv(name: str, source: dict[str, Any], size: str = "64Mi",
+              storage_class: str | None = None) -> dict[str, Any]:
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name},
+            "spec": {"source": source, "storage": {"storageClassName": storage_class or TARGET.storage_class,
+                                                   "resources": {"requests": {"storage": size}}}}}
+
+
+def wait_dv(k: Kubectl, ns: str, name: str, *phases: str, timeout: float = 120) -> dict[str, Any]:
+    """The DataVolume in one of `phases`; polled often, since some tests look at what follows at once."""
+    def reached() -> dict[str, Any] | None:
+        dv = get(k, "datavolume", name, ns) or {}
+        current = (dv.get("status") or {}).get("phase")
+        if current == "Failed" and "Failed" not in phases:
+            raise AssertionError(f"DataVolume {ns}/{name} failed: {dv['status']}")
+        return dv if current in phases else None
+
+    result: dict[str, Any] = wait_for(reached, timeout, 0.05, message=f"DataVolume {ns}/{name} {phases}")
+    return result
+
+
+def running(dv: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in (dv.get("status") or {}).get("conditions") or [] if c["type"] == "Running"), {})
+
+
+def temporaries(k: Kubectl, ns: str) -> list[str]:
+    """Prime claims and the clone strategies' temporary claims and snapshots in `ns`."""
+    names = {*leftovers(k, ns), *(p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"])}
+    return sorted(n for n in names if n.startswith(("prime-", "tmp-pvc-", "tmp-snapshot-")))
+
+
+@pytest.mark.anycluster
+def test_a_populated_claim_says_it_holds_a_disk_and_its_clones_get_cdis_size(
+        shared_kubectl: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "popsize")
+    image = images["qcow2.qcow2"]
+    k.apply(import_dv("golden", {"http": {"url": f"{range_server.url}/{image.name}"}}), "-n", ns)
+    dv = wait_dv(k, ns, "golden", "Succeeded")
+    claim = get(k, "pvc", "golden", ns)
+    annotations = claim["metadata"]["annotations"]
+    assert claim["spec"]["dataSourceRef"]["kind"] == "VolumeImportSource"  # filled by the import populator
+    # what CDI writes on a DataVolume's claim, whichever path fills it
+    assert annotations["cdi.kubevirt.io/storage.contentType"] == "kubevirt"
+    assert annotations["cdi.kubevirt.io/createdForDataVolume"] == dv["metadata"]["uid"]
+    assert annotations["cdi.kubevirt.io/storage.usePopulator"] == "true"
+    assert annotations["cdi.kubevirt.io/storage.pod.restarts"] == "0"
+    assert annotations["cdi.kubevirt.io/storage.preallocation.requested"] == "false"
+    assert annotations["cdi.kubevirt.io/storage.populator.progress"] == "100.0%"
+
+    # no size: the virtual size of the disk image (the importer grew it to the 64Mi asked for) with the
+    # target's filesystem overhead, as CDI: the source's own request, not its capacity (which holds that
+    # overhead already) inflated once more
+    k.apply(clone_dv("fit", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class=TARGET.storage_class),
+            "-n", ns)
+    wait_dv(k, ns, "fit", "Succeeded")
+    size = str(required_space(filesystem_overhead(k, TARGET.storage_class), 64 * MIB))
+    assert get(k, "pvc", "fit", ns)["spec"]["resources"]["requests"]["storage"] == size == \
+        claim["spec"]["resources"]["requests"]["storage"]
+    assert read_back(k, "fit", image.virtual_size, namespace=ns) == image.sha256
+    if not TARGET.block:
+        pytest.skip("the cluster's runtime gives non-root pods no block devices: the Block clone is not read")
+
+    # into Block of the size the DataVolume asked for: the image fits, so CDI accepts it (permissive)
+    block = clone_dv("block", {"pvc": {"namespace": ns, "name": "golden"}}, size="64Mi",
+                     storage_class=TARGET.storage_class)
+    block["spec"]["storage"]["volumeMode"] = "Block"
+    k.apply(block, "-n", ns)
+    assert wait_dv(k, ns, "block", "Succeeded")["metadata"]["annotations"][
+        "cdi.kubevirt.io/permissiveClone"] == "true"
+    assert [r for r, _ in events_of(k, ns, "block") if r in ("ErrIncompatiblePVC", "CloneValidationFailed")] == []
+    assert read_back(k, "block", image.virtual_size, block=True, namespace=ns) == image.sha256
+
+
+@pytest.mark.anycluster
+def test_a_smart_clone_waits_while_a_pod_writes_to_its_source(shared_kubectl: Kubectl) -> None:
+    k = shared_kubectl
+    ns = new_namespace(k, "smartinuse")
+    k.apply(pvc("golden", "64Mi", storage_class=TARGET.storage_class), "-n", ns)
+    run_to_completion(k, ns, pod("fill", SPARSE_WRITE, "golden", python=True))
+    original = describe(k, ns, "golden", "describe-golden")
+    k.apply(pod("holder", "sleep 600", "golden"), "-n", ns)
+    wait_for(lambda: (get(k, "pod", "holder", ns) or {}).get("status", {}).get("phase") == "Running", 60, 0.1,
+             message="holder running")
+    dv = clone_dv("copy", {"pvc": {"namespace": ns, "name": "golden"}}, storage_class=TARGET.storage_class)
+    # the source's size exactly (the pvc API adds no overhead): no expansion, which not every class has
+    dv["spec"]["pvc"] = {**dv["spec"].pop("storage"), "accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "64Mi"}}}
+    k.apply(dv, "-n", ns)
+    message = f"pod {ns}/holder using PersistentVolumeClaim golden"
+
+    def held() -> dict[str, Any] | None:
+        dv = get(k, "datavolume", "copy", ns) or {}
+        return dv if (running(dv).get("reason"), running(dv).get("message")) == ("CloneSourceInUse", message) \
+            else None
+
+    dv = wait_for(held, 60, 0.2, message="Running condition says CloneSourceInUse")
+    assert dv["status"]["phase"] == SMART_PHASE[TARGET.smart_clone]
+    assert running(dv)["status"] == "False"
+    assert ("CloneSourceInUse", message) in events_of(k, ns, "copy")
+    assert temporaries(k, ns) == [], "the clone started while the source was written"
+    k("delete", "pod", "holder", "-n", ns, "--wait=false")
+    wait_dv(k, ns, "copy", "Succeeded")
+    assert get(k, "pvc", "copy", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == TARGET.smart_clone
+    assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
+
+
+@pytest.fixture
+def snapshot_strategy(shared_kubectl: Kubectl) -> Iterator[None]:
+    """`cdi up`'s class `local` clones with the snapshot strategy (its StorageProfile's cloneStrategy)."""
+    k = shared_kubectl
+    k("patch", "storageprofile", "local", "--type=merge", "-p", json.dumps({"spec": {"cloneStrategy": "snapshot"}}))
+    wait_for(lambda: (get(k, "storageprofile", "local", "") or {}).get("status", {}).get("cloneStrategy")
+             == "snapshot", 30, 0.1, message="the profile says snapshot")
+    yield
+    k("patch", "storageprofile", "local", "--type=json", "-p", '[{"op":"remove","path":"/spec/cloneStrategy"}]')
+
+
+def test_a_snapshot_clone_whose_source_is_deleted_ends_and_cleans_up(
+        shared_kubectl: Kubectl, range_server: FileServer, images: dict[str, Image], snapshot_strategy: None) -> None:
+    """The source DataVolume is deleted while its snapshot clone is about to begin (held by a pod writing
+    to the source, so that the moment is the test's): whether the snapshot was taken before the claim went
+    or not, the clone never sits silent in SnapshotForSmartCloneInProgress. It goes on from the snapshot
+    (the data is there), fails saying why, or waits saying the source is gone; and it leaves neither
+    snapshot nor claim behind. (The steps after each of those races are pinned in
+    tests/unit/controller/test_clone_steps.py.)"""
+    k = shared_kubectl
+    ns = new_namespace(k, "snapgone")
+    image = images["qcow2.qcow2"]
+    k.apply(import_dv("golden", {"http": {"url": f"{range_server.url}/{image.name}"}}, storage_class="local"),
+            "-n", ns)
+    wait_dv(k, ns, "golden", "Succeeded")
+    k.apply(pod("holder", "sleep 600", "golden"), "-n", ns)
+    wait_for(lambda: (get(k, "pod", "holder", ns) or {}).get("status", {}).get("phase") == "Running", 60, 0.1,
+             message="holder running")
+    k.apply(clone_dv("copy", {"pvc": {"namespace": ns, "name": "golden"}}, size="64Mi", storage_class="local"),
+            "-n", ns)
+    wait_for(lambda: running(get(k, "datavolume", "copy", ns) or {}).get("reason") == "CloneSourceInUse", 60, 0.2,
+             message="the clone held by the writer")
+    assert get(k, "datavolume", "copy", ns)["status"]["phase"] == "SnapshotForSmartCloneInProgress"
+    k("delete", "datavolume", "golden", "-n", ns, "--wait=false")
+    k("delete", "pod", "holder", "-n", ns, "--wait=false")
+    wait_for(lambda: get(k, "pvc", "golden", ns) is None, 60, 0.1, message="the source claim gone")
+
+    def explained() -> dict[str, Any] | None:
+        dv = get(k, "datavolume", "copy", ns) or {}
+        done = (dv.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        return dv if done or running(dv).get("reason") == "CloneWithoutSource" else None
+
+    dv = wait_for(explained, 60, 0.2, message="the clone ended or said why it cannot")
+    if dv["status"]["phase"] == "Succeeded":
+        assert read_back(k, "copy", image.virtual_size, namespace=ns) == image.sha256
+    elif dv["status"]["phase"] == "Failed":
+        assert running(dv)["reason"] == "Error" and "golden" in running(dv)["message"], running(dv)
+        assert ("CloneFailed", f"Cloning from {ns}/golden into {ns}/copy failed") in events_of(k, ns, "copy")
+    else:
+        assert running(dv)["message"] == f"The source pvc {ns}/golden doesn't exist"
+        assert ("CloneWithoutSource", f"The source pvc {ns}/golden doesn't exist") in events_of(k, ns, "copy")
+    wait_for(lambda: leftovers(k, ns) == [], 10, 0.2, message=f"no temporary left: {leftovers(k, ns)}")
+
+
+@pytest.mark.anycluster
+def test_temporaries_are_gone_as_soon_as_the_datavolume_succeeds(shared_kubectl: Kubectl) -> None:
+    """`kubectl get pvc` right after a DataVolume succeeded shows what the user made: the prime claim of a
+    populated import, the temporary claim and snapshot of a smart clone are gone within moments (they
+    lingered until the PV controller's next look at the prime, or the next periodic look of the clone)."""
+    k = shared_kubectl
+    ns = new_namespace(k, "gone")
+    for name in ("first", "second"):  # one after the other: neither may be lucky with a periodic look
+        k.apply(import_dv(name, {"blank": {}}), "-n", ns)
+        wait_dv(k, ns, name, "Succeeded")
+        wait_for(lambda: temporaries(k, ns) == [], GONE_AT_ONCE, 0.1,
+                 message=f"no prime claim {GONE_AT_ONCE}s after {name} succeeded: {temporaries(k, ns)}")
+    dv = clone_dv("copy", {"pvc": {"namespace": ns, "name": "first"}}, storage_class=TARGET.storage_class)
+    k.apply(dv, "-n", ns)
+    wait_dv(k, ns, "copy", "Succeeded")
+    wait_for(lambda: temporaries(k, ns) == [], GONE_AT_ONCE, 0.1,
+             message=f"no temporary claim or snapshot {GONE_AT_ONCE}s after the clone succeeded: {temporaries(k, ns)}")
+    assert sorted(p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]) == \
+        ["copy", "first", "second"]
