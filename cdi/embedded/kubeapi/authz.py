@@ -5,12 +5,12 @@ as kube-controller-manager's. Also the bootstrap roles every cluster has."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cdi.embedded.kubeapi.background import BackgroundLoop
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.objects import Objects, RequestContext, UserInfo
 from cdi.embedded.kubeapi.selectors import label_selector_from_object
@@ -140,19 +140,21 @@ def _aggregated_rules(store: Store, role: Mapping[str, Any]) -> list[dict[str, A
     return rules
 
 
-class RoleAggregation:
+class RoleAggregation(BackgroundLoop):
     """kube-controller-manager's clusterrole-aggregation controller: writes into each ClusterRole with an
     `aggregationRule` the rules of the ClusterRoles it selects, so that what `kubectl get clusterrole admin
     -o yaml` shows is what RBAC grants. Aggregation chains (`view` into `edit` into `admin`, and CDI's
     roles through them) because each write is a change that triggers the next pass."""
 
+    task_name = "clusterrole-aggregation"
+
     def __init__(self, objects: Objects) -> None:
+        super().__init__()
         self.objects = objects
         self.store = objects.store
         rtype = objects.registry.lookup("rbac.authorization.k8s.io", "v1", "clusterroles")
         assert rtype is not None
         self.rtype = rtype
-        self._task: asyncio.Task[None] | None = None
 
     async def settle(self) -> None:
         """Passes until nothing changes: at start, so the bootstrap roles are whole before anyone asks
@@ -177,17 +179,6 @@ class RoleAggregation:
             except StatusError as exc:  # changed or deleted meanwhile: its own change brings another pass
                 log.debug("aggregating ClusterRole %s: %s", name, exc)
         return wrote
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="clusterrole-aggregation")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         with self.store.subscribe(CLUSTER_ROLES) as sub:

@@ -7,12 +7,12 @@ then the namespace."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import orjson
 
+from cdi.embedded.kubeapi.background import BackgroundLoop
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.objects import FOREGROUND, ORPHAN, DeleteOptions, Objects, RequestContext
 from cdi.embedded.kubeapi.resources import ResourceType
@@ -24,22 +24,13 @@ _NAMESPACES = "/namespaces"
 _GC = RequestContext()
 
 
-class GarbageCollector:
+class GarbageCollector(BackgroundLoop):
+    task_name = "garbage-collector"
+
     def __init__(self, objects: Objects) -> None:
+        super().__init__()
         self.objects = objects
         self.store = objects.store
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="garbage-collector")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         with self.store.subscribe(None) as sub:
