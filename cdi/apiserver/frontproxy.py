@@ -130,13 +130,14 @@ class WebhookCallers:
 
     @classmethod
     async def load(cls, client: KubeClient, names: tuple[str, ...]) -> WebhookCallers:
-        if not names:
-            return cls()
+        """The client CA is trusted for verification even when no names are required: an API server told
+        to present its certificate before cdi-apiserver is told to expect it must still be answered."""
         try:
             configmap = await client.get(groups.CONFIGMAPS, AUTH_CONFIGMAP, AUTH_NAMESPACE)
         except ApiError as exc:
-            log.warning("cannot read %s/%s (%s): every admission webhook call will be refused",
-                        AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
+            if names:
+                log.warning("cannot read %s/%s (%s): every admission webhook call will be refused",
+                            AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
             return cls("", names)
         return cls(str((configmap.get("data") or {}).get("client-ca-file") or ""), names)
 

@@ -112,7 +112,7 @@ while [ ! -e "$done" ]; do
     "$bb" sleep 0.5
 done
 "$bb" kill "$httpd" 2>/dev/null
-wait "$httpd"
+wait "$httpd" 2>/dev/null  # (ash may report the killed job as "Terminated": not news)
 "$bb" rm -rf "$done" "$ready" "$root" "$conf"
 echo "Importer has completed" >&2
 exit 0
