@@ -27,10 +27,9 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from croniter import croniter
-
 from cdi.api import annotations as ann
 from cdi.api import env, groups, naming
+from cdi.api.cronvalidation import next_schedule_time
 from cdi.api.importrequest import ImportRequest
 from cdi.api.views import (
     ClaimView,
@@ -44,7 +43,13 @@ from cdi.api.views import (
 )
 from cdi.controller import conditions
 from cdi.controller.claims import config_status
-from cdi.controller.datavolume.importpod import DATA_VOLUME, WorkerSettings, importer_pod
+from cdi.controller.datavolume.importpod import (
+    DATA_VOLUME,
+    NODE_POLLER_CONTAINER,
+    WorkerSettings,
+    importer_pod,
+    node_pull_poller,
+)
 from cdi.controller.datavolume.imports import termination
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.workerpod import pod_settings
@@ -76,6 +81,11 @@ DIGEST_NAME_LENGTH = 12
 NO_DIGEST, NO_IMPORT, OUTDATED = "NoDigest", "NoImport", "Outdated"
 SCHEDULED, IN_PROGRESS, UP_TO_DATE = "ImportScheduled", "ImportProgressing", "UpToDate"
 ALREADY_MANAGED = "ErrDataSourceAlreadyManaged"
+# ours: why a run told no version, why a schedule runs never
+POLL_FAILED, POLLER_TIMED_OUT, NO_SCHEDULED_RUN = "PollFailed", "PollerTimedOut", "NoScheduledRun"
+NO_SCHEDULED_RUN_MESSAGE = ("schedule {!r} names no time that ever comes: the source is polled only when the cron is "
+                            "created and on cdi.kubevirt.io/refreshNow")
+IMAGE_PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
 
 def utcnow() -> datetime.datetime:
@@ -93,10 +103,10 @@ def _parse(stamp: str) -> datetime.datetime | None:
         return None
 
 
-def next_run(schedule: str, after: datetime.datetime) -> datetime.datetime:
-    """The first time after `after` that `schedule` (standard five-field cron) names."""
-    result: datetime.datetime = croniter(schedule, after).get_next(datetime.datetime)
-    return result
+def next_run(schedule: str, after: datetime.datetime) -> datetime.datetime | None:
+    """The first time after `after` that `schedule` (standard five-field cron) names; None when it names
+    none that ever comes (`0 0 31 2 *`), which admission refuses but a cron stored before may still have."""
+    return next_schedule_time(schedule, after)
 
 
 def dv_name(data_source: str, digest: str) -> str | None:
@@ -121,6 +131,31 @@ def run_due(schedule: str, annotations: Mapping[str, str],
     if SOURCE_DESIRED_DIGEST not in annotations and ann.LAST_CRON_TIME not in annotations:
         return True, next_time
     return bool(schedule and next_time is not None and next_time <= now), next_time
+
+
+def _age(obj: Body, now: datetime.datetime) -> float | None:
+    created = _parse(str(ObjectView(obj).metadata.get("creationTimestamp") or ""))
+    return (now - created).total_seconds() if created else None
+
+
+def node_pull_answer(pod: Body) -> tuple[bool, str, str]:
+    """(answered, digest, failure) of a node-pull poller, as CDI's fetchContainerImageDigest reads it: the
+    digest of the image the node pulled, from the image container's `imageID` once it ran; an image the
+    node cannot pull fails the run at once (CDI's "failed to pull image" text)."""
+    status = next((s for s in PodView(pod).container_statuses if s.get("name") == NODE_POLLER_CONTAINER), None)
+    if status is None:
+        return False, "", ""
+    state = status.get("state") or {}
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in IMAGE_PULL_FAILURES:
+        return True, "", f"failed to pull image: {status.get('image')}: {waiting.get('reason')}"
+    if not state.get("terminated"):
+        return False, "", ""
+    image_id = str(status.get("imageID") or "")
+    at = image_id.find("sha256:")
+    if at < 0:
+        return True, "", f"the node reports no digest for image {status.get('image')} (imageID {image_id!r})"
+    return True, image_id[at:], ""
 
 
 def poller_name(cron: Body) -> str:
@@ -209,7 +244,12 @@ class DataImportCronReconciler(Reconciler):
             return await self._poll_result(cron, pod, schedule, now)
         due, next_time = run_due(schedule, annotations, now)
         if schedule and next_time is None and not due:
-            await self._annotate(cron, {ann.NEXT_CRON_TIME: _stamp(next_run(schedule, now))})
+            upcoming = next_run(schedule, now)
+            if upcoming is None:
+                # stored before admission refused such schedules: say so, and run only on refreshNow
+                self.ctx.recorder.record(cron, WARNING, NO_SCHEDULED_RUN, NO_SCHEDULED_RUN_MESSAGE.format(schedule))
+                return None
+            await self._annotate(cron, {ann.NEXT_CRON_TIME: _stamp(upcoming)})
             return -1.0
         if not due:
             return max(1.0, (next_time - now).total_seconds()) if next_time else None
@@ -229,53 +269,94 @@ class DataImportCronReconciler(Reconciler):
             insecure_registries=tuple(ObjectView(config).spec.get("insecureRegistries") or ()),
             pod=pod_settings(self.ctx),
             retry_budget=POLL_RETRY_BUDGET)
-        pod = importer_pod(pseudo, request, settings)
+        owner = {"apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": DataImportCronView(cron).name,
+                 "uid": DataImportCronView(cron).uid, "controller": True, "blockOwnerDeletion": True}
+        if request.node_pull:
+            pod = node_pull_poller(pseudo, request, settings, owner)
+        else:
+            pod = importer_pod(pseudo, request, settings)
+            pod["metadata"]["ownerReferences"] = [owner]
+            spec = pod["spec"]
+            spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
+            for container in spec["containers"]:
+                container["env"] = [*container.get("env", []), {"name": env.POLL, "value": "true"}]
+                for field in ("volumeMounts", "volumeDevices"):
+                    kept = [m for m in container.get(field) or [] if m.get("name") != DATA_VOLUME]
+                    if kept:
+                        container[field] = kept
+                    else:
+                        container.pop(field, None)
         pod["metadata"]["name"] = poller_name(cron)
-        pod["metadata"]["ownerReferences"] = [{
-            "apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": DataImportCronView(cron).name,
-            "uid": DataImportCronView(cron).uid, "controller": True, "blockOwnerDeletion": True}]
         pod["metadata"].setdefault("labels", {})[ann.LABEL_DATAIMPORTCRON] = DataImportCronView(cron).name
-        spec = pod["spec"]
-        spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
-        for container in spec["containers"]:
-            container["env"] = [*container.get("env", []), {"name": env.POLL, "value": "true"}]
-            for field in ("volumeMounts", "volumeDevices"):
-                kept = [m for m in container.get(field) or [] if m.get("name") != DATA_VOLUME]
-                if kept:
-                    container[field] = kept
-                else:
-                    container.pop(field, None)
         try:
             await self.ctx.client.create(groups.PODS, pod, namespace)
         except AlreadyExists:
             pass
 
     async def _poll_result(self, cron: Obj, pod: Body, schedule: str, now: datetime.datetime) -> float | None:
-        phase = PodView(pod).phase
-        if phase not in ("Succeeded", "Failed") or PodView(pod).deleting:
-            # look again soon: a poller whose result was taken is still going away, and a run that came due
-            # meanwhile (refreshNow, a missed slot) must not wait for an event that says it is gone
-            return POLLER_RECHECK
-        _, result = termination(pod)
-        changes: dict[str, str | None] = {REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now)}
+        """Take the poller's answer (a version, or why there is none) into the cron's annotations and delete
+        the pod. A poller that has not answered within the poller timeout (it cannot start: a ConfigMap or
+        Secret it mounts is gone, its image cannot be pulled, no node takes it) is given up on the same
+        way, or it would hold every later run of the cron while the cron still says it is up to date."""
+        view = PodView(pod)
+        if view.deleting:
+            return POLLER_RECHECK  # its result was taken; a run due meanwhile must not wait for an event
+        node_pull = any(c.get("name") == NODE_POLLER_CONTAINER for c in view.containers)
+        digest, failure = "", ""
+        if node_pull:
+            answered, digest, failure = node_pull_answer(pod)
+        elif view.phase in ("Succeeded", "Failed"):
+            answered = True
+            _, result = termination(pod)
+            digest = str(result.get("sourceDigest") or "") if view.phase == "Succeeded" else ""
+            if not digest:
+                failure = str(result.get("message") or "poller pod failed")
+        else:
+            answered = False
+        if not answered:
+            age = _age(pod, now)
+            timeout = self.ctx.settings.poller_timeout
+            if age is None or age < timeout:
+                return POLLER_RECHECK
+            failure = await self._stuck(pod, timeout)
+            self.ctx.recorder.record(cron, WARNING, POLLER_TIMED_OUT, failure)
+        changes: dict[str, str | None] = {REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now),
+                                          ann.CRON_POLL_ERROR: None}
         if schedule:
-            changes[ann.NEXT_CRON_TIME] = _stamp(next_run(schedule, now))
-        digest = str(result.get("sourceDigest") or "")
+            upcoming = next_run(schedule, now)
+            changes[ann.NEXT_CRON_TIME] = _stamp(upcoming) if upcoming else None
         annotations: Mapping[str, str] = DataImportCronView(cron).annotations
-        if phase == "Succeeded" and digest:
+        if digest:
             if annotations.get(SOURCE_DESIRED_DIGEST) != digest:
                 changes[SOURCE_DESIRED_DIGEST] = digest
                 self.ctx.recorder.record(cron, NORMAL, "SourceDigestUpdated", f"Source digest updated to {digest}")
         else:
-            message = str(result.get("message") or "poller pod failed")
-            self.ctx.recorder.record(cron, WARNING, "PollFailed", f"Polling the source failed: {message}")
+            changes[ann.CRON_POLL_ERROR] = f"Polling the source failed: {failure}"[:1000]
+            self.ctx.recorder.record(cron, WARNING, POLL_FAILED, f"Polling the source failed: {failure}")
         await self._annotate(cron, changes)
         try:
-            await self.ctx.client.delete(groups.PODS, PodView(pod).name,
-                                         PodView(pod).namespace)
+            await self.ctx.client.delete(groups.PODS, view.name, view.namespace)
         except NotFound:
             pass
         return -1.0
+
+    async def _stuck(self, pod: Body, timeout: float) -> str:
+        """Why a poller never answered, as a user can act on it: what its containers wait for and the last
+        warning the node gave about it (FailedMount names the missing ConfigMap)."""
+        view = PodView(pod)
+        waits = [f"{s.get('name')}: {w.get('reason')}" + (f" ({w['message']})" if w.get("message") else "")
+                 for s in view.container_statuses if (w := (s.get("state") or {}).get("waiting"))]
+        detail = "; ".join(waits) or f"phase {view.phase or 'Pending'}"
+        try:
+            found = await self.ctx.client.list(groups.EVENTS, view.namespace,
+                                               field_selector=f"involvedObject.name={view.name}")
+            warnings = sorted((e for e in found.items if e.get("type") == WARNING),
+                              key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+            if warnings:
+                detail += f"; {warnings[-1].get('reason')}: {warnings[-1].get('message')}"
+        except NotFound:
+            pass
+        return f"poller pod {view.name} did not finish within {timeout:g}s, replaced at the next run: {detail}"
 
     async def _annotate(self, cron: Body, changes: Mapping[str, str | None]) -> None:
         await self.ctx.client.patch(groups.DATAIMPORTCRONS, DataImportCronView(cron).name,
@@ -373,8 +454,9 @@ class DataImportCronReconciler(Reconciler):
 
         annotations: Mapping[str, str] = DataImportCronView(cron).annotations
         desired = annotations.get(SOURCE_DESIRED_DIGEST, "")
+        up_to_date: tuple[str, str, str]  # status, message, reason
         if desired and (not imports or desired != imports[0].get("Digest")):
-            set_condition(status, "UpToDate", "False", "Source digest updated since last import", OUTDATED)
+            up_to_date = ("False", "Source digest updated since last import", OUTDATED)
             if failed_dv is not None:  # unlike CDI: a failed import never blocks the next version
                 await self._delete_dv_pvc(DataVolumeView(failed_dv).name, namespace)
                 imports = []
@@ -383,13 +465,19 @@ class DataImportCronReconciler(Reconciler):
         elif succeeded:
             status["sourceFormat"] = source_format
             if source_format == "snapshot" and not (snapshot and SnapshotView(snapshot).ready_to_use):
-                set_condition(status, "UpToDate", "False", "Snapshot of imported data is progressing", IN_PROGRESS)
+                up_to_date = ("False", "Snapshot of imported data is progressing", IN_PROGRESS)
             else:
-                set_condition(status, "UpToDate", "True", "Latest import is up to date", UP_TO_DATE)
+                up_to_date = ("True", "Latest import is up to date", UP_TO_DATE)
         elif imports:
-            set_condition(status, "UpToDate", "False", "Import is progressing", IN_PROGRESS)
+            up_to_date = ("False", "Import is progressing", IN_PROGRESS)
         else:
-            set_condition(status, "UpToDate", "False", "No source digest", NO_DIGEST)
+            up_to_date = ("False", "No source digest", NO_DIGEST)
+        poll_error = annotations.get(ann.CRON_POLL_ERROR, "")
+        if poll_error and up_to_date[2] in (UP_TO_DATE, NO_DIGEST):
+            # the last run could not tell the source's version: the image may be outdated, and nothing
+            # else would say why no import follows
+            up_to_date = ("False", poll_error, POLL_FAILED)
+        set_condition(status, "UpToDate", *up_to_date)
         if imports:
             status["currentImports"] = imports
         else:
@@ -439,6 +527,8 @@ class DataImportCronReconciler(Reconciler):
             before = conditions.find(list(old.get("conditions") or []), type_) or {}
             after = conditions.find(list(new.get("conditions") or []), type_) or {}
             if after and (before.get("status"), before.get("reason")) != (after.get("status"), after.get("reason")):
+                if after.get("reason") == POLL_FAILED:
+                    continue  # recorded with the run that failed
                 kind = WARNING if after.get("reason") == "Failed" else NORMAL
                 self.ctx.recorder.record(cron, kind, str(after.get("reason") or type_), str(after.get("message", "")))
 
