@@ -81,10 +81,11 @@ DIGEST_NAME_LENGTH = 12
 NO_DIGEST, NO_IMPORT, OUTDATED = "NoDigest", "NoImport", "Outdated"
 SCHEDULED, IN_PROGRESS, UP_TO_DATE = "ImportScheduled", "ImportProgressing", "UpToDate"
 ALREADY_MANAGED = "ErrDataSourceAlreadyManaged"
-# ours: why a run told no version, why a schedule runs never
+# ours: why a run told no version, why a schedule runs never, why an outdated import is kept
 POLL_FAILED, POLLER_TIMED_OUT, NO_SCHEDULED_RUN = "PollFailed", "PollerTimedOut", "NoScheduledRun"
 NO_SCHEDULED_RUN_MESSAGE = ("schedule {!r} names no time that ever comes: the source is polled only when the cron is "
                             "created and on cdi.kubevirt.io/refreshNow")
+IMPORT_IN_USE = "OutdatedImportInUse"
 IMAGE_PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
 
@@ -659,8 +660,12 @@ class DataImportCronReconciler(Reconciler):
     # -- garbage collection and cleanup ----------------------------------------------------------------
 
     async def _collect_garbage(self, cron: Body, status: Body) -> None:
-        """CDI's rule (keep the `importsToKeep` most recently used, by last-use time) with two guarantees CDI
-        lacks: the image the DataSource points at and the newest good import are never deleted."""
+        """CDI's rule (keep the `importsToKeep` most recently used, by last-use time) with guarantees CDI
+        lacks: the image the DataSource points at and the newest good import are never deleted, nor is an
+        outdated import anything uses (a pod mounting it, any DataSource naming it, a clone reading it):
+        CDI's users lost the image a running VM had mounted and the one their own DataSource named. Such
+        an import is kept past the limit, the cron says so (OutdatedImportInUse) and it is collected on
+        a later reconcile once free (what lets it go wakes the cron: `cron_keys_of_user`)."""
         view = DataImportCronView(cron)
         if view.garbage_collect != "Outdated":
             return
@@ -669,6 +674,7 @@ class DataImportCronReconciler(Reconciler):
         namespace, name = DataImportCronView(cron).namespace, DataImportCronView(cron).name
         protected = {str((status.get("lastImportedPVC") or {}).get("name", ""))}
         protected.update(str(i.get("DataVolumeName")) for i in status.get("currentImports") or [])
+        users: dict[tuple[str, str], list[str]] | None = None
         for gvr in (groups.PVCS, groups.VOLUMESNAPSHOTS):
             mine = [o for o in self.ctx.cached_list(gvr, namespace)
                     if ObjectView(o).labels.get(ann.LABEL_DATAIMPORTCRON) == name
@@ -684,11 +690,30 @@ class DataImportCronReconciler(Reconciler):
                 if len(kept) < keep:
                     kept.append(obj)
                     continue
+                if users is None:
+                    users = self._users(namespace)
+                held = users.get((gvr.plural, obj_name))
+                if held:
+                    self.ctx.recorder.record(cron, NORMAL, IMPORT_IN_USE,
+                                             f"Keeping outdated import {obj_name} beyond importsToKeep ({keep}) "
+                                             f"while {', '.join(sorted(held))} uses it")
+                    continue
                 self.ctx.recorder.record(cron, NORMAL, "GarbageCollected", f"Deleted outdated import {obj_name}")
                 if gvr == groups.PVCS:
                     await self._delete_dv_pvc(obj_name, namespace)
                 else:
                     await self._delete(gvr, obj_name, namespace)
+
+    def _users(self, namespace: str) -> dict[tuple[str, str], list[str]]:
+        """(resource, name) of the claims and snapshots of `namespace` in use now -> who uses each."""
+        found: dict[tuple[str, str], list[str]] = {}
+        for gvr in USER_KINDS:
+            for obj in self.ctx.cached_list(gvr, namespace if gvr == groups.PODS else None):
+                for used_gvr, used_ns, used_name in uses(gvr, obj, live=True):
+                    if used_ns == namespace:
+                        who = f"{gvr.kind} {ObjectView(obj).namespace}/{ObjectView(obj).name}"
+                        found.setdefault((used_gvr.plural, used_name), []).append(who)
+        return found
 
     async def _delete(self, gvr: groups.GVR, name: str, namespace: str) -> bool:
         try:
@@ -712,6 +737,59 @@ class DataImportCronReconciler(Reconciler):
                 continue
             for obj in found.items:
                 await self._delete(gvr, ObjectView(obj).name, namespace)
+
+
+USER_KINDS = (groups.PODS, groups.DATASOURCES, groups.DATAVOLUMES, groups.PVCS)
+_SNAPSHOT_KIND = "VolumeSnapshot"
+
+
+def _ref(gvr: groups.GVR, ref: Any, namespace: str) -> list[tuple[groups.GVR, str, str]]:
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        return []
+    return [(gvr, str(ref.get("namespace") or namespace), str(ref["name"]))]
+
+
+def uses(gvr: groups.GVR, obj: Body, *, live: bool) -> list[tuple[groups.GVR, str, str]]:
+    """The claims and snapshots (gvr, namespace, name) that `obj` uses: a pod's mounted claims, what a
+    DataSource names, the source of a DataVolume's clone or of a claim being filled from one. With `live`,
+    only while that use lasts (a finished pod, a finished DataVolume, a bound claim use nothing)."""
+    view = ObjectView(obj)
+    namespace = view.namespace
+    if gvr == groups.PODS:
+        if live and PodView(obj).phase in ("Succeeded", "Failed"):
+            return []
+        return [(groups.PVCS, namespace, claim) for claim in PodView(obj).claim_names]
+    if gvr in (groups.DATASOURCES, groups.DATAVOLUMES):
+        if gvr == groups.DATAVOLUMES and live and DataVolumeView(obj).phase in ("Succeeded", "Failed"):
+            return []
+        source = view.spec.get("source") or {}
+        return [*_ref(groups.PVCS, source.get("pvc"), namespace),
+                *_ref(groups.VOLUMESNAPSHOTS, source.get("snapshot"), namespace)]
+    if gvr == groups.PVCS:
+        if live and ClaimView(obj).bound:
+            return []
+        found: list[tuple[groups.GVR, str, str]] = []
+        for key in ("dataSource", "dataSourceRef"):
+            ref = view.spec.get(key) or {}
+            if ref.get("kind") == "PersistentVolumeClaim":
+                found += _ref(groups.PVCS, ref, namespace)
+            elif ref.get("kind") == _SNAPSHOT_KIND:
+                found += _ref(groups.VOLUMESNAPSHOTS, ref, namespace)
+        return found
+    return []
+
+
+def cron_keys_of_user(lookup: Callable[[groups.GVR, str, str], Body | None], gvr: groups.GVR,
+                      obj: Body) -> list[str]:
+    """The crons whose images `obj` uses or used (any state, so a pod that ended or went counts): when it
+    lets go of an outdated import kept for it, the cron may collect that import."""
+    keys = []
+    for used_gvr, namespace, name in uses(gvr, obj, live=False):
+        used = lookup(used_gvr, name, namespace)
+        cron = ObjectView(used).labels.get(ann.LABEL_DATAIMPORTCRON) if used else None
+        if cron:
+            keys.append(f"{namespace}/{cron}")
+    return keys
 
 
 def cron_keys_of(obj: Body) -> list[str]:
