@@ -3,8 +3,10 @@
 Each run asks the source for its current version. The controller never reads the user's URL itself: a
 short poller pod (`poller-<cron>-<uid>`, the importer program with IMPORTER_POLL=true and the import's
 own environment: proxy, CA bundle, credentials, insecure registries) reports it in its termination
-message, for every source kind. One mechanism for registries, HTTP and S3, on `cdi up` and on a real
-cluster alike, and the controller needs no network path to any registry. The version becomes the
+message. One mechanism for registries, HTTP and S3, on `cdi up` and on a real cluster alike, and the
+controller needs no network path to any registry. As in CDI, two kinds differ: a registry with
+`pullMethod: node` is polled by the node (the poller runs the image; the digest is its `imageID`), and a
+`pvc` source's version is the claim's uid, read by the controller (there is no URL to ask). The version becomes the
 annotation CDI uses (`storage.import.sourceDesiredDigest`): a registry's manifest digest, or for HTTP
 and S3 `sha256:` of the object's validators (ETag, Last-Modified).
 
@@ -81,6 +83,7 @@ DIGEST_NAME_LENGTH = 12
 NO_DIGEST, NO_IMPORT, OUTDATED = "NoDigest", "NoImport", "Outdated"
 SCHEDULED, IN_PROGRESS, UP_TO_DATE = "ImportScheduled", "ImportProgressing", "UpToDate"
 ALREADY_MANAGED = "ErrDataSourceAlreadyManaged"
+NOT_AUTHORIZED = "NotAuthorized"
 # ours: why a run told no version, why a schedule runs never, why an outdated import is kept
 POLL_FAILED, POLLER_TIMED_OUT, NO_SCHEDULED_RUN = "PollFailed", "PollerTimedOut", "NoScheduledRun"
 NO_SCHEDULED_RUN_MESSAGE = ("schedule {!r} names no time that ever comes: the source is polled only when the cron is "
@@ -157,6 +160,14 @@ def node_pull_answer(pod: Body) -> tuple[bool, str, str]:
     if at < 0:
         return True, "", f"the node reports no digest for image {status.get('image')} (imageID {image_id!r})"
     return True, image_id[at:], ""
+
+
+def claim_source(cron: Body) -> tuple[str, str] | None:
+    """(namespace, name) of the claim a cron's template clones (`source.pvc`, CDI's isPvcSource), or None."""
+    ref = (DataImportCronView(cron).template_spec.get("source") or {}).get("pvc")
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        return None
+    return str(ref.get("namespace") or DataImportCronView(cron).namespace), str(ref["name"])
 
 
 def poller_name(cron: Body) -> str:
@@ -254,6 +265,14 @@ class DataImportCronReconciler(Reconciler):
             return -1.0
         if not due:
             return max(1.0, (next_time - now).total_seconds()) if next_time else None
+        claim = claim_source(cron)
+        if claim is not None:
+            # CDI's updatePvcDesiredDigest: the controller reads the version (the claim's uid) itself, as
+            # no pod could: there is no URL to ask. A claim recreated under the same name is a new image.
+            found = self.ctx.cached(groups.PVCS, claim[1], claim[0])
+            if found is None:
+                return await self._record_run(cron, schedule, now, "", f"PVC {claim[0]}/{claim[1]} not found")
+            return await self._record_run(cron, schedule, now, f"uid:{ClaimView(found).uid}", "")
         await self._start_poller(cron)
         return None
 
@@ -321,6 +340,16 @@ class DataImportCronReconciler(Reconciler):
                 return POLLER_RECHECK
             failure = await self._stuck(pod, timeout)
             self.ctx.recorder.record(cron, WARNING, POLLER_TIMED_OUT, failure)
+        await self._record_run(cron, schedule, now, digest, failure)
+        try:
+            await self.ctx.client.delete(groups.PODS, view.name, view.namespace)
+        except NotFound:
+            pass
+        return -1.0
+
+    async def _record_run(self, cron: Body, schedule: str, now: datetime.datetime, digest: str,
+                          failure: str) -> float:
+        """A run's outcome in the cron's annotations (CDI's, and ours for a failure); -1: they changed."""
         changes: dict[str, str | None] = {REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now),
                                           ann.CRON_POLL_ERROR: None}
         if schedule:
@@ -335,10 +364,6 @@ class DataImportCronReconciler(Reconciler):
             changes[ann.CRON_POLL_ERROR] = f"Polling the source failed: {failure}"[:1000]
             self.ctx.recorder.record(cron, WARNING, POLL_FAILED, f"Polling the source failed: {failure}")
         await self._annotate(cron, changes)
-        try:
-            await self.ctx.client.delete(groups.PODS, view.name, view.namespace)
-        except NotFound:
-            pass
         return -1.0
 
     async def _stuck(self, pod: Body, timeout: float) -> str:
@@ -461,7 +486,19 @@ class DataImportCronReconciler(Reconciler):
             if failed_dv is not None:  # unlike CDI: a failed import never blocks the next version
                 await self._delete_dv_pvc(DataVolumeView(failed_dv).name, namespace)
                 imports = []
-            if succeeded or not imports:
+            claim = claim_source(cron)
+            refused = await self._clone_refused(cron, *claim) if claim and (succeeded or not imports) else ""
+            if refused:  # CDI's notAuthorized: said on Progressing in place of what was set above
+                before = conditions.find(list((cron.get("status") or {}).get("conditions") or []), "Progressing")
+                listed = status.setdefault("conditions", [])
+                at = next((i for i, c in enumerate(listed) if c.get("type") == "Progressing"), None)
+                if at is not None:
+                    if before is not None:
+                        listed[at] = copy.deepcopy(dict(before))
+                    else:
+                        del listed[at]
+                set_condition(status, "Progressing", "False", refused, NOT_AUTHORIZED)
+            elif succeeded or not imports:
                 imports = await self._create_import(cron, desired, storage_class, profile) or imports
         elif succeeded:
             status["sourceFormat"] = source_format
@@ -530,7 +567,7 @@ class DataImportCronReconciler(Reconciler):
             if after and (before.get("status"), before.get("reason")) != (after.get("status"), after.get("reason")):
                 if after.get("reason") == POLL_FAILED:
                     continue  # recorded with the run that failed
-                kind = WARNING if after.get("reason") == "Failed" else NORMAL
+                kind = WARNING if after.get("reason") in ("Failed", NOT_AUTHORIZED) else NORMAL
                 self.ctx.recorder.record(cron, kind, str(after.get("reason") or type_), str(after.get("message", "")))
 
     def _labels(self, cron: Body, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -592,6 +629,28 @@ class DataImportCronReconciler(Reconciler):
         except AlreadyExists:
             pass
         return entry
+
+    async def _clone_refused(self, cron: Body, namespace: str, name: str) -> str:
+        """CDI's authorizeCloneDataVolume: the DataVolume is created by the controller, which may read every
+        claim, so whether the cron may clone its source is asked for the cron's service account
+        (`spec.serviceAccountName`, else `default`), as the DataVolume webhook asks it for a user:
+        `datavolumes/source`, else `pods`, in the source's namespace. Returns why not ("" when it may)."""
+        cron_ns = DataImportCronView(cron).namespace
+        account = str(DataImportCronView(cron).spec.get("serviceAccountName") or "default")
+        user = {"user": f"system:serviceaccount:{cron_ns}:{account}",
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{cron_ns}", "system:authenticated"]}
+
+        async def allowed(resource: str, subresource: str = "", group: str = "") -> bool:
+            attributes = {"namespace": namespace, "verb": "create", "group": group, "resource": resource,
+                          "subresource": subresource, "name": name}
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                      "spec": {**user, "resourceAttributes": attributes}}
+            answer = await self.ctx.client.create(groups.SUBJECTACCESSREVIEWS, review)
+            return bool((answer.get("status") or {}).get("allowed"))
+
+        if await allowed("datavolumes", "source", groups.CDI_GROUP) or await allowed("pods"):
+            return ""
+        return f"Not authorized to create DataVolume: {user['user']} may not clone PVC {namespace}/{name}"
 
     async def _snapshot(self, cron: Body, pvc: Body, snapshot: Body | None, profile: Body) -> float | None:
         """`dataImportCronSourceFormat: snapshot`: a VolumeSnapshot of the imported claim, named as it; once
