@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from cdi.api.validation import Cause, validate_datavolume_spec
 
@@ -15,6 +16,18 @@ Body = Mapping[str, Any]
 NAME_MAX = 63  # DNS-1035 label
 CRON_SOURCES = ("registry", "pvc", "http", "s3")
 ALREADY_MANAGED_MESSAGE = "DataSource {} is already managed by DataImportCron {}"
+
+
+def next_schedule_time(schedule: str, after: datetime.datetime) -> datetime.datetime | None:
+    """The first time after `after` that a standard five-field `schedule` names, or None when it names
+    none that ever comes (`0 0 31 2 *`: the 31st of February). CDI's parser accepts such a schedule and
+    its controller then never imports; here admission refuses it and the controller treats one admitted
+    before (an older webhook, a restored backup) as a schedule without runs, instead of failing on it."""
+    try:
+        found: datetime.datetime = croniter(schedule, after).get_next(datetime.datetime)
+    except CroniterBadDateError:
+        return None
+    return found
 
 
 def _name_cause(name: str) -> list[Cause]:
@@ -44,6 +57,9 @@ def validate_dataimportcron(cron: Body, old: Body | None = None) -> list[Cause]:
     schedule = spec.get("schedule") or ""
     if schedule and (len(str(schedule).split()) != 5 or not croniter.is_valid(str(schedule))):
         return [Cause("spec.Schedule", "Illegal cron schedule")]
+    if schedule and next_schedule_time(str(schedule), datetime.datetime.now(datetime.UTC)) is None:
+        return [Cause("spec.Schedule", f"Illegal cron schedule: spec.schedule {str(schedule)!r} names no time "
+                                       "that ever comes, so the cron would never run")]
     keep = spec.get("importsToKeep")
     if keep is not None and int(keep) < 0:
         return [Cause("spec.ImportsToKeep", "Illegal ImportsToKeep value")]

@@ -32,13 +32,17 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long an import may keep failing to get data from its source (refused, "
                              "timed out, reset, 5xx) before its DataVolume fails; passed to importer pods "
                              "as IMPORTER_RETRY_BUDGET (default 180)")
+    parser.add_argument("--poller-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="how long a DataImportCron's poller pod may take to report the source's version "
+                             "(it may be pulling a large image by the node) before it is deleted and the cron "
+                             "says why; the next run starts a new one (default 600)")
 
 
 def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
     return Settings(importer_image=args.importer_image, uploadserver_image=args.uploadserver_image,
                     cloner_image=args.cloner_image, pull_policy=args.pull_policy,
                     retry_budget=args.import_retries, retry_base=args.retry_backoff,
-                    import_retry_budget=args.import_retry_budget, **extra)
+                    import_retry_budget=args.import_retry_budget, poller_timeout=args.poller_timeout, **extra)
 
 
 def register(commands: Any) -> None:

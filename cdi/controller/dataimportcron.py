@@ -3,8 +3,10 @@
 Each run asks the source for its current version. The controller never reads the user's URL itself: a
 short poller pod (`poller-<cron>-<uid>`, the importer program with IMPORTER_POLL=true and the import's
 own environment: proxy, CA bundle, credentials, insecure registries) reports it in its termination
-message, for every source kind. One mechanism for registries, HTTP and S3, on `cdi up` and on a real
-cluster alike, and the controller needs no network path to any registry. The version becomes the
+message. One mechanism for registries, HTTP and S3, on `cdi up` and on a real cluster alike, and the
+controller needs no network path to any registry. As in CDI, two kinds differ: a registry with
+`pullMethod: node` is polled by the node (the poller runs the image; the digest is its `imageID`), and a
+`pvc` source's version is the claim's uid, read by the controller (there is no URL to ask). The version becomes the
 annotation CDI uses (`storage.import.sourceDesiredDigest`): a registry's manifest digest, or for HTTP
 and S3 `sha256:` of the object's validators (ETag, Last-Modified).
 
@@ -27,10 +29,9 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from croniter import croniter
-
 from cdi.api import annotations as ann
 from cdi.api import env, groups, naming
+from cdi.api.cronvalidation import next_schedule_time
 from cdi.api.importrequest import ImportRequest
 from cdi.api.views import (
     ClaimView,
@@ -44,7 +45,13 @@ from cdi.api.views import (
 )
 from cdi.controller import conditions
 from cdi.controller.claims import config_status
-from cdi.controller.datavolume.importpod import DATA_VOLUME, WorkerSettings, importer_pod
+from cdi.controller.datavolume.importpod import (
+    DATA_VOLUME,
+    NODE_POLLER_CONTAINER,
+    WorkerSettings,
+    importer_pod,
+    node_pull_poller,
+)
 from cdi.controller.datavolume.imports import termination
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.workerpod import pod_settings
@@ -76,6 +83,13 @@ DIGEST_NAME_LENGTH = 12
 NO_DIGEST, NO_IMPORT, OUTDATED = "NoDigest", "NoImport", "Outdated"
 SCHEDULED, IN_PROGRESS, UP_TO_DATE = "ImportScheduled", "ImportProgressing", "UpToDate"
 ALREADY_MANAGED = "ErrDataSourceAlreadyManaged"
+NOT_AUTHORIZED = "NotAuthorized"
+# ours: why a run told no version, why a schedule runs never, why an outdated import is kept
+POLL_FAILED, POLLER_TIMED_OUT, NO_SCHEDULED_RUN = "PollFailed", "PollerTimedOut", "NoScheduledRun"
+NO_SCHEDULED_RUN_MESSAGE = ("schedule {!r} names no time that ever comes: the source is polled only when the cron is "
+                            "created and on cdi.kubevirt.io/refreshNow")
+IMPORT_IN_USE = "OutdatedImportInUse"
+IMAGE_PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
 
 def utcnow() -> datetime.datetime:
@@ -93,10 +107,10 @@ def _parse(stamp: str) -> datetime.datetime | None:
         return None
 
 
-def next_run(schedule: str, after: datetime.datetime) -> datetime.datetime:
-    """The first time after `after` that `schedule` (standard five-field cron) names."""
-    result: datetime.datetime = croniter(schedule, after).get_next(datetime.datetime)
-    return result
+def next_run(schedule: str, after: datetime.datetime) -> datetime.datetime | None:
+    """The first time after `after` that `schedule` (standard five-field cron) names; None when it names
+    none that ever comes (`0 0 31 2 *`), which admission refuses but a cron stored before may still have."""
+    return next_schedule_time(schedule, after)
 
 
 def dv_name(data_source: str, digest: str) -> str | None:
@@ -121,6 +135,39 @@ def run_due(schedule: str, annotations: Mapping[str, str],
     if SOURCE_DESIRED_DIGEST not in annotations and ann.LAST_CRON_TIME not in annotations:
         return True, next_time
     return bool(schedule and next_time is not None and next_time <= now), next_time
+
+
+def _age(obj: Body, now: datetime.datetime) -> float | None:
+    created = _parse(str(ObjectView(obj).metadata.get("creationTimestamp") or ""))
+    return (now - created).total_seconds() if created else None
+
+
+def node_pull_answer(pod: Body) -> tuple[bool, str, str]:
+    """(answered, digest, failure) of a node-pull poller, as CDI's fetchContainerImageDigest reads it: the
+    digest of the image the node pulled, from the image container's `imageID` once it ran; an image the
+    node cannot pull fails the run at once (CDI's "failed to pull image" text)."""
+    status = next((s for s in PodView(pod).container_statuses if s.get("name") == NODE_POLLER_CONTAINER), None)
+    if status is None:
+        return False, "", ""
+    state = status.get("state") or {}
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in IMAGE_PULL_FAILURES:
+        return True, "", f"failed to pull image: {status.get('image')}: {waiting.get('reason')}"
+    if not state.get("terminated"):
+        return False, "", ""
+    image_id = str(status.get("imageID") or "")
+    at = image_id.find("sha256:")
+    if at < 0:
+        return True, "", f"the node reports no digest for image {status.get('image')} (imageID {image_id!r})"
+    return True, image_id[at:], ""
+
+
+def claim_source(cron: Body) -> tuple[str, str] | None:
+    """(namespace, name) of the claim a cron's template clones (`source.pvc`, CDI's isPvcSource), or None."""
+    ref = (DataImportCronView(cron).template_spec.get("source") or {}).get("pvc")
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        return None
+    return str(ref.get("namespace") or DataImportCronView(cron).namespace), str(ref["name"])
 
 
 def poller_name(cron: Body) -> str:
@@ -209,10 +256,23 @@ class DataImportCronReconciler(Reconciler):
             return await self._poll_result(cron, pod, schedule, now)
         due, next_time = run_due(schedule, annotations, now)
         if schedule and next_time is None and not due:
-            await self._annotate(cron, {ann.NEXT_CRON_TIME: _stamp(next_run(schedule, now))})
+            upcoming = next_run(schedule, now)
+            if upcoming is None:
+                # stored before admission refused such schedules: say so, and run only on refreshNow
+                self.ctx.recorder.record(cron, WARNING, NO_SCHEDULED_RUN, NO_SCHEDULED_RUN_MESSAGE.format(schedule))
+                return None
+            await self._annotate(cron, {ann.NEXT_CRON_TIME: _stamp(upcoming)})
             return -1.0
         if not due:
             return max(1.0, (next_time - now).total_seconds()) if next_time else None
+        claim = claim_source(cron)
+        if claim is not None:
+            # CDI's updatePvcDesiredDigest: the controller reads the version (the claim's uid) itself, as
+            # no pod could: there is no URL to ask. A claim recreated under the same name is a new image.
+            found = self.ctx.cached(groups.PVCS, claim[1], claim[0])
+            if found is None:
+                return await self._record_run(cron, schedule, now, "", f"PVC {claim[0]}/{claim[1]} not found")
+            return await self._record_run(cron, schedule, now, f"uid:{ClaimView(found).uid}", "")
         await self._start_poller(cron)
         return None
 
@@ -229,53 +289,100 @@ class DataImportCronReconciler(Reconciler):
             insecure_registries=tuple(ObjectView(config).spec.get("insecureRegistries") or ()),
             pod=pod_settings(self.ctx),
             retry_budget=POLL_RETRY_BUDGET)
-        pod = importer_pod(pseudo, request, settings)
+        owner = {"apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": DataImportCronView(cron).name,
+                 "uid": DataImportCronView(cron).uid, "controller": True, "blockOwnerDeletion": True}
+        if request.node_pull:
+            pod = node_pull_poller(pseudo, request, settings, owner)
+        else:
+            pod = importer_pod(pseudo, request, settings)
+            pod["metadata"]["ownerReferences"] = [owner]
+            spec = pod["spec"]
+            spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
+            for container in spec["containers"]:
+                container["env"] = [*container.get("env", []), {"name": env.POLL, "value": "true"}]
+                for field in ("volumeMounts", "volumeDevices"):
+                    kept = [m for m in container.get(field) or [] if m.get("name") != DATA_VOLUME]
+                    if kept:
+                        container[field] = kept
+                    else:
+                        container.pop(field, None)
         pod["metadata"]["name"] = poller_name(cron)
-        pod["metadata"]["ownerReferences"] = [{
-            "apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": DataImportCronView(cron).name,
-            "uid": DataImportCronView(cron).uid, "controller": True, "blockOwnerDeletion": True}]
         pod["metadata"].setdefault("labels", {})[ann.LABEL_DATAIMPORTCRON] = DataImportCronView(cron).name
-        spec = pod["spec"]
-        spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
-        for container in spec["containers"]:
-            container["env"] = [*container.get("env", []), {"name": env.POLL, "value": "true"}]
-            for field in ("volumeMounts", "volumeDevices"):
-                kept = [m for m in container.get(field) or [] if m.get("name") != DATA_VOLUME]
-                if kept:
-                    container[field] = kept
-                else:
-                    container.pop(field, None)
         try:
             await self.ctx.client.create(groups.PODS, pod, namespace)
         except AlreadyExists:
             pass
 
     async def _poll_result(self, cron: Obj, pod: Body, schedule: str, now: datetime.datetime) -> float | None:
-        phase = PodView(pod).phase
-        if phase not in ("Succeeded", "Failed") or PodView(pod).deleting:
-            # look again soon: a poller whose result was taken is still going away, and a run that came due
-            # meanwhile (refreshNow, a missed slot) must not wait for an event that says it is gone
-            return POLLER_RECHECK
-        _, result = termination(pod)
-        changes: dict[str, str | None] = {REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now)}
+        """Take the poller's answer (a version, or why there is none) into the cron's annotations and delete
+        the pod. A poller that has not answered within the poller timeout (it cannot start: a ConfigMap or
+        Secret it mounts is gone, its image cannot be pulled, no node takes it) is given up on the same
+        way, or it would hold every later run of the cron while the cron still says it is up to date."""
+        view = PodView(pod)
+        if view.deleting:
+            return POLLER_RECHECK  # its result was taken; a run due meanwhile must not wait for an event
+        node_pull = any(c.get("name") == NODE_POLLER_CONTAINER for c in view.containers)
+        digest, failure = "", ""
+        if node_pull:
+            answered, digest, failure = node_pull_answer(pod)
+        elif view.phase in ("Succeeded", "Failed"):
+            answered = True
+            _, result = termination(pod)
+            digest = str(result.get("sourceDigest") or "") if view.phase == "Succeeded" else ""
+            if not digest:
+                failure = str(result.get("message") or "poller pod failed")
+        else:
+            answered = False
+        if not answered:
+            age = _age(pod, now)
+            timeout = self.ctx.settings.poller_timeout
+            if age is None or age < timeout:
+                return POLLER_RECHECK
+            failure = await self._stuck(pod, timeout)
+            self.ctx.recorder.record(cron, WARNING, POLLER_TIMED_OUT, failure)
+        await self._record_run(cron, schedule, now, digest, failure)
+        try:
+            await self.ctx.client.delete(groups.PODS, view.name, view.namespace)
+        except NotFound:
+            pass
+        return -1.0
+
+    async def _record_run(self, cron: Body, schedule: str, now: datetime.datetime, digest: str,
+                          failure: str) -> float:
+        """A run's outcome in the cron's annotations (CDI's, and ours for a failure); -1: they changed."""
+        changes: dict[str, str | None] = {REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now),
+                                          ann.CRON_POLL_ERROR: None}
         if schedule:
-            changes[ann.NEXT_CRON_TIME] = _stamp(next_run(schedule, now))
-        digest = str(result.get("sourceDigest") or "")
+            upcoming = next_run(schedule, now)
+            changes[ann.NEXT_CRON_TIME] = _stamp(upcoming) if upcoming else None
         annotations: Mapping[str, str] = DataImportCronView(cron).annotations
-        if phase == "Succeeded" and digest:
+        if digest:
             if annotations.get(SOURCE_DESIRED_DIGEST) != digest:
                 changes[SOURCE_DESIRED_DIGEST] = digest
                 self.ctx.recorder.record(cron, NORMAL, "SourceDigestUpdated", f"Source digest updated to {digest}")
         else:
-            message = str(result.get("message") or "poller pod failed")
-            self.ctx.recorder.record(cron, WARNING, "PollFailed", f"Polling the source failed: {message}")
+            changes[ann.CRON_POLL_ERROR] = f"Polling the source failed: {failure}"[:1000]
+            self.ctx.recorder.record(cron, WARNING, POLL_FAILED, f"Polling the source failed: {failure}")
         await self._annotate(cron, changes)
+        return -1.0
+
+    async def _stuck(self, pod: Body, timeout: float) -> str:
+        """Why a poller never answered, as a user can act on it: what its containers wait for and the last
+        warning the node gave about it (FailedMount names the missing ConfigMap)."""
+        view = PodView(pod)
+        waits = [f"{s.get('name')}: {w.get('reason')}" + (f" ({w['message']})" if w.get("message") else "")
+                 for s in view.container_statuses if (w := (s.get("state") or {}).get("waiting"))]
+        detail = "; ".join(waits) or f"phase {view.phase or 'Pending'}"
         try:
-            await self.ctx.client.delete(groups.PODS, PodView(pod).name,
-                                         PodView(pod).namespace)
+            found = await self.ctx.client.list(groups.EVENTS, view.namespace,
+                                               field_selector=f"involvedObject.name={view.name}")
+            warnings = sorted((e for e in found.items if e.get("type") == WARNING),
+                              key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+            if warnings:
+                detail += f"; {warnings[-1].get('reason')}: {warnings[-1].get('message')}"
         except NotFound:
             pass
-        return -1.0
+        return f"poller pod {view.name} did not finish within {timeout:g}s, replaced at the next run: {detail}"
 
     async def _annotate(self, cron: Body, changes: Mapping[str, str | None]) -> None:
         await self.ctx.client.patch(groups.DATAIMPORTCRONS, DataImportCronView(cron).name,
@@ -373,23 +480,42 @@ class DataImportCronReconciler(Reconciler):
 
         annotations: Mapping[str, str] = DataImportCronView(cron).annotations
         desired = annotations.get(SOURCE_DESIRED_DIGEST, "")
+        up_to_date: tuple[str, str, str]  # status, message, reason
         if desired and (not imports or desired != imports[0].get("Digest")):
-            set_condition(status, "UpToDate", "False", "Source digest updated since last import", OUTDATED)
+            up_to_date = ("False", "Source digest updated since last import", OUTDATED)
             if failed_dv is not None:  # unlike CDI: a failed import never blocks the next version
                 await self._delete_dv_pvc(DataVolumeView(failed_dv).name, namespace)
                 imports = []
-            if succeeded or not imports:
+            claim = claim_source(cron)
+            refused = await self._clone_refused(cron, *claim) if claim and (succeeded or not imports) else ""
+            if refused:  # CDI's notAuthorized: said on Progressing in place of what was set above
+                before = conditions.find(list((cron.get("status") or {}).get("conditions") or []), "Progressing")
+                listed = status.setdefault("conditions", [])
+                at = next((i for i, c in enumerate(listed) if c.get("type") == "Progressing"), None)
+                if at is not None:
+                    if before is not None:
+                        listed[at] = copy.deepcopy(dict(before))
+                    else:
+                        del listed[at]
+                set_condition(status, "Progressing", "False", refused, NOT_AUTHORIZED)
+            elif succeeded or not imports:
                 imports = await self._create_import(cron, desired, storage_class, profile) or imports
         elif succeeded:
             status["sourceFormat"] = source_format
             if source_format == "snapshot" and not (snapshot and SnapshotView(snapshot).ready_to_use):
-                set_condition(status, "UpToDate", "False", "Snapshot of imported data is progressing", IN_PROGRESS)
+                up_to_date = ("False", "Snapshot of imported data is progressing", IN_PROGRESS)
             else:
-                set_condition(status, "UpToDate", "True", "Latest import is up to date", UP_TO_DATE)
+                up_to_date = ("True", "Latest import is up to date", UP_TO_DATE)
         elif imports:
-            set_condition(status, "UpToDate", "False", "Import is progressing", IN_PROGRESS)
+            up_to_date = ("False", "Import is progressing", IN_PROGRESS)
         else:
-            set_condition(status, "UpToDate", "False", "No source digest", NO_DIGEST)
+            up_to_date = ("False", "No source digest", NO_DIGEST)
+        poll_error = annotations.get(ann.CRON_POLL_ERROR, "")
+        if poll_error and up_to_date[2] in (UP_TO_DATE, NO_DIGEST):
+            # the last run could not tell the source's version: the image may be outdated, and nothing
+            # else would say why no import follows
+            up_to_date = ("False", poll_error, POLL_FAILED)
+        set_condition(status, "UpToDate", *up_to_date)
         if imports:
             status["currentImports"] = imports
         else:
@@ -439,7 +565,9 @@ class DataImportCronReconciler(Reconciler):
             before = conditions.find(list(old.get("conditions") or []), type_) or {}
             after = conditions.find(list(new.get("conditions") or []), type_) or {}
             if after and (before.get("status"), before.get("reason")) != (after.get("status"), after.get("reason")):
-                kind = WARNING if after.get("reason") == "Failed" else NORMAL
+                if after.get("reason") == POLL_FAILED:
+                    continue  # recorded with the run that failed
+                kind = WARNING if after.get("reason") in ("Failed", NOT_AUTHORIZED) else NORMAL
                 self.ctx.recorder.record(cron, kind, str(after.get("reason") or type_), str(after.get("message", "")))
 
     def _labels(self, cron: Body, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -501,6 +629,28 @@ class DataImportCronReconciler(Reconciler):
         except AlreadyExists:
             pass
         return entry
+
+    async def _clone_refused(self, cron: Body, namespace: str, name: str) -> str:
+        """CDI's authorizeCloneDataVolume: the DataVolume is created by the controller, which may read every
+        claim, so whether the cron may clone its source is asked for the cron's service account
+        (`spec.serviceAccountName`, else `default`), as the DataVolume webhook asks it for a user:
+        `datavolumes/source`, else `pods`, in the source's namespace. Returns why not ("" when it may)."""
+        cron_ns = DataImportCronView(cron).namespace
+        account = str(DataImportCronView(cron).spec.get("serviceAccountName") or "default")
+        user = {"user": f"system:serviceaccount:{cron_ns}:{account}",
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{cron_ns}", "system:authenticated"]}
+
+        async def allowed(resource: str, subresource: str = "", group: str = "") -> bool:
+            attributes = {"namespace": namespace, "verb": "create", "group": group, "resource": resource,
+                          "subresource": subresource, "name": name}
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                      "spec": {**user, "resourceAttributes": attributes}}
+            answer = await self.ctx.client.create(groups.SUBJECTACCESSREVIEWS, review)
+            return bool((answer.get("status") or {}).get("allowed"))
+
+        if await allowed("datavolumes", "source", groups.CDI_GROUP) or await allowed("pods"):
+            return ""
+        return f"Not authorized to create DataVolume: {user['user']} may not clone PVC {namespace}/{name}"
 
     async def _snapshot(self, cron: Body, pvc: Body, snapshot: Body | None, profile: Body) -> float | None:
         """`dataImportCronSourceFormat: snapshot`: a VolumeSnapshot of the imported claim, named as it; once
@@ -569,8 +719,12 @@ class DataImportCronReconciler(Reconciler):
     # -- garbage collection and cleanup ----------------------------------------------------------------
 
     async def _collect_garbage(self, cron: Body, status: Body) -> None:
-        """CDI's rule (keep the `importsToKeep` most recently used, by last-use time) with two guarantees CDI
-        lacks: the image the DataSource points at and the newest good import are never deleted."""
+        """CDI's rule (keep the `importsToKeep` most recently used, by last-use time) with guarantees CDI
+        lacks: the image the DataSource points at and the newest good import are never deleted, nor is an
+        outdated import anything uses (a pod mounting it, any DataSource naming it, a clone reading it):
+        CDI's users lost the image a running VM had mounted and the one their own DataSource named. Such
+        an import is kept past the limit, the cron says so (OutdatedImportInUse) and it is collected on
+        a later reconcile once free (what lets it go wakes the cron: `cron_keys_of_user`)."""
         view = DataImportCronView(cron)
         if view.garbage_collect != "Outdated":
             return
@@ -579,6 +733,7 @@ class DataImportCronReconciler(Reconciler):
         namespace, name = DataImportCronView(cron).namespace, DataImportCronView(cron).name
         protected = {str((status.get("lastImportedPVC") or {}).get("name", ""))}
         protected.update(str(i.get("DataVolumeName")) for i in status.get("currentImports") or [])
+        users: dict[tuple[str, str], list[str]] | None = None
         for gvr in (groups.PVCS, groups.VOLUMESNAPSHOTS):
             mine = [o for o in self.ctx.cached_list(gvr, namespace)
                     if ObjectView(o).labels.get(ann.LABEL_DATAIMPORTCRON) == name
@@ -594,11 +749,30 @@ class DataImportCronReconciler(Reconciler):
                 if len(kept) < keep:
                     kept.append(obj)
                     continue
+                if users is None:
+                    users = self._users(namespace)
+                held = users.get((gvr.plural, obj_name))
+                if held:
+                    self.ctx.recorder.record(cron, NORMAL, IMPORT_IN_USE,
+                                             f"Keeping outdated import {obj_name} beyond importsToKeep ({keep}) "
+                                             f"while {', '.join(sorted(held))} uses it")
+                    continue
                 self.ctx.recorder.record(cron, NORMAL, "GarbageCollected", f"Deleted outdated import {obj_name}")
                 if gvr == groups.PVCS:
                     await self._delete_dv_pvc(obj_name, namespace)
                 else:
                     await self._delete(gvr, obj_name, namespace)
+
+    def _users(self, namespace: str) -> dict[tuple[str, str], list[str]]:
+        """(resource, name) of the claims and snapshots of `namespace` in use now -> who uses each."""
+        found: dict[tuple[str, str], list[str]] = {}
+        for gvr in USER_KINDS:
+            for obj in self.ctx.cached_list(gvr, namespace if gvr == groups.PODS else None):
+                for used_gvr, used_ns, used_name in uses(gvr, obj, live=True):
+                    if used_ns == namespace:
+                        who = f"{gvr.kind} {ObjectView(obj).namespace}/{ObjectView(obj).name}"
+                        found.setdefault((used_gvr.plural, used_name), []).append(who)
+        return found
 
     async def _delete(self, gvr: groups.GVR, name: str, namespace: str) -> bool:
         try:
@@ -622,6 +796,59 @@ class DataImportCronReconciler(Reconciler):
                 continue
             for obj in found.items:
                 await self._delete(gvr, ObjectView(obj).name, namespace)
+
+
+USER_KINDS = (groups.PODS, groups.DATASOURCES, groups.DATAVOLUMES, groups.PVCS)
+_SNAPSHOT_KIND = "VolumeSnapshot"
+
+
+def _ref(gvr: groups.GVR, ref: Any, namespace: str) -> list[tuple[groups.GVR, str, str]]:
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        return []
+    return [(gvr, str(ref.get("namespace") or namespace), str(ref["name"]))]
+
+
+def uses(gvr: groups.GVR, obj: Body, *, live: bool) -> list[tuple[groups.GVR, str, str]]:
+    """The claims and snapshots (gvr, namespace, name) that `obj` uses: a pod's mounted claims, what a
+    DataSource names, the source of a DataVolume's clone or of a claim being filled from one. With `live`,
+    only while that use lasts (a finished pod, a finished DataVolume, a bound claim use nothing)."""
+    view = ObjectView(obj)
+    namespace = view.namespace
+    if gvr == groups.PODS:
+        if live and PodView(obj).phase in ("Succeeded", "Failed"):
+            return []
+        return [(groups.PVCS, namespace, claim) for claim in PodView(obj).claim_names]
+    if gvr in (groups.DATASOURCES, groups.DATAVOLUMES):
+        if gvr == groups.DATAVOLUMES and live and DataVolumeView(obj).phase in ("Succeeded", "Failed"):
+            return []
+        source = view.spec.get("source") or {}
+        return [*_ref(groups.PVCS, source.get("pvc"), namespace),
+                *_ref(groups.VOLUMESNAPSHOTS, source.get("snapshot"), namespace)]
+    if gvr == groups.PVCS:
+        if live and ClaimView(obj).bound:
+            return []
+        found: list[tuple[groups.GVR, str, str]] = []
+        for key in ("dataSource", "dataSourceRef"):
+            ref = view.spec.get(key) or {}
+            if ref.get("kind") == "PersistentVolumeClaim":
+                found += _ref(groups.PVCS, ref, namespace)
+            elif ref.get("kind") == _SNAPSHOT_KIND:
+                found += _ref(groups.VOLUMESNAPSHOTS, ref, namespace)
+        return found
+    return []
+
+
+def cron_keys_of_user(lookup: Callable[[groups.GVR, str, str], Body | None], gvr: groups.GVR,
+                      obj: Body) -> list[str]:
+    """The crons whose images `obj` uses or used (any state, so a pod that ended or went counts): when it
+    lets go of an outdated import kept for it, the cron may collect that import."""
+    keys = []
+    for used_gvr, namespace, name in uses(gvr, obj, live=False):
+        used = lookup(used_gvr, name, namespace)
+        cron = ObjectView(used).labels.get(ann.LABEL_DATAIMPORTCRON) if used else None
+        if cron:
+            keys.append(f"{namespace}/{cron}")
+    return keys
 
 
 def cron_keys_of(obj: Body) -> list[str]:

@@ -16,7 +16,7 @@ from cdi.api import groups
 from cdi.api.views import ObjectView, PersistentVolumeView, PodView
 from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.cdiconfig import CONFIG_KEY, ConfigReconciler
-from cdi.controller.dataimportcron import DataImportCronReconciler, cron_keys_of
+from cdi.controller.dataimportcron import USER_KINDS, DataImportCronReconciler, cron_keys_of, cron_keys_of_user
 from cdi.controller.datasource import DataSourceReconciler
 from cdi.controller.datavolume.base import DataVolumeReconciler
 from cdi.controller.datavolume.clones import CloneReconciler
@@ -171,6 +171,13 @@ class Manager:
             for key in {*cron_keys_of(obj), *(cron_keys_of(rest[0]) if rest else [])}:
                 self.crons.enqueue(key)
 
+        def cron_image_user(gvr: groups.GVR) -> Any:  # a pod, DataSource, DataVolume or claim using a cron's image
+            def handler(obj: Obj, *rest: Obj) -> None:
+                for o in (obj, *rest):
+                    for key in cron_keys_of_user(self.ctx.cached, gvr, o):
+                        self.crons.enqueue(key)
+            return handler
+
         def populator_source(populator: PopulatorReconciler) -> Any:
             def handler(obj: Obj, *rest: Obj) -> None:
                 for key in populator.keys_for_source(rest[0] if rest else obj):
@@ -181,6 +188,9 @@ class Manager:
             on_source = populator_source(populator)
             inf[populator.source_gvr].add_handler(on_source, on_source, on_source)
         inf[groups.DATAIMPORTCRONS].add_handler(on_cron, on_cron, on_cron)
+        for gvr in USER_KINDS:
+            on_user = cron_image_user(gvr)
+            inf[gvr].add_handler(on_user, on_user, on_user)
         for gvr in (groups.DATASOURCES, groups.VOLUMESNAPSHOTS):
             inf[gvr].add_handler(on_cron_object, on_cron_object, on_cron_object)
         inf[groups.DATAVOLUMES].add_handler(on_cron_object, on_cron_object, on_cron_object)

@@ -40,6 +40,7 @@ class Settings:
     pull_policy: str = "IfNotPresent"
     retry_budget: int = 5  # importer pods started again after a retryable failure
     import_retry_budget: float = 180.0  # seconds an import may keep failing on its source (IMPORTER_RETRY_BUDGET)
+    poller_timeout: float = 600.0  # seconds a DataImportCron's poller pod may take before it is given up on
     retry_base: float = 2.0
     retry_max: float = 300.0
     progress_interval: float = 2.0

@@ -29,6 +29,12 @@ fail() {
 }
 
 port=8100 dir=. ready=/shared/ready done=/shared/done
+# -h: print the usage and exit 0, serving nothing. A DataImportCron's poller runs the image with it (as
+# CDI's does): the node pulls the image and reports its digest, and the container ends at once.
+case ${1:-} in -h | -help | --help)
+    echo "usage: server -p PORT -image-dir DIR -ready-file FILE -done-file FILE"
+    exit 0 ;;
+esac
 while [ $# -gt 0 ]; do
     [ $# -ge 2 ] || fail "cdi-containerimage-server: $1 needs a value"
     flag=${1#-}

@@ -28,13 +28,16 @@ from .errors import ImporterError, Reason
 
 
 def registry_digest(config: ImporterConfig, stop: threading.Event) -> str:
-    from .source_registry import _ACCEPT, ImageRef, RegistryClient
+    """The digest of the tag's manifest, once the answer is one: a body that is not an image manifest or
+    index (garbage, an HTML page, another artifact) is refused, so it never becomes a new version."""
+    from .source_registry import _ACCEPT, ImageRef, RegistryClient, checked_manifest
 
     ref = ImageRef.parse(config.endpoint)
     if ref.is_digest:
         return ref.reference
     client = RegistryClient(ref, config, stop)
-    body, _ = client.json_blob(f"/manifests/{ref.reference}", None, _ACCEPT)
+    body, content_type = client.json_blob(f"/manifests/{ref.reference}", None, _ACCEPT)
+    checked_manifest(body, content_type, f"{ref.registry}/{ref.repository}:{ref.reference}")
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 

@@ -51,6 +51,8 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 _INDEXES = (OCI_INDEX, DOCKER_LIST)
+_MANIFESTS = (OCI_MANIFEST, DOCKER_MANIFEST)
+_GENERIC_JSON = ("", "application/json", "application/octet-stream", "text/plain")
 _ACCEPT = ", ".join((OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST))
 DISK_DIR = "disk/"
 _ARCH = {
@@ -389,14 +391,45 @@ def open_registry(config: ImporterConfig, stop: threading.Event) -> Origin:
     )
 
 
+def _digest_entries(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(e, dict) and isinstance(e.get("digest"), str) for e in value)
+
+
+def checked_manifest(body: bytes, content_type: str, what: str) -> tuple[dict[str, Any], bool]:
+    """`body` as an image manifest or index, and whether it is an index; anything else is refused with
+    what is wrong. A registry (or a proxy before it) that answers a manifest request with an HTML page,
+    an error document or another artifact's JSON must not count as a version of the image: a DataImportCron
+    would take every such answer for a new digest and import it, and an import would fail later on a
+    missing key instead of saying the manifest is not one."""
+    try:
+        manifest = json.loads(body)
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        start = body[:40].decode(errors="replace")
+        raise ImporterError(Reason.INVALID_IMAGE, f"{what} is not an image manifest: not a JSON object ({start!r}...)")
+    media_type = str(manifest.get("mediaType") or content_type.split(";", maxsplit=1)[0].strip())
+    if manifest.get("schemaVersion") == 1 or "docker.distribution.manifest.v1" in media_type:
+        raise ImporterError(Reason.UNSUPPORTED_FORMAT, "docker schema 1 manifests are not supported")
+    if media_type in _GENERIC_JSON and manifest.get("schemaVersion") == 2:
+        media_type = ""  # a registry that labels every manifest plain JSON: its shape says which it is
+    if media_type and media_type not in (*_INDEXES, *_MANIFESTS):
+        raise ImporterError(Reason.INVALID_IMAGE, f"{what} is not an image manifest: media type {media_type!r}")
+    index = media_type in _INDEXES or (not media_type and "manifests" in manifest)
+    if index:
+        if not _digest_entries(manifest.get("manifests")):
+            raise ImporterError(Reason.INVALID_IMAGE, f"{what} is an index without a list of manifests")
+    elif not (isinstance(manifest.get("config"), dict) and isinstance(manifest["config"].get("digest"), str)
+              and _digest_entries(manifest.get("layers"))):
+        raise ImporterError(Reason.INVALID_IMAGE, f"{what} is not an image manifest: it needs a config and layers")
+    return manifest, index
+
+
 def resolve_manifest(client: RegistryClient, ref: ImageRef, arch: str) -> dict[str, Any]:
     digest = ref.reference if ref.is_digest else None
     body, content_type = client.json_blob(f"/manifests/{ref.reference}", digest, _ACCEPT)
-    manifest: dict[str, Any] = json.loads(body)
-    media_type = manifest.get("mediaType") or content_type.split(";")[0].strip()
-    if manifest.get("schemaVersion") == 1 or "docker.distribution.manifest.v1" in media_type:
-        raise ImporterError(Reason.UNSUPPORTED_FORMAT, "docker schema 1 manifests are not supported")
-    if media_type in _INDEXES or "manifests" in manifest:
+    manifest, index = checked_manifest(body, content_type, f"{ref.registry}/{ref.repository}:{ref.reference}")
+    if index:
         wanted = arch or machine_architecture()
         choices = manifest.get("manifests") or []
         platforms = [(m.get("platform") or {}) for m in choices]
@@ -410,7 +443,10 @@ def resolve_manifest(client: RegistryClient, ref: ImageRef, arch: str) -> dict[s
                 f"for architecture {wanted} (available: {available})",
             )
         chosen = matching[0]
-        body, _ = client.json_blob(f"/manifests/{chosen['digest']}", str(chosen["digest"]), _ACCEPT)
-        manifest = json.loads(body)
+        body, content_type = client.json_blob(f"/manifests/{chosen['digest']}", str(chosen["digest"]), _ACCEPT)
+        manifest, index = checked_manifest(body, content_type, f"{ref.registry}/{ref.repository}@{chosen['digest']}")
+        if index:
+            raise ImporterError(Reason.INVALID_IMAGE, f"{ref.registry}/{ref.repository}@{chosen['digest']} is an "
+                                "index inside an index")
         manifest["_from_index"] = True
     return manifest

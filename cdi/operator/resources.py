@@ -98,6 +98,8 @@ CONTROLLER_CLUSTER_RULES = [
     # a populated claim's dataSourceRef into another namespace needs a grant there (Gateway API)
     _rule([groups.REFERENCEGRANTS.group], [groups.REFERENCEGRANTS.plural], READ),
     _rule([groups.CDI_GROUP], ["*"], ("*",)),
+    # a DataImportCron cloning a claim: may its service account clone it? (CDI's authorizeCloneDataVolume)
+    _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
 ]
 CONTROLLER_NAMESPACE_RULES = [
     _rule([""], ["secrets", "configmaps"], ALL),

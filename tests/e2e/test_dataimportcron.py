@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
+from cdi.common import pki
 from cdi.controller.dataimportcron import dv_name
-from tests.e2e.importing import read_back, wait_phase
+from tests.e2e.importing import datavolume, read_back, wait_phase
 from tests.e2e.target import External, own_cluster
 from tests.e2e.test_clone import clone_dv
 from tests.e2e.test_controller_metrics import metrics, value
+from tests.e2e.workloads import pod
 from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
 from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
@@ -26,11 +28,13 @@ from tests.support.servers import FileServer
 
 NEVER = "0 0 1 1 *"  # midnight on 1 January: not during this test
 DISK_SIZE = 1 << 20
+POLLER_TIMEOUT = 20  # seconds (the module's `cdi up`); the default is 600
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiUp | External]:
-    yield from own_cluster(tmp_path_factory, "cron", "--retry-backoff", "0.5", "--import-retries", "1")
+    yield from own_cluster(tmp_path_factory, "cron", "--retry-backoff", "0.5", "--import-retries", "1",
+                           "--poller-timeout", str(POLLER_TIMEOUT))
 
 
 @pytest.fixture(scope="module")
@@ -390,3 +394,220 @@ def test_a_new_default_storage_class_imports_again_onto_it(k: Kubectl, golden: G
     finally:
         k("annotate", "storageclass", new_class, f"{default}-")
         k("annotate", "storageclass", old_class, f"{default}=true", "--overwrite")
+
+
+def events_of(k: Kubectl, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the events about the cron."""
+    found = k.json("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json")["items"]
+    return [(e["reason"], e["message"]) for e in found]
+
+
+def set_insecure_registries(k: Kubectl, hosts: list[str]) -> None:
+    k("patch", "cdi", "cdi", "--type", "merge", "-p", json.dumps({"spec": {"config": {"insecureRegistries": hosts}}}))
+    wait_for(lambda: all(h in k("get", "cdiconfig", "config", "-o", "jsonpath={.spec}").stdout for h in hosts), 30,
+             message="CDIConfig picked up insecureRegistries")
+
+
+@pytest.mark.anycluster
+def test_a_schedule_that_never_fires_is_refused(k: Kubectl) -> None:
+    """`0 0 31 2 *` parses but names no day: CDI admits it and its cron never imports (issue 27, point 4)."""
+    bad = cron("feb31", {"registry": {"url": "docker://registry.example/disk:latest"}}, "feb31-ds")
+    bad["spec"]["schedule"] = "0 0 31 2 *"
+    result = k.apply(bad, check=False)
+    assert result.returncode != 0
+    assert "Illegal cron schedule: spec.schedule '0 0 31 2 *' names no time that ever comes" in result.stderr
+    assert not k.exists("dataimportcron", "feb31")
+    leap = cron("leapday", {"registry": {"url": "docker://registry.example/disk:latest"}}, "leapday-ds")
+    leap["spec"]["schedule"] = "0 0 29 2 *"  # rare, but it comes
+    k.apply(leap)
+    k("delete", "dataimportcron", "leapday")
+
+
+@pytest.mark.anycluster
+def test_a_registry_answering_garbage_is_not_a_new_version(k: Kubectl, golden: GoldenRegistry, served_dir: Path,
+                                                           range_server: FileServer) -> None:
+    """A "registry" whose manifest answer is not a manifest (here a file server, as a misconfigured proxy
+    would answer) was polled as a new digest every run, and each one imported (issue 27, point 4)."""
+    manifest = served_dir / "v2" / "e2e" / "junk" / "manifests" / "latest"
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_bytes(b"<html><body>Service Unavailable</body></html>\n")
+    host = range_server.url.removeprefix("http://")
+    set_insecure_registries(k, [golden.registry.host, host])
+    k.apply(cron("junk", {"registry": {"url": f"docker://{host}/e2e/junk:latest"}}, "junk-ds"))
+
+    def says_why() -> dict[str, Any] | None:
+        up = condition(maybe(k, "dataimportcron", "junk"), "UpToDate")
+        return up if up.get("reason") == "PollFailed" else None
+    up = wait_for(says_why, 90, interval=0.5, message="the cron says its poll failed")
+    assert up["status"] == "False"
+    assert f"{host}/e2e/junk:latest is not an image manifest: not a JSON object" in up["message"]
+    wait_for(lambda: any(reason == "PollFailed" and "not an image manifest" in message
+                         for reason, message in events_of(k, "junk")), 30, message="a PollFailed event")
+    c = k.get("dataimportcron", "junk")
+    assert "cdi.kubevirt.io/storage.import.sourceDesiredDigest" not in c["metadata"]["annotations"]
+    assert not c["status"].get("currentImports")
+    assert k("get", "dv", "-l", "cdi.kubevirt.io/dataImportCron=junk", "-o", "name").stdout.strip() == ""
+    k("delete", "dataimportcron", "junk")
+
+
+def holder(name: str, claim: str) -> dict[str, Any]:
+    """A pod that keeps the claim mounted, as a running VM keeps its disk."""
+    return pod(name, "sleep 600", claim)
+
+
+def test_garbage_collection_never_takes_an_image_in_use(k: Kubectl, golden: GoldenRegistry, tmp_path: Path) -> None:
+    """importsToKeep 1: GC deleted the claim a running pod had mounted and the one a user's own DataSource
+    named (Ready=False, PVC not found). Both are kept past the limit, the cron says why, and each is
+    collected once released (issue 27, point 5)."""
+    first, first_sha = disk(tmp_path, 61)
+    claim1 = dv_name("kept-ds", golden.push(first))
+    k.apply(cron("kept", {"registry": {"url": golden.url, "secretRef": "creds"}}, "kept-ds", keep=1))
+    wait_up_to_date(k, "kept", claim1)
+    k.apply(holder("vm-1", claim1))
+    wait_for(lambda: (maybe(k, "pod", "vm-1").get("status") or {}).get("phase") == "Running", 60,
+             message="the pod holding the first image runs")
+
+    second, second_sha = disk(tmp_path, 62)
+    claim2 = dv_name("kept-ds", golden.push(second))
+    refresh(k, "kept")
+    wait_up_to_date(k, "kept", claim2)
+    k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataSource", "metadata": {"name": "pinned"},
+             "spec": {"source": {"pvc": {"name": claim2, "namespace": "default"}}}})
+    wait_ready(k, "pinned")
+
+    third, third_sha = disk(tmp_path, 63)
+    claim3 = dv_name("kept-ds", golden.push(third))
+    refresh(k, "kept")
+    wait_up_to_date(k, "kept", claim3)
+    wait_source(k, "kept-ds", claim3)
+
+    def said(claim: str, user: str) -> bool:
+        return any(reason == "OutdatedImportInUse" and claim in message and user in message
+                   for reason, message in events_of(k, "kept"))
+    wait_for(lambda: said(claim1, "Pod default/vm-1") and said(claim2, "DataSource default/pinned"), 60,
+             message="the cron says which outdated imports it keeps and why")
+    for claim in (claim1, claim2):
+        pvc = maybe(k, "pvc", claim)
+        assert pvc and not pvc["metadata"].get("deletionTimestamp"), f"{claim} kept"
+        assert k.exists("dv", claim)
+    wait_ready(k, "pinned")  # still Ready: its image is there
+    assert (maybe(k, "pod", "vm-1").get("status") or {}).get("phase") == "Running"
+    assert read_back(k, claim2, DISK_SIZE) == second_sha
+
+    # released: collected, without anything else happening to the cron
+    k("delete", "pod", "vm-1", "--wait=false")
+    wait_for(lambda: not k.exists("pvc", claim1) and not k.exists("dv", claim1), 90,
+             message=f"{claim1} collected once the pod is gone")
+    assert k.exists("pvc", claim2)
+    k("delete", "datasource", "pinned")
+    wait_for(lambda: not k.exists("pvc", claim2) and not k.exists("dv", claim2), 90,
+             message=f"{claim2} collected once no DataSource names it")
+    assert read_back(k, claim3, DISK_SIZE) == third_sha
+    assert first_sha != third_sha
+
+
+def test_a_node_pull_cron_imports(k: Kubectl, registries: Any, tmp_path: Path) -> None:
+    """The documentation's own example (registry `pullMethod: node`) never imported: its poller asked the
+    image's file server for a file that is not there. As CDI, the node pulls the image and reports its
+    digest; the import pulls that digest by the node (issue 27, point 6)."""
+    image, sha = disk(tmp_path, 71)
+
+    def build(layout: Path) -> None:
+        oci.build(layout, [oci.Layer({"disk/disk.img": image}, compression="gzip")])
+    url = registries.push(registries.tls, "e2e/node-golden", build)
+    digest = registries.digest(registries.tls, "e2e/node-golden")
+    k.apply(cron("nodecron", {"registry": {"url": url, "pullMethod": "node"}}, "nodecron-ds"))
+    claim = dv_name("nodecron-ds", digest)
+    wait_up_to_date(k, "nodecron", claim, timeout=240)
+    wait_source(k, "nodecron-ds", claim)
+    wait_ready(k, "nodecron-ds")
+    assert read_back(k, claim, DISK_SIZE) == sha
+    registry = k.get("dv", claim)["spec"]["source"]["registry"]
+    assert registry == {"url": f"docker://{registries.tls.host}/e2e/node-golden@{digest}", "pullMethod": "node"}
+    up = condition(k.get("dataimportcron", "nodecron"), "UpToDate")
+    assert (up["status"], up["reason"]) == ("True", "UpToDate")
+
+
+def test_a_poller_that_cannot_start_is_replaced_and_the_cron_says_why(
+        k: Kubectl, https_server: FileServer, served_dir: Path, ca: pki.KeyPair, tmp_path: Path) -> None:
+    """The template's certConfigMap deleted: the poller pod mounting it never starts. It blocked the cron for
+    good while UpToDate stayed True; now it is given up on after the poller timeout, the cron says why, and
+    the next run (here refreshNow, once the ConfigMap is back) has a new poller (issue 27, point 9)."""
+    image, sha = disk(tmp_path, 81)
+    shutil.copy(image, served_dir / "cron-ca.img")
+    ca_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cron-ca"},
+              "data": {"ca.pem": ca.cert_pem.decode()}}
+    k.apply(ca_map)
+    source = {"http": {"url": f"{https_server.url}/cron-ca.img", "secretRef": "creds", "certConfigMap": "cron-ca"}}
+    k.apply(cron("tls", source, "tls-ds"))
+    wait_for(lambda: condition(maybe(k, "dataimportcron", "tls"), "UpToDate").get("status") == "True", 120,
+             interval=0.3, message="the first import")
+    claim = k.get("dataimportcron", "tls")["status"]["lastImportedPVC"]["name"]
+    assert read_back(k, claim, DISK_SIZE) == sha
+
+    k("delete", "configmap", "cron-ca")
+    refresh(k, "tls")
+    poller = f"poller-tls-{k.get('dataimportcron', 'tls')['metadata']['uid'][:8]}"
+    wait_for(lambda: k.exists("pod", poller), 30, message="the run's poller pod")
+
+    def says_why() -> dict[str, Any] | None:
+        up = condition(maybe(k, "dataimportcron", "tls"), "UpToDate")
+        return up if up.get("reason") == "PollFailed" else None
+    up = wait_for(says_why, POLLER_TIMEOUT + 60, interval=0.5, message="the cron gives the stuck poller up")
+    assert up["status"] == "False"
+    assert f"poller pod {poller} did not finish within {POLLER_TIMEOUT}s" in up["message"]
+    assert 'configmap "cron-ca" not found' in up["message"]
+    wait_for(lambda: any(reason == "PollerTimedOut" for reason, _ in events_of(k, "tls")), 30,
+             message="a PollerTimedOut event")
+    wait_for(lambda: not k.exists("pod", poller), 30, message="the stuck poller deleted")
+    assert "cdi.kubevirt.io/refreshNow" not in k.get("dataimportcron", "tls")["metadata"]["annotations"]
+
+    k.apply(ca_map)
+    refresh(k, "tls")
+    wait_for(lambda: condition(maybe(k, "dataimportcron", "tls"), "UpToDate").get("reason") == "UpToDate", 120,
+             interval=0.3, message="the next run's poller answers")
+    assert k.get("dataimportcron", "tls")["status"]["lastImportedPVC"]["name"] == claim
+
+
+@pytest.mark.anycluster
+def test_a_cron_cloning_a_claim_as_cdi_does(k: Kubectl, tmp_path: Path, served_dir: Path,
+                                            range_server: FileServer) -> None:
+    """CDI admits a cron whose template clones a PVC and takes the claim's uid as its version; here it was
+    admitted and then failed every poll (`unknown IMPORTER_SOURCE ''`). The clone is made only when the
+    cron's service account may clone the claim, as CDI asks (issue 27, point 9)."""
+    image, sha = disk(tmp_path, 91)
+    shutil.copy(image, served_dir / "cron-pvc-source.img")
+    k.apply(datavolume("golden-src", {"http": {"url": f"{range_server.url}/cron-pvc-source.img"}}, "16Mi"))
+    wait_phase(k, "golden-src", "Succeeded")
+    uid = k.get("pvc", "golden-src")["metadata"]["uid"]
+    source = {"pvc": {"namespace": "default", "name": "golden-src"}}
+
+    # a service account that may not clone it: no DataVolume, and the cron says why
+    stranger = cron("stranger", source, "stranger-ds")
+    stranger["spec"]["serviceAccountName"] = "nobody"
+    k.apply(stranger)
+
+    def refused() -> dict[str, Any] | None:
+        progressing = condition(maybe(k, "dataimportcron", "stranger"), "Progressing")
+        return progressing if progressing.get("reason") == "NotAuthorized" else None
+    progressing = wait_for(refused, 60, interval=0.5, message="the cron says it may not clone")
+    assert "system:serviceaccount:default:nobody may not clone PVC default/golden-src" in progressing["message"]
+    assert not k.exists("dv", dv_name("stranger-ds", f"uid:{uid}"))
+    k("delete", "dataimportcron", "stranger")
+
+    # the default service account may (CDI's datavolumes/source): cloned, the DataSource points at it
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "clone-source"},
+             "rules": [{"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes/source"], "verbs": ["create"]}]})
+    k.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "clone-source"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "clone-source"},
+             "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "default"}]})
+    k.apply(cron("cloned", source, "cloned-ds"))
+    claim = dv_name("cloned-ds", f"uid:{uid}")
+    assert claim == f"cloned-ds-{uid[:12]}"  # CDI's createDvName
+    wait_up_to_date(k, "cloned", claim)
+    wait_source(k, "cloned-ds", claim)
+    wait_ready(k, "cloned-ds")
+    assert k.get("dataimportcron", "cloned")["metadata"]["annotations"][
+        "cdi.kubevirt.io/storage.import.sourceDesiredDigest"] == f"uid:{uid}"
+    assert k.get("dv", claim)["spec"]["source"] == source
+    assert read_back(k, claim, DISK_SIZE) == sha

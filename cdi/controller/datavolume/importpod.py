@@ -196,6 +196,31 @@ def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, 
     return pod
 
 
+NODE_POLLER_CONTAINER = "image-container"  # CDI's name for the image a node-pull cron's poller runs
+
+
+def node_pull_poller(annotated: Body, source: ImportRequest, settings: WorkerSettings, owner: Body) -> Obj:
+    """The poller of a DataImportCron with registry `pullMethod: node`, as CDI builds it: the node pulls
+    the user's image (pull policy Always, so a tag that moved is resolved again) and runs the server an
+    init container copied in with `-h`, which exits at once; the version is the digest the node reports in
+    the container's `imageID`. The image is reached with the node's credentials, mirrors and trust, as
+    its import will be: no pod asks the registry anything, which is the point of pulling by the node."""
+    shared = {"name": NODE_PULL_SHARED_VOLUME, "mountPath": NODE_PULL_SHARED_DIR}
+    container: Obj = {"name": NODE_POLLER_CONTAINER, "image": node_image(source), "imagePullPolicy": "Always",
+                      "command": [f"{NODE_PULL_SHARED_DIR}/server", "-h"], "volumeMounts": [dict(shared)]}
+    init: Obj = {"name": NODE_PULL_INIT_CONTAINER, "image": settings.importer_image,
+                 "args": ["--install-containerimage-server", f"{NODE_PULL_SHARED_DIR}/server"],
+                 "volumeMounts": [dict(shared)]}
+    meta = annotated.get("metadata") or {}
+    pod = worker_pod(name=naming.resource_name("poller", str(meta.get("name", ""))),
+                     namespace=str(meta.get("namespace", "")), component="importer", annotated=annotated, owner=owner,
+                     containers=[container], volumes=[{"name": NODE_PULL_SHARED_VOLUME, "emptyDir": {}}],
+                     restart_policy="Never", settings=settings.pod, init_containers=[init])
+    if source.registry_arch:  # CDI's poller too runs on a node of the image's architecture
+        pod["spec"].setdefault("nodeSelector", {})["kubernetes.io/arch"] = source.registry_arch
+    return pod
+
+
 def mounts_scratch(pod: Body) -> bool:
     """Whether an importer pod had a scratch claim (a pod without one may ask for it)."""
     return PodView(pod).volume(SCRATCH_VOLUME) is not None
