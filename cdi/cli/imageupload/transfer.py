@@ -30,8 +30,9 @@ Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
    once instead of decrypted and encrypted again by the proxy. `CDI_IMAGE_UPLOAD_END_TO_END=0` sends
    through the proxy's TLS instead, as virtctl does.
 5. An answer other than 200 is final: it is the server's verdict on the image (too large, corrupt)
-   or on the request (token, readiness), and sending again would not change it. A 409 "already
-   finished uploading" after a break means the first attempt did get through."""
+   or on the request (token, readiness), and sending again would not change it. After a break, the
+   proxy's 503 "already finished uploading" (with `Upload-State: done` on the answer to a `HEAD`), or
+   the upload server's 409, means the first attempt did get through."""
 
 from __future__ import annotations
 
@@ -307,8 +308,8 @@ class Transfer:
                     return offset
                 why = "another upload to this volume is in progress" if vouched else \
                     "the upload server has not noticed the break yet"
-            elif status == 409:
-                return None  # the upload finished (the proxy found the PVC Succeeded)
+            elif status == 409 or (status == 503 and headers.get(names.STATE_HEADER.lower()) == "done"):
+                return None  # the upload finished (the upload server said so, or the proxy found the PVC Succeeded)
             elif status in RETRIED:  # the upload server is restarting or not ready yet
                 failure = self.failed()
                 if failure:
