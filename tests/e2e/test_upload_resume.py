@@ -239,3 +239,32 @@ def test_a_second_image_upload_after_a_killed_one_resumes(cluster: CdiUp, tmp_pa
     assert "1 attempt," in output
     assert f"result     DataVolume default/{name} Succeeded" in output
     assert read_back(k, name, SIZE, block=True) == hashlib.sha256(disk.read_bytes()).hexdigest()
+
+
+def test_a_datavolume_deleted_during_the_upload_ends_it_within_seconds(cluster: CdiUp, tmp_path: Path,
+                                                                       disk: Path) -> None:
+    """The DataVolume is deleted in the middle of the upload: its upload server goes with it, and nothing will
+    ever say where to resume. The client says so as soon as its connection breaks, instead of asking the proxy
+    for 3 minutes and ending with its 503."""
+    k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
+    proxy = urlsplit(proxy_url(k))
+    relay = CuttingRelay((str(proxy.hostname), int(proxy.port or 443)), cut_after=SIZE // 2, stall=True)
+    name = "deleted-midway"
+    client = start_image_upload(cluster, "dv", name, "--size", "128Mi", "--volume-mode", "block",
+                                "--image-path", str(disk), "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
+    try:
+        wait_for(relay.stalled.is_set, 120, message="half the image on its way")
+        k("delete", "dv", name)  # returns once the DataVolume is gone
+        relay.release.set()  # the client's connection breaks, as it does once the upload server is gone
+        try:
+            output, _ = client.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            output, _ = client.communicate()
+            pytest.fail(f"cdi image-upload still running 10s after the DataVolume was deleted:\n{output}")
+    finally:
+        client.kill()
+        relay.close()
+    assert client.returncode == 1, output
+    assert f"error: DataVolume default/{name} was deleted during the upload" in output
+    assert "503" not in output

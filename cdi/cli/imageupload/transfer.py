@@ -21,9 +21,11 @@ Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
    resume, or a server without the extension) sends the whole file again. While asking, a 502, 503
    or 504 (the proxy cannot reach the upload server: its pod is restarting) and connection errors are
    retried for up to `SETTLE_TIMEOUT` seconds per break; the server keeps the offset on the volume,
-   so it answers it again after a restart. At most `attempts` connections carry the image. A token
-   older than 4 minutes is replaced before a new request (tokens live 5 minutes and are only checked
-   when a request starts).
+   so it answers it again after a restart. Before each question the cluster is asked whether the upload
+   can still succeed (`failed`): a DataVolume or PVC deleted meanwhile (its upload server went with it),
+   or a failed upload, ends it at once with that reason. At most `attempts` connections carry the
+   image. A token older than 4 minutes is replaced before a new request (tokens live 5 minutes and are
+   only checked when a request starts).
 4. When the proxy offers end-to-end TLS (`Upgrade: cdi-upload-tls/1` on its answer to the probe), the
    `POST` of step 2 is an upgrade: the proxy checks the token and switches the connection, and the
    image goes in a TLS session with the upload server itself (`cdi.api.upload`), so it is encrypted
@@ -284,6 +286,10 @@ class Transfer:
         delay = 0.2
         while True:
             why = ""
+            if not vouched:  # after a break: a volume deleted meanwhile takes its upload server along for good
+                failure = self.failed()
+                if failure:
+                    raise UploadFailed(failure)
             try:
                 status, headers, reason = self._head(path)
             except (OSError, http.client.HTTPException) as exc:
