@@ -195,6 +195,64 @@ def test_a_killed_upload_server_restarts_and_the_upload_resumes_from_the_volume(
     assert read_back(k, name, SIZE, block=mode == "block") == hashlib.sha256(disk.read_bytes()).hexdigest()
 
 
+BIG = 384 << 20
+KILLED_AT = 288 << 20  # bytes the client sent when the upload server is killed: > 120 MiB + 2 * CHECKPOINT_BYTES
+
+
+@pytest.fixture
+def big_disk(tmp_path: Path) -> Path:
+    """384 MiB of data everywhere: several of the upload server's checkpoints (`config.CHECKPOINT_BYTES`) long."""
+    rng = random.Random(7)
+    path = tmp_path / "big.raw"
+    block = bytearray(rng.randbytes(8 << 20))
+    with open(path, "wb") as f:
+        for i in range(BIG // len(block)):
+            block[:8] = i.to_bytes(8, "big")
+            f.write(block)
+    return path
+
+
+def test_an_upload_server_killed_seconds_into_the_upload_keeps_what_it_had_written(
+        cluster: CdiUp, tmp_path: Path, big_disk: Path) -> None:
+    """The upload server is SIGKILLed the moment the client has sent 288 MiB (typically a second or two into
+    the upload), and the client is killed too. Run again, `cdi image-upload` skips what the killed server
+    had flushed: it checkpoints every 64 MiB it writes, at most one checkpoint behind, so whatever the
+    timing it had at least 288 MiB - the bytes in flight (socket buffers and its queue, ~120 MiB at most) -
+    two checkpoints kept. (It used to checkpoint only every 5 seconds, and kept nothing of an upload killed
+    sooner.)"""
+    k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
+    proxy = urlsplit(proxy_url(k))
+    relay = CuttingRelay((str(proxy.hostname), int(proxy.port or 443)), cut_after=KILLED_AT, stall=True)
+    name = "server-killed-early"
+    args = ("dv", name, "--size", "512Mi", "--volume-mode", "block", "--image-path", str(big_disk))
+    first = start_image_upload(cluster, *args, "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
+    try:
+        wait_for(relay.stalled.is_set, 120, message=f"{KILLED_AT} bytes on their way")
+        prime = k.get("pvc", name)["metadata"].get("annotations", {}).get("cdi.kubevirt.io/storage.populator.pvcPrime")
+        pod = f"cdi-upload-{prime or name}"
+        container = k.json("get", "pod", pod)["status"]["containerStatuses"][0]
+        os.killpg(int(container["containerID"].removeprefix("bwrap://")), signal.SIGKILL)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        relay.release.set()
+        wait_for(lambda: k.json("get", "pod", pod)["status"]["containerStatuses"][0]["restartCount"] >= 1, 120,
+                 interval=0.5, message="the node to restart the upload server")
+        result = image_upload(cluster, *args, timeout=300)
+    finally:
+        first.kill()
+        relay.close()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    skipped = re.search(r"skipped    .*?\((\d+) bytes\) already on the volume", output)
+    assert skipped, output
+    offset = int(skipped.group(1))
+    assert 0 < offset <= KILLED_AT
+    sent = re.search(r"sent       .*?\((\d+) bytes\)", output)
+    assert sent and int(sent.group(1)) == BIG - offset, output
+    assert f"result     DataVolume default/{name} Succeeded" in output
+    assert read_back(k, name, BIG, block=True) == hashlib.sha256(big_disk.read_bytes()).hexdigest()
+
+
 @pytest.mark.parametrize("same", [True, False], ids=["same-image", "another-image"])
 def test_a_second_image_upload_after_a_killed_one_resumes(cluster: CdiUp, tmp_path: Path, disk: Path,
                                                           same: bool) -> None:
