@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.importing import read_back
+from tests.e2e.importing import read_back, wait_phase
 from tests.e2e.uploading import image_upload, proxy_url
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
@@ -88,6 +88,42 @@ class CuttingRelay:
     def close(self) -> None:
         self.release.set()
         self.listener.close()
+
+
+class AnswerHoldingRelay(CuttingRelay):
+    """Forwards TCP connections to `target`, except the answer to an upload: the first bytes coming back
+    after the client sent `after` bytes are held (the upload server answers only once it has the whole
+    body, and sends nothing after the TLS handshakes before that); `held` is set then, and once `release`
+    is set the connection is aborted (RST both ways) without them. Later connections pass untouched."""
+
+    def __init__(self, target: tuple[str, int], after: int) -> None:
+        super().__init__(target, cut_after=after)
+        self.held = threading.Event()
+        self._sent: dict[socket.socket, int] = {}
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, counting: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                with self._lock:
+                    if counting:
+                        self._sent[source] = self._sent.get(source, 0) + len(data)
+                    hold = not counting and self.cuts == 0 and self._sent.get(sink, 0) >= self.cut_after
+                    if hold:
+                        self.cuts += 1
+                if hold:
+                    self.held.set()
+                    self.release.wait()
+                    for s in (source, sink):
+                        with contextlib.suppress(OSError):
+                            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                            s.shutdown(socket.SHUT_RDWR)
+                        s.close()
+                    return
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            for s in (source, sink):
+                s.close()
 
 
 @pytest.fixture(scope="module")
@@ -326,3 +362,28 @@ def test_a_datavolume_deleted_during_the_upload_ends_it_within_seconds(cluster: 
     assert client.returncode == 1, output
     assert f"error: DataVolume default/{name} was deleted during the upload" in output
     assert "503" not in output
+
+
+def test_an_upload_whose_answer_was_lost_ends_as_done(cluster: CdiUp, tmp_path: Path, disk: Path) -> None:
+    """The whole image arrived, but the connection broke before its answer reached the client; by the time
+    the client asks where to resume, the upload is done and the proxy answers CDI's 503 "already finished
+    uploading" (`Upload-State: done` on the answer to the client's HEAD). The client ends as a success
+    instead of retrying the 503 for minutes."""
+    k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
+    proxy = urlsplit(proxy_url(k))
+    relay = AnswerHoldingRelay((str(proxy.hostname), int(proxy.port or 443)), after=SIZE)
+    name = "answer-lost"
+    client = start_image_upload(cluster, "dv", name, "--size", "128Mi", "--volume-mode", "block",
+                                "--image-path", str(disk), "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
+    try:
+        wait_for(relay.held.is_set, 120, message="the upload server's answer")
+        wait_phase(k, name, "Succeeded", 60)
+        relay.release.set()
+        output, _ = client.communicate(timeout=60)
+    finally:
+        client.kill()
+        relay.close()
+    assert client.returncode == 0, output
+    assert "asking the upload server where to resume" in output
+    assert f"result     DataVolume default/{name} Succeeded" in output
+    assert read_back(k, name, SIZE, block=True) == hashlib.sha256(disk.read_bytes()).hexdigest()
