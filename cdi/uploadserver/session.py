@@ -161,6 +161,8 @@ class _Checkpoints:
         self._pending: int | None = None  # asked for, not started yet
         self._busy = False  # one is running
         self._closed = False
+        self.taken = 0
+        self.waited = 0.0  # seconds the pipeline waited for a checkpoint (what they cost the upload's throughput)
         if every_bytes > 0:
             threading.Thread(target=self._run, name="upload-checkpoints", daemon=True).start()
 
@@ -170,8 +172,11 @@ class _Checkpoints:
             self._written = self._start + settled
             if not self._every or self._written - self._asked < self._every:
                 return
-            while (self._busy or self._pending is not None) and not self._closed:
-                self._cond.wait()  # the previous checkpoint first: at most one behind
+            if self._busy or self._pending is not None:
+                began = time.monotonic()
+                while (self._busy or self._pending is not None) and not self._closed:
+                    self._cond.wait()  # the previous checkpoint first: at most one behind
+                self.waited += time.monotonic() - began
             if not self._closed:
                 self._asked = self._pending = self._written
                 self._cond.notify_all()
@@ -181,6 +186,9 @@ class _Checkpoints:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if self.taken:
+            log.info("%d checkpoints while the body arrived; the pipeline waited %.2fs for them", self.taken,
+                     self.waited)
 
     def _run(self) -> None:
         while True:
@@ -200,6 +208,7 @@ class _Checkpoints:
             try:
                 if self._allowed():
                     self._keep(offset)
+                    self.taken += 1
             except Exception:  # a checkpoint is a best effort: the upload goes on without it
                 log.exception("checkpointing the upload at byte %d failed", offset)
             finally:
@@ -422,6 +431,7 @@ class UploadSession:
     def _keep(self, offset: int, generation: int) -> int:
         """fdatasync the target so that `offset` bytes survive, and record them where a restarted server finds
         them (`kept.py`); the offset, or 0 when the bytes cannot be kept. Runs in a thread."""
+        started = time.monotonic()
         try:
             fd = os.open(self.config.destination, os.O_RDWR)
         except OSError as exc:
@@ -454,7 +464,8 @@ class UploadSession:
                     log.warning("cannot record the partial upload in %s (%s): a restarted upload server will "
                                 "not resume it", self.kept_path, exc)
                 else:
-                    log.info("kept %d bytes on the volume for a resumed upload", offset)
+                    log.info("kept %d bytes on the volume for a resumed upload (%.0f ms)", offset,
+                             (time.monotonic() - started) * 1000)
         return offset
 
     def _forget(self) -> None:
