@@ -19,7 +19,15 @@ alone (the POST, answered by the async endpoint once the data is written) is pri
 CPU seconds of every process involved are printed, because on a shared 2-core machine they say more
 than wall time. The image is random-looking data everywhere (no zero blocks to skip).
 
-Usage: python bench/bench_upload.py [--gib 4] [--runs 1] [--workdir DIR]"""
+`--checkpoints` measures instead what the upload server's checkpoints of the resume offset cost (a
+flush and a small record every `UPLOAD_CHECKPOINT_BYTES` while the body arrives, so that a killed
+server can be resumed): the upload-server program alone (`python -m cdi.uploadserver`, configured by
+its environment as in a pod) receives the image from `curl` (mutual TLS, the sync endpoint, which answers
+once the image is durable) into a Block volume file, with the checkpoints and with them off
+(`UPLOAD_CHECKPOINT_BYTES=0`), alternating in the same run (the order swapped every run). Nothing else
+is on the path, so any cost shows at its largest.
+
+Usage: python bench/bench_upload.py [--gib 4] [--runs 1] [--workdir DIR] [--checkpoints [--every MIB]]"""
 
 from __future__ import annotations
 
@@ -201,12 +209,88 @@ def run_ours(up: CdiUp, image: Path, size: int, name: str, *, end_to_end: bool =
             "cli_cpu": _children_cpu_delta()}
 
 
+def run_checkpoints(workdir: Path, image: Path, size: int, runs: int, every: int) -> None:
+    """Same-run A/B of the upload server with and without its checkpoints (see the module's docstring)."""
+    from cdi.api import upload as names
+    from cdi.common import pki
+    from cdi.uploadserver.config import CHECKPOINT_BYTES_ENV
+
+    tls = workdir / "tls"
+    tls.mkdir(exist_ok=True)
+    server_ca, client_ca = pki.make_ca("bench-server-ca"), pki.make_ca("bench-client-ca")
+    pki.issue(server_ca, "127.0.0.1", ["127.0.0.1"]).write(tls / "tls.crt", tls / "tls.key")
+    pki.issue(client_ca, names.CLIENT_NAME, None, server=False, client=True).write(tls / "client.crt",
+                                                                                   tls / "client.key")
+    (tls / "ca.crt").write_bytes(server_ca.cert_pem)
+    (tls / "client-ca.crt").write_bytes(client_ca.cert_pem)
+    volume, state = workdir / "volume", workdir / "state"
+    state.mkdir(exist_ok=True)
+    gib = size / (1 << 30)
+    results: dict[str, list[float]] = {"on": [], "off": []}
+    for run in range(runs):
+        for mode in (("on", "off") if run % 2 == 0 else ("off", "on")):
+            volume.unlink(missing_ok=True)
+            with open(volume, "wb") as f:
+                f.truncate(size)
+            for leftover in state.iterdir():
+                leftover.unlink()
+            port = free_port()
+            _children_cpu_delta()
+            env = {**ENV, "TLS_CERT_FILE": str(tls / "tls.crt"), "TLS_KEY_FILE": str(tls / "tls.key"),
+                   "CLIENT_CERT_FILE": str(tls / "client-ca.crt"), "DESTINATION": str(volume),
+                   "UPLOAD_IMAGE_SIZE": str(size), "LISTEN_ADDRESS": "127.0.0.1", "LISTEN_PORT": str(port),
+                   "TERMINATION_LOG": str(workdir / "termination-log"), "UPLOAD_STATE_DIR": str(state),
+                   "IMPORTER_SCRATCH_DIR": str(workdir / "no-scratch"),
+                   CHECKPOINT_BYTES_ENV: str(every if mode == "on" else 0)}
+            log = workdir / f"uploadserver-{mode}.log"
+            server = subprocess.Popen([sys.executable, "-m", "cdi.uploadserver"], env=env, stdout=log.open("w"),
+                                      stderr=subprocess.STDOUT)
+            try:
+                deadline = time.time() + 60
+                while "listening on" not in log.read_text():
+                    if server.poll() is not None or time.time() > deadline:
+                        raise SystemExit(f"the upload server did not start:\n{log.read_text()}")
+                    time.sleep(0.1)
+                start = time.monotonic()
+                curl = subprocess.run(["curl", "-sS", "--cacert", str(tls / "ca.crt"), "--cert",
+                                       str(tls / "client.crt"), "--key", str(tls / "client.key"), "-o", "/dev/null",
+                                       "-w", "%{http_code}", "-X", "POST", "-T", str(image),
+                                       f"https://127.0.0.1:{port}/v1beta1/upload"],
+                                      capture_output=True, text=True, check=False)
+                seconds = time.monotonic() - start
+                server.wait(60)
+            finally:
+                if server.poll() is None:
+                    server.kill()
+                    server.wait()
+            if curl.stdout != "200":
+                raise SystemExit(f"the upload failed: {curl}\n{log.read_text()}")
+            text = log.read_text()
+            took = [float(ms) for ms in re.findall(r"kept \d+ bytes on the volume.*?\((\d+) ms\)", text)]
+            waited = re.search(r"the pipeline waited ([\d.]+)s", text)
+            results[mode].append(seconds)
+            detail = f"{len(took)} checkpoints of {statistics.median(took):.0f} ms (median), max {max(took):.0f} ms; " \
+                f"the pipeline waited {waited.group(1) if waited else 0}s for them; " if took else ""
+            print(f"checkpoints {mode:3}: {seconds:.1f}s, {gib / seconds * 1024:.0f} MiB/s ({detail}CPU of "
+                  f"the upload server and curl {_children_cpu_delta():.1f}s)", flush=True)
+    paired = sorted(off / on for on, off in zip(results["on"], results["off"], strict=True))
+    print()
+    print(f"checkpoints every {every >> 20} MiB: median {gib / statistics.median(results['on']) * 1024:.0f} MiB/s, "
+          f"without {gib / statistics.median(results['off']) * 1024:.0f} MiB/s; best "
+          f"{gib / min(results['on']) * 1024:.0f} vs {gib / min(results['off']) * 1024:.0f} MiB/s")
+    print(f"run by run (throughput with / without, same run): {', '.join(f'{r:.3f}' for r in paired)}; "
+          f"median {statistics.median(paired):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", type=float, default=4.0, help="image size in GiB (default 4)")
     parser.add_argument("--runs", type=int, default=1, help="alternating runs of each (default 1)")
     parser.add_argument("--workdir", type=Path, default=None, help="where the image and volumes go")
     parser.add_argument("--classic", action="store_true", help="also through the proxy's TLS, as virtctl sends")
+    parser.add_argument("--checkpoints", action="store_true",
+                        help="the upload server with and without its resume checkpoints, instead")
+    parser.add_argument("--every", type=int, default=0, help="with --checkpoints: MiB between two (default: ours)")
     args = parser.parse_args()
     size = int(args.gib * (1 << 30)) // (1 << 20) * (1 << 20)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cdi-bench-upload-", dir="/var/tmp"))
@@ -214,6 +298,14 @@ def main() -> None:
     image = workdir / "disk.raw"
     print(f"making a {size / (1 << 30):.1f} GiB raw image in {workdir} ...", flush=True)
     make_image(image, size)
+    if args.checkpoints:
+        from cdi.uploadserver.config import CHECKPOINT_BYTES
+        try:
+            run_checkpoints(workdir, image, size, args.runs, (args.every << 20) or CHECKPOINT_BYTES)
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+        return
     gib = size / (1 << 30)
     results: dict[str, list[float]] = {"file": [], "discard": [], "ours": [], "ours_transfer": [], "classic": []}
     try:

@@ -70,6 +70,7 @@ class Answer:
 
     status: int
     text: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 Plan = Callable[[str, "str | None", "str | None"], Awaitable["Forward | Answer"]]  # path, authorization, target
@@ -144,7 +145,7 @@ class _Upload:
             self.front.loop).result()
         try:
             if isinstance(plan, Answer):
-                self.answer(plan.status, plan.text)
+                self.answer(plan.status, plan.text, [(k.encode(), v.encode()) for k, v in plan.headers])
             elif upgrade:
                 self._pass_through(plan, path, query)
             else:

@@ -1,9 +1,11 @@
 """Where an upload goes: the PVC's readiness, the upload server's path, address and TLS identity.
 
 * Readiness (CDI's `uploadReady`): the PVC must exist and carry `cdi.kubevirt.io/storage.upload.target`;
-  a PVC whose upload already finished (`storage.pod.phase: Succeeded`, 409) or failed for good is
-  refused; otherwise the proxy waits up to 10 seconds for `storage.pod.ready: "true"`. Every other
-  refusal is a 503 whose body says why.
+  a PVC whose upload already finished (`storage.pod.phase: Succeeded`) or failed for good is
+  refused; otherwise the proxy waits up to 10 seconds for `storage.pod.ready: "true"`. Every refusal
+  is a 503 whose body says why, as CDI's (a finished upload too: "rejecting Upload Request for PVC X
+  that already finished uploading", plus our `Upload-State: done`, since the answer to a `HEAD` has no
+  body to tell a resuming client that its upload got through).
 * Path: as requested, except that an `archive` PVC gets `/v1beta1/upload-archive` (CDI's rewrite).
 * Address: the `cdi-upload-<pvc>` Service read from the API, never a DNS name, so the proxy works
   where cluster DNS does not reach (outside the cluster, or `cdi up`): the Service's ready endpoint
@@ -48,13 +50,15 @@ class NotReady(Exception):
     """The upload cannot be forwarded now (answered 503 with this message)."""
 
     status = 503
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class AlreadyDone(NotReady):
-    """The PVC's upload finished: 409, like the upload server's own answer after completion. (CDI's proxy
-    answers 503 here, which tells clients to try again later, the one thing that cannot help.)"""
+    """The PVC's upload finished: 503 with CDI's message, as CDI's proxy answers (clients written for CDI
+    look for it there). `Upload-State: done` (our resume extension) says it where a `HEAD` has no body:
+    a client asking where to resume after a break learns that its upload got through."""
 
-    status = 409
+    headers = ((names.STATE_HEADER, "done"),)
 
 
 @dataclass(frozen=True)

@@ -85,5 +85,5 @@ class UploadProxy:
             context = await self.tls.context()
         except NotReady as exc:
             log.info("upload into %s/%s not possible now: %s", token.namespace, token.name, exc)
-            return Answer(exc.status, str(exc))
+            return Answer(exc.status, str(exc), exc.headers)
         return Forward(upstream.url, upstream.server_hostname, context)

@@ -26,6 +26,8 @@ from cdi.importer import BlockTarget, FileTarget, ImporterError, Reason, Target
 from cdi.importer.config import parse_bool, positive_float
 
 IDLE_TIMEOUT = "UPLOAD_IDLE_TIMEOUT"  # ours: seconds without body data before an upload counts as cut off
+CHECKPOINT_BYTES = 64 << 20  # bytes of a raw upload written between two checkpoints of its resume record
+CHECKPOINT_BYTES_ENV = "UPLOAD_CHECKPOINT_BYTES"  # ours: overrides it; 0 turns the checkpoints off (to measure them)
 
 
 class ConfigError(ImporterError):
@@ -52,6 +54,9 @@ class UploadServerConfig:
     idle_timeout: float = 120.0  # seconds a request body may stay silent before it counts as cut off
     state_dir: Path | None = None  # where the resume record is kept (`kept.py`); None: in memory only
     tls_profile: TLSProfileSpec = tlsprofile.DEFAULT  # TLS_CIPHERS, TLS_MIN_VERSION: CDIConfig's, at creation
+    # bytes of a raw upload written between two checkpoints of the resume record (`session._Checkpoints`); 0: none
+    # while the body arrives (what `bench/bench_upload.py --checkpoints` compares against)
+    checkpoint_bytes: int = CHECKPOINT_BYTES
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> UploadServerConfig:
@@ -81,6 +86,13 @@ class UploadServerConfig:
             given = Path(env.get(names.ENV_STATE_DIR) or names.STATE_DIR_DEFAULT)
             state_dir = scratch if scratch.is_dir() else given if given.is_dir() else None
         client_ca = env.get(names.ENV_CLIENT_CERT_FILE, "")
+        checkpoint_text = env.get(CHECKPOINT_BYTES_ENV, "").strip() or str(CHECKPOINT_BYTES)
+        try:
+            checkpoint_bytes = int(checkpoint_text)
+        except ValueError:
+            checkpoint_bytes = -1
+        if checkpoint_bytes < 0:
+            raise ConfigError(f"{CHECKPOINT_BYTES_ENV}={checkpoint_text!r} is not a number of bytes")
         port_text = env.get(names.ENV_LISTEN_PORT, "") or str(names.UPLOAD_PORT)
         try:
             port = int(port_text)
@@ -103,6 +115,7 @@ class UploadServerConfig:
             idle_timeout=positive_float(env, IDLE_TIMEOUT, 120.0),
             state_dir=state_dir,
             tls_profile=TLSProfileSpec.from_environ(env),
+            checkpoint_bytes=checkpoint_bytes,
         )
 
     @property

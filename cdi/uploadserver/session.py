@@ -24,11 +24,18 @@ as it arrives, each chunk before the next is read. When the client goes away in 
 pipeline first takes everything that had arrived), the
 bytes the pipeline had read are exactly the bytes on the volume; they are flushed (fdatasync) and
 that count becomes the resumable offset. A later request with `Upload-Offset` equal to it sends the
-rest. While the body arrives, the bytes written so far are flushed and recorded every
-`CHECKPOINT_SECONDS` too. The offset is recorded on disk (`kept.py`: next to `disk.img`, or on scratch
-or `UPLOAD_STATE_DIR` for a Block volume) with digests of the kept bytes, so a server that restarted
-(a killed pod) answers it again once it has checked the volume still holds them. Other formats and
-archives restart from 0: their bytes are not where they will end up."""
+rest. A server that is killed never sees the client go, so while the body arrives the bytes written so
+far are also flushed and recorded (`_Checkpoints`): every `config.CHECKPOINT_BYTES` written, and after
+`CHECKPOINT_SECONDS` without one while bytes keep coming (a slow client). The checkpoint runs beside
+the pipeline, which waits for the previous one only when it reaches the next (so its cost is one
+fdatasync, a few reads back and a small atomic write per `CHECKPOINT_BYTES`, overlapped with the
+writes; bench/RESULTS.md), and a server killed at any point keeps all but at most two
+`CHECKPOINT_BYTES` of what it had written: it used to keep nothing of an upload killed in its first
+seconds, however many GiB had arrived. The offset is recorded on disk (`kept.py`: next to `disk.img`,
+or on scratch or `UPLOAD_STATE_DIR` for a Block volume) with digests of the kept bytes, so a server that
+restarted (a killed pod) answers it again once it has checked the volume still holds them; never more
+than was flushed before the record was written. Other formats and archives restart from 0: their bytes
+are not where they will end up."""
 
 from __future__ import annotations
 
@@ -38,7 +45,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from cdi.api import env as envnames
@@ -63,7 +70,7 @@ QUEUE_BYTES = 32 << 20
 _TRANSFER_PHASES = frozenset({"Info", "TransferDataFile", "TransferScratch", "TransferDataDir"})
 _SPACE_REASONS = frozenset({Reason.IMAGE_TOO_LARGE, Reason.NO_SPACE_LEFT})
 TOO_LARGE_PREFIX = "effective image size is larger than the reported available storage"
-CHECKPOINT_SECONDS = 5.0  # how often the bytes written so far of a raw upload are flushed and recorded
+CHECKPOINT_SECONDS = 5.0  # the longest time between two checkpoints while bytes keep arriving (slowly)
 
 
 class Refusal(Exception):
@@ -111,6 +118,7 @@ class _Counted:
         self.inner = inner
         self.consumed = 0
         self.settled = 0
+        self.on_settled: Callable[[int], None] | None = None  # told `settled` after each chunk written
 
     def read(self, n: int) -> memoryview | bytes | bytearray:
         chunk = self.inner.read(n)
@@ -119,10 +127,94 @@ class _Counted:
 
     def give_back(self, chunk: Chunk) -> None:
         self.settled += len(chunk)
+        if self.on_settled is not None:
+            self.on_settled(self.settled)
         self.inner.give_back(chunk)
 
     def close(self) -> None:
         self.inner.close()
+
+
+class _Checkpoints:
+    """Flushes and records the bytes of a raw upload written so far while its body still arrives, in a thread
+    of its own, so that an upload server killed in the middle (no goodbye from the client, no `_failed`)
+    leaves an offset a restarted one can continue from.
+
+    The pipeline reports each chunk it wrote (`settled`, in its thread). Every `every_bytes` it asks for a
+    checkpoint of what it wrote by then; if the previous one is still running it waits for it first. So the
+    flushes overlap the writes, never pile up, and once the pipeline is past offset `(k + 1) * every_bytes`
+    the checkpoint of at least `k * every_bytes` is on disk, whatever the timing. When bytes trickle in
+    slower than that, a checkpoint is also taken `every_seconds` after the last one. `keep(offset)` does
+    the flush and the record (`UploadSession._keep`) and is only asked for offsets `allowed` says may be
+    kept (a raw stream, still being uploaded). `every_bytes=0`: no checkpoints at all."""
+
+    def __init__(self, keep: Callable[[int], object], allowed: Callable[[], bool], start: int, *,
+                 every_bytes: int, every_seconds: float) -> None:
+        self._keep = keep
+        self._allowed = allowed
+        self._start = start  # the body's first byte is the image's byte `start` (a resumed upload)
+        self._every = every_bytes
+        self._seconds = every_seconds
+        self._cond = threading.Condition()
+        self._written = start  # the image's bytes written so far
+        self._asked = start  # the offset of the last checkpoint asked for
+        self._pending: int | None = None  # asked for, not started yet
+        self._busy = False  # one is running
+        self._closed = False
+        self.taken = 0
+        self.waited = 0.0  # seconds the pipeline waited for a checkpoint (what they cost the upload's throughput)
+        if every_bytes > 0:
+            threading.Thread(target=self._run, name="upload-checkpoints", daemon=True).start()
+
+    def settled(self, settled: int) -> None:
+        """The pipeline's thread: `settled` bytes of the body are written."""
+        with self._cond:
+            self._written = self._start + settled
+            if not self._every or self._written - self._asked < self._every:
+                return
+            if self._busy or self._pending is not None:
+                began = time.monotonic()
+                while (self._busy or self._pending is not None) and not self._closed:
+                    self._cond.wait()  # the previous checkpoint first: at most one behind
+                self.waited += time.monotonic() - began
+            if not self._closed:
+                self._asked = self._pending = self._written
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """The body ended (or the upload failed): no more checkpoints; one running finishes on its own."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self.taken:
+            log.info("%d checkpoints while the body arrived; the pipeline waited %.2fs for them", self.taken,
+                     self.waited)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                deadline = time.monotonic() + self._seconds
+                while self._pending is None and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left > 0:
+                        self._cond.wait(left)
+                    elif self._written > self._asked:  # slow: what arrived since the last one
+                        self._asked = self._pending = self._written
+                    else:
+                        deadline = time.monotonic() + self._seconds
+                if self._closed or self._pending is None:
+                    return
+                offset, self._pending, self._busy = self._pending, None, True
+            try:
+                if self._allowed():
+                    self._keep(offset)
+                    self.taken += 1
+            except Exception:  # a checkpoint is a best effort: the upload goes on without it
+                log.exception("checkpointing the upload at byte %d failed", offset)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
 
 class UploadSession:
@@ -253,20 +345,14 @@ class UploadSession:
                     feeder.cancel()
                     return
 
-        async def checkpoints() -> None:
-            """Flush and record the bytes written so far, so that a restarted server can continue there."""
-            generation = self._kept_generation
-            last = offset
-            while not feeder.done():
-                await asyncio.sleep(CHECKPOINT_SECONDS)
-                settled = offset + body.settled
-                if settled > last and self.state == UPLOADING and (offset or _raw_stream(bytes(head), progress)):
-                    last = settled
-                    await asyncio.to_thread(self._keep, settled, generation)
-
+        generation = self._kept_generation
+        checkpoints = _Checkpoints(
+            lambda settled: self._keep(settled, generation),
+            lambda: self.state == UPLOADING and bool(offset or _raw_stream(bytes(head), progress)),
+            offset, every_bytes=self.config.checkpoint_bytes, every_seconds=CHECKPOINT_SECONDS)
+        body.on_settled = checkpoints.settled
         feeder = asyncio.ensure_future(pump())
         guard = asyncio.ensure_future(watchdog())
-        checkpointer = asyncio.ensure_future(checkpoints())
         try:
             await asyncio.wait([feeder, done], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
             if not feeder.done():
@@ -297,7 +383,7 @@ class UploadSession:
             return Outcome(500, f"Saving stream failed: internal error: {type(exc).__name__}: {exc}")
         finally:
             guard.cancel()
-            checkpointer.cancel()
+            checkpoints.close()
         self._completed(result, received, time.monotonic() - started)
         return Outcome(200, "")
 
@@ -345,6 +431,7 @@ class UploadSession:
     def _keep(self, offset: int, generation: int) -> int:
         """fdatasync the target so that `offset` bytes survive, and record them where a restarted server finds
         them (`kept.py`); the offset, or 0 when the bytes cannot be kept. Runs in a thread."""
+        started = time.monotonic()
         try:
             fd = os.open(self.config.destination, os.O_RDWR)
         except OSError as exc:
@@ -377,7 +464,8 @@ class UploadSession:
                     log.warning("cannot record the partial upload in %s (%s): a restarted upload server will "
                                 "not resume it", self.kept_path, exc)
                 else:
-                    log.info("kept %d bytes on the volume for a resumed upload", offset)
+                    log.info("kept %d bytes on the volume for a resumed upload (%.0f ms)", offset,
+                             (time.monotonic() - started) * 1000)
         return offset
 
     def _forget(self) -> None:

@@ -220,8 +220,11 @@ def test_token_refusals(cluster: CdiUp, k: Kubectl, images: dict[str, Image]) ->
                            bearer=token(k, "guarded"))
     assert (status, body) == (200, "")
     wait_phase(k, "guarded", "Succeeded", 60)
+    # a second upload to the completed PVC: CDI's proxy answers 503 with this text (uploadReady)
     status, body, _ = curl(cluster, k, "/v1beta1/upload", *post, bearer=token(k, "guarded"))
-    assert status == 409 and "already finished uploading" in body
+    assert (status, body) == (503, "rejecting Upload Request for PVC guarded that already finished uploading")
+    status, _, headers = curl(cluster, k, "/v1beta1/upload-async", "-I", bearer=token(k, "guarded"))
+    assert status == 503 and headers["upload-state"] == "done"  # a HEAD has no body: our header says it
 
 
 def test_end_to_end_tls_is_offered_and_guarded_by_the_proxy(cluster: CdiUp, k: Kubectl) -> None:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.importing import read_back
+from tests.e2e.importing import read_back, wait_phase
 from tests.e2e.uploading import image_upload, proxy_url
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 
@@ -88,6 +88,42 @@ class CuttingRelay:
     def close(self) -> None:
         self.release.set()
         self.listener.close()
+
+
+class AnswerHoldingRelay(CuttingRelay):
+    """Forwards TCP connections to `target`, except the answer to an upload: the first bytes coming back
+    after the client sent `after` bytes are held (the upload server answers only once it has the whole
+    body, and sends nothing after the TLS handshakes before that); `held` is set then, and once `release`
+    is set the connection is aborted (RST both ways) without them. Later connections pass untouched."""
+
+    def __init__(self, target: tuple[str, int], after: int) -> None:
+        super().__init__(target, cut_after=after)
+        self.held = threading.Event()
+        self._sent: dict[socket.socket, int] = {}
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, counting: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                with self._lock:
+                    if counting:
+                        self._sent[source] = self._sent.get(source, 0) + len(data)
+                    hold = not counting and self.cuts == 0 and self._sent.get(sink, 0) >= self.cut_after
+                    if hold:
+                        self.cuts += 1
+                if hold:
+                    self.held.set()
+                    self.release.wait()
+                    for s in (source, sink):
+                        with contextlib.suppress(OSError):
+                            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                            s.shutdown(socket.SHUT_RDWR)
+                        s.close()
+                    return
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            for s in (source, sink):
+                s.close()
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +231,64 @@ def test_a_killed_upload_server_restarts_and_the_upload_resumes_from_the_volume(
     assert read_back(k, name, SIZE, block=mode == "block") == hashlib.sha256(disk.read_bytes()).hexdigest()
 
 
+BIG = 384 << 20
+KILLED_AT = 288 << 20  # bytes the client sent when the upload server is killed: > 120 MiB + 2 * CHECKPOINT_BYTES
+
+
+@pytest.fixture
+def big_disk(tmp_path: Path) -> Path:
+    """384 MiB of data everywhere: several of the upload server's checkpoints (`config.CHECKPOINT_BYTES`) long."""
+    rng = random.Random(7)
+    path = tmp_path / "big.raw"
+    block = bytearray(rng.randbytes(8 << 20))
+    with open(path, "wb") as f:
+        for i in range(BIG // len(block)):
+            block[:8] = i.to_bytes(8, "big")
+            f.write(block)
+    return path
+
+
+def test_an_upload_server_killed_seconds_into_the_upload_keeps_what_it_had_written(
+        cluster: CdiUp, tmp_path: Path, big_disk: Path) -> None:
+    """The upload server is SIGKILLed the moment the client has sent 288 MiB (typically a second or two into
+    the upload), and the client is killed too. Run again, `cdi image-upload` skips what the killed server
+    had flushed: it checkpoints every 64 MiB it writes, at most one checkpoint behind, so whatever the
+    timing it had at least 288 MiB - the bytes in flight (socket buffers and its queue, ~120 MiB at most) -
+    two checkpoints kept. (It used to checkpoint only every 5 seconds, and kept nothing of an upload killed
+    sooner.)"""
+    k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
+    proxy = urlsplit(proxy_url(k))
+    relay = CuttingRelay((str(proxy.hostname), int(proxy.port or 443)), cut_after=KILLED_AT, stall=True)
+    name = "server-killed-early"
+    args = ("dv", name, "--size", "512Mi", "--volume-mode", "block", "--image-path", str(big_disk))
+    first = start_image_upload(cluster, *args, "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
+    try:
+        wait_for(relay.stalled.is_set, 120, message=f"{KILLED_AT} bytes on their way")
+        prime = k.get("pvc", name)["metadata"].get("annotations", {}).get("cdi.kubevirt.io/storage.populator.pvcPrime")
+        pod = f"cdi-upload-{prime or name}"
+        container = k.json("get", "pod", pod)["status"]["containerStatuses"][0]
+        os.killpg(int(container["containerID"].removeprefix("bwrap://")), signal.SIGKILL)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        relay.release.set()
+        wait_for(lambda: k.json("get", "pod", pod)["status"]["containerStatuses"][0]["restartCount"] >= 1, 120,
+                 interval=0.5, message="the node to restart the upload server")
+        result = image_upload(cluster, *args, timeout=300)
+    finally:
+        first.kill()
+        relay.close()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    skipped = re.search(r"skipped    .*?\((\d+) bytes\) already on the volume", output)
+    assert skipped, output
+    offset = int(skipped.group(1))
+    assert 0 < offset <= KILLED_AT
+    sent = re.search(r"sent       .*?\((\d+) bytes\)", output)
+    assert sent and int(sent.group(1)) == BIG - offset, output
+    assert f"result     DataVolume default/{name} Succeeded" in output
+    assert read_back(k, name, BIG, block=True) == hashlib.sha256(big_disk.read_bytes()).hexdigest()
+
+
 @pytest.mark.parametrize("same", [True, False], ids=["same-image", "another-image"])
 def test_a_second_image_upload_after_a_killed_one_resumes(cluster: CdiUp, tmp_path: Path, disk: Path,
                                                           same: bool) -> None:
@@ -237,5 +331,59 @@ def test_a_second_image_upload_after_a_killed_one_resumes(cluster: CdiUp, tmp_pa
     sent = re.search(r"sent       .*?\((\d+) bytes\)", output)
     assert sent and int(sent.group(1)) == SIZE - offset, output
     assert "1 attempt," in output
+    assert f"result     DataVolume default/{name} Succeeded" in output
+    assert read_back(k, name, SIZE, block=True) == hashlib.sha256(disk.read_bytes()).hexdigest()
+
+
+def test_a_datavolume_deleted_during_the_upload_ends_it_within_seconds(cluster: CdiUp, tmp_path: Path,
+                                                                       disk: Path) -> None:
+    """The DataVolume is deleted in the middle of the upload: its upload server goes with it, and nothing will
+    ever say where to resume. The client says so as soon as its connection breaks, instead of asking the proxy
+    for 3 minutes and ending with its 503."""
+    k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
+    proxy = urlsplit(proxy_url(k))
+    relay = CuttingRelay((str(proxy.hostname), int(proxy.port or 443)), cut_after=SIZE // 2, stall=True)
+    name = "deleted-midway"
+    client = start_image_upload(cluster, "dv", name, "--size", "128Mi", "--volume-mode", "block",
+                                "--image-path", str(disk), "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
+    try:
+        wait_for(relay.stalled.is_set, 120, message="half the image on its way")
+        k("delete", "dv", name)  # returns once the DataVolume is gone
+        relay.release.set()  # the client's connection breaks, as it does once the upload server is gone
+        try:
+            output, _ = client.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            output, _ = client.communicate()
+            pytest.fail(f"cdi image-upload still running 10s after the DataVolume was deleted:\n{output}")
+    finally:
+        client.kill()
+        relay.close()
+    assert client.returncode == 1, output
+    assert f"error: DataVolume default/{name} was deleted during the upload" in output
+    assert "503" not in output
+
+
+def test_an_upload_whose_answer_was_lost_ends_as_done(cluster: CdiUp, tmp_path: Path, disk: Path) -> None:
+    """The whole image arrived, but the connection broke before its answer reached the client; by the time
+    the client asks where to resume, the upload is done and the proxy answers CDI's 503 "already finished
+    uploading" (`Upload-State: done` on the answer to the client's HEAD). The client ends as a success
+    instead of retrying the 503 for minutes."""
+    k = Kubectl(cluster.kubeconfig, tmp_path / "kc")
+    proxy = urlsplit(proxy_url(k))
+    relay = AnswerHoldingRelay((str(proxy.hostname), int(proxy.port or 443)), after=SIZE)
+    name = "answer-lost"
+    client = start_image_upload(cluster, "dv", name, "--size", "128Mi", "--volume-mode", "block",
+                                "--image-path", str(disk), "--uploadproxy-url", f"https://127.0.0.1:{relay.port}")
+    try:
+        wait_for(relay.held.is_set, 120, message="the upload server's answer")
+        wait_phase(k, name, "Succeeded", 60)
+        relay.release.set()
+        output, _ = client.communicate(timeout=60)
+    finally:
+        client.kill()
+        relay.close()
+    assert client.returncode == 0, output
+    assert "asking the upload server where to resume" in output
     assert f"result     DataVolume default/{name} Succeeded" in output
     assert read_back(k, name, SIZE, block=True) == hashlib.sha256(disk.read_bytes()).hexdigest()

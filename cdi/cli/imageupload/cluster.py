@@ -317,11 +317,30 @@ class Cluster:
         return f"Updated an existing DataSource {request.key}"
 
     async def failure(self, request: Request) -> str | None:
-        """Why the upload failed for good (DataVolume Failed, or the PVC's fatal-error annotation), if it did."""
+        """Why the upload cannot succeed any more, if so: the DataVolume (for `dv`) or the PVC (for `pvc`) was
+        deleted or is being deleted (its upload server goes with it, and nothing will ever answer where to
+        resume), or the PVC's fatal-error annotation says the upload failed. Asked whenever a broken upload
+        is about to be retried, so that the user hears it at once instead of after the retries' 3 minutes
+        ending in the proxy's 503."""
+        if request.kind == "dv":
+            try:
+                dv = await self.client.get(groups.DATAVOLUMES, request.name, request.namespace)
+            except NotFound:
+                return f"DataVolume {request.key} was deleted during the upload"
+            except ApiError:
+                return None
+            if dig(dv, "metadata", "deletionTimestamp"):
+                return f"DataVolume {request.key} was deleted during the upload (it is being removed)"
         try:
             pvc = await self.client.get(groups.PVCS, request.name, request.namespace)
+        except NotFound:
+            # a DataVolume's claim may be on its way again (its controller recreates it); a bare claim is gone
+            return f"PersistentVolumeClaim {request.key} was deleted during the upload" if request.kind == "pvc" \
+                else None
         except ApiError:
             return None
+        if request.kind == "pvc" and dig(pvc, "metadata", "deletionTimestamp"):
+            return f"PersistentVolumeClaim {request.key} was deleted during the upload (it is being removed)"
         annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
         if annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             return (f"the upload into {request.key} failed: {annotations.get(ann.CONDITION_RUNNING_REASON)}: "

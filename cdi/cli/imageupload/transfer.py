@@ -21,17 +21,20 @@ Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
    resume, or a server without the extension) sends the whole file again. While asking, a 502, 503
    or 504 (the proxy cannot reach the upload server: its pod is restarting) and connection errors are
    retried for up to `SETTLE_TIMEOUT` seconds per break; the server keeps the offset on the volume,
-   so it answers it again after a restart. At most `attempts` connections carry the image. A token
-   older than 4 minutes is replaced before a new request (tokens live 5 minutes and are only checked
-   when a request starts).
+   so it answers it again after a restart. Before each question the cluster is asked whether the upload
+   can still succeed (`failed`): a DataVolume or PVC deleted meanwhile (its upload server went with it),
+   or a failed upload, ends it at once with that reason. At most `attempts` connections carry the
+   image. A token older than 4 minutes is replaced before a new request (tokens live 5 minutes and are
+   only checked when a request starts).
 4. When the proxy offers end-to-end TLS (`Upgrade: cdi-upload-tls/1` on its answer to the probe), the
    `POST` of step 2 is an upgrade: the proxy checks the token and switches the connection, and the
    image goes in a TLS session with the upload server itself (`cdi.api.upload`), so it is encrypted
    once instead of decrypted and encrypted again by the proxy. `CDI_IMAGE_UPLOAD_END_TO_END=0` sends
    through the proxy's TLS instead, as virtctl does.
 5. An answer other than 200 is final: it is the server's verdict on the image (too large, corrupt)
-   or on the request (token, readiness), and sending again would not change it. A 409 "already
-   finished uploading" after a break means the first attempt did get through."""
+   or on the request (token, readiness), and sending again would not change it. After a break, the
+   proxy's 503 "already finished uploading" (with `Upload-State: done` on the answer to a `HEAD`), or
+   the upload server's 409, means the first attempt did get through."""
 
 from __future__ import annotations
 
@@ -283,6 +286,10 @@ class Transfer:
         delay = 0.2
         while True:
             why = ""
+            if not vouched:  # after a break: a volume deleted meanwhile takes its upload server along for good
+                failure = self.failed()
+                if failure:
+                    raise UploadFailed(failure)
             try:
                 status, headers, reason = self._head(path)
             except (OSError, http.client.HTTPException) as exc:
@@ -307,8 +314,8 @@ class Transfer:
                     return offset
                 why = "another upload to this volume is in progress" if vouched else \
                     "the upload server has not noticed the break yet"
-            elif status == 409:
-                return None  # the upload finished (the proxy found the PVC Succeeded)
+            elif status == 409 or (status == 503 and headers.get(names.STATE_HEADER.lower()) == "done"):
+                return None  # the upload finished (the upload server said so, or the proxy found the PVC Succeeded)
             elif status in RETRIED:  # the upload server is restarting or not ready yet
                 failure = self.failed()
                 if failure:
