@@ -61,7 +61,10 @@ def crd() -> dict[str, Any]:
             "from": {"type": "array", "minItems": 1, "maxItems": 16, "items": from_},
             "to": {"type": "array", "minItems": 1, "maxItems": 16, "items": to}}}}}
     return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": "referencegrants.gateway.networking.k8s.io"},
+            # a *.k8s.io group is protected: kube-apiserver wants the API review that approved it named
+            "metadata": {"name": "referencegrants.gateway.networking.k8s.io", "annotations": {
+                "api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/3328",
+                "gateway.networking.k8s.io/bundle-version": "v1.3.0"}},
             "spec": {"group": "gateway.networking.k8s.io", "scope": "Namespaced",
                      "names": {"plural": "referencegrants", "singular": "referencegrant", "kind": "ReferenceGrant",
                                "listKind": "ReferenceGrantList", "shortNames": ["refgrant"]},
