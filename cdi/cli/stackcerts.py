@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api import groups
-from cdi.common import pki
+from cdi.common import certconfig, pki
 from cdi.kube import ApiError, Informer, KubeClient, NotFound
 from cdi.operator.certs import Certificates, Issued
 
 log = logging.getLogger(__name__)
 # the names `cdi up`'s servers are reached by on this machine, besides their Services' names
 LOOPBACK = ("127.0.0.1", "localhost")
-RETRY_SECONDS = 5.0  # after a failed pass (the API unreachable, a certConfig that does not parse)
+RETRY_SECONDS = 5.0  # after a failed pass (the API unreachable)
 MIN_WAIT_SECONDS = 5.0  # a certConfig whose renewBefore is not shorter than its duration renews at every pass
 MAX_WAIT_SECONDS = 3600.0  # a pass at least this often, whatever the clock did
 
@@ -71,7 +71,15 @@ class StackCertificates:
             cdi = await self.client.get(groups.CDIS, groups.CDI_CR_NAME)
         except NotFound:
             cdi = {}
-        issued = await self.certs.issue(_cert_config(cdi), LOOPBACK, LOOPBACK)
+        cert_config = _cert_config(cdi)
+        try:
+            certconfig.lifetime(cert_config, "ca")
+            certconfig.lifetime(cert_config, "server")
+            certconfig.lifetime(cert_config, "client")
+        except ValueError as exc:  # not a reason for `cdi up` not to start, nor to keep expiring certificates
+            log.warning("the CDI resource's certConfig is not understood (%s): CDI's default lifetimes apply", exc)
+            cert_config = {}
+        issued = await self.certs.issue(cert_config, LOOPBACK, LOOPBACK)
         previous, self.issued = self.issued, issued
         if previous is not None and _material(previous) == _material(issued):
             return False
@@ -114,8 +122,11 @@ class StackCertificates:
                     await on_renewed(self.issued)
                     untold = False
                 wait = self._until_due()
-            except (ApiError, OSError, ValueError) as exc:
+            except (ApiError, OSError) as exc:
                 log.warning("could not renew CDI's certificates, retrying: %s", exc)
+                wait = RETRY_SECONDS
+            except Exception:  # a certificate left to expire would be worse than a pass retried
+                log.exception("renewing CDI's certificates failed, retrying")
                 wait = RETRY_SECONDS
 
     def _until_due(self) -> float:
