@@ -73,9 +73,8 @@ class StackCertificates:
             cdi = {}
         cert_config = _cert_config(cdi)
         try:
-            certconfig.lifetime(cert_config, "ca")
-            certconfig.lifetime(cert_config, "server")
-            certconfig.lifetime(cert_config, "client")
+            for which in certconfig.DEFAULTS:
+                certconfig.lifetime(cert_config, which)
         except ValueError as exc:  # not a reason for `cdi up` not to start, nor to keep expiring certificates
             log.warning("the CDI resource's certConfig is not understood (%s): CDI's default lifetimes apply", exc)
             cert_config = {}
