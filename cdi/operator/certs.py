@@ -26,6 +26,7 @@ import base64
 import datetime
 import hashlib
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,7 +147,12 @@ class Certificates:
         pair = _pair(current)
         if pair is not None and not due(pair, lifetime):
             return pair, False
-        pair = pki.make_ca(f"{self.namespace}_{name}@{int(_now().timestamp())}", days=_days(lifetime.duration))
+        # CDI's `namespace_name@unixtime`, made unique: a CA renewed within the second of its predecessor
+        # (a certConfig change right after a start) shares the bundle with it, and OpenSSL picks an issuer
+        # by name before it checks the signature, so two CAs of one name would fail one of their leaves
+        # (a common name holds 64 characters at most)
+        suffix = f"@{int(_now().timestamp())}-{secrets.token_hex(4)}"
+        pair = pki.make_ca(f"{self.namespace}_{name}"[:64 - len(suffix)] + suffix, days=_days(lifetime.duration))
         await self._write_secret(name, pair, current)
         return pair, True
 
