@@ -82,14 +82,14 @@ class StackCertificates:
         previous, self.issued = self.issued, issued
         if previous is not None and _material(previous) == _material(issued):
             return False
-        self.apiserver_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private keys
+        _private(self.apiserver_dir)
         issued.api_ca.write(self.apiserver_dir / "ca.crt", self.apiserver_dir / "ca.key")
         issued.api_leaf.write(self.apiserver_dir / "tls.crt", self.apiserver_dir / "tls.key")
         # the bundle first: a client reading it while the proxy switches already trusts the new CA
         pki.write_private(self.uploadproxy_ca_file, issued.proxy_bundle.encode())
         self.uploadproxy_ca_file.chmod(0o644)  # not a secret: what `cdi image-upload` and users trust
-        for directory in (self.serving_dir.parent, self.serving_dir):  # parents=True would make them 0755
-            directory.mkdir(mode=0o700, exist_ok=True)
+        _private(self.serving_dir.parent)
+        _private(self.serving_dir)
         issued.proxy_leaf.write(*self.uploadproxy_cert)
         return True
 
@@ -133,6 +133,13 @@ class StackCertificates:
             return RETRY_SECONDS
         left = (self.issued.next_renewal - datetime.datetime.now(datetime.UTC)).total_seconds()
         return min(max(left, MIN_WAIT_SECONDS), MAX_WAIT_SECONDS)
+
+
+def _private(directory: Path) -> None:
+    """A directory that holds private keys: 0700, also where an older version left it 0755 (mkdir alone
+    changes nothing of an existing directory, and makes parents 0755)."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+    directory.chmod(0o700)
 
 
 def _cert_config(cdi: Any) -> dict[str, Any]:
