@@ -62,6 +62,8 @@ class CdiApiServer:
         self.dv_mutation = dvmutate.DataVolumeMutation(client, self.signing_key)
         self.tls_profile = TLSProfileWatch(client)
         self._context: ssl.SSLContext | None = None
+        self._names: list[str] = []
+        self._endpoint_ip: str | None = None
 
     def signing_key(self) -> bytes:
         assert self._signing_key is not None, "start() loads the signing key"
@@ -105,7 +107,8 @@ class CdiApiServer:
         return pki.issue(self.ca, f"{SERVICE_NAME}.{self.namespace}.svc", hosts)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        names = [host, SERVICE_NAME, f"{SERVICE_NAME}.{self.namespace}", f"{SERVICE_NAME}.{self.namespace}.svc"]
+        names = self._names = [host, SERVICE_NAME, f"{SERVICE_NAME}.{self.namespace}",
+                                f"{SERVICE_NAME}.{self.namespace}.svc"]
         self._signing_key = await ensure_signing_key(self.client, self.namespace)
         self.request_headers = await RequestHeaderConfig.load(self.client)
         self.webhook_callers = await WebhookCallers.load(self.client, self.webhook_client_names)
@@ -129,6 +132,19 @@ class CdiApiServer:
         if self._context is not None:
             policy.apply(self._context)
 
+    async def certificates_renewed(self, ca_bundle: bytes) -> None:
+        """Its CA and serving certificate were replaced in the state directory, and `ca_bundle` is what
+        callers must trust now (the new CA and the previous ones still valid): the webhooks and the
+        APIService get the bundle first, then new connections present the new certificate, in place in
+        the serving context as `_follow` changes it. What runs the server in-process and renews its
+        certificates calls this (`cdi up`); on a cluster cdi-operator rolls the Deployment instead."""
+        await self.register(self._endpoint_ip, ca_bundle)
+        pair = self._certificates(self._names)
+        serving = self.dir / "serving"
+        pair.write(serving / "tls.crt", serving / "tls.key")
+        if self._context is not None:
+            self._context.load_cert_chain(serving / "tls.crt", serving / "tls.key")
+
     async def stop(self) -> None:
         await self.tls_profile.stop()
         if self.pvc_webhook is not None:
@@ -149,12 +165,14 @@ class CdiApiServer:
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         await self.client.replace(gvr, body, namespace)
 
-    async def register(self, endpoint_ip: str | None = "127.0.0.1") -> None:
+    async def register(self, endpoint_ip: str | None = "127.0.0.1", ca_bundle: bytes | None = None) -> None:
         """The `cdi-api` Service, and the webhook configuration and APIService that address it (with the
-        CA bundle), as CDI's operator installs them. With `endpoint_ip` (one process, as in `cdi up`) the
-        Service has no selector and its Endpoints point at this process; without it (a Deployment on a real
-        cluster) the Service selects the pods labelled `cdi.kubevirt.io: cdi-apiserver`."""
+        CA bundle: `ca_bundle`, else its CA), as CDI's operator installs them. With `endpoint_ip` (one
+        process, as in `cdi up`) the Service has no selector and its Endpoints point at this process;
+        without it (a Deployment on a real cluster) the Service selects the pods labelled
+        `cdi.kubevirt.io: cdi-apiserver`."""
         assert self.ca is not None
+        self._endpoint_ip = endpoint_ip
         service: Obj = {"apiVersion": "v1", "kind": "Service",
                         "metadata": {"name": SERVICE_NAME, "namespace": self.namespace},
                         "spec": {"ports": [{"name": "https", "port": 443, "targetPort": self.port}]}}
@@ -167,7 +185,7 @@ class CdiApiServer:
                 "metadata": {"name": SERVICE_NAME, "namespace": self.namespace},
                 "subsets": [{"addresses": [{"ip": endpoint_ip}], "ports": [{"name": "https", "port": self.port}]}]},
                 self.namespace)
-        bundle = base64.b64encode(self.ca.cert_pem).decode()
+        bundle = base64.b64encode(ca_bundle or self.ca.cert_pem).decode()
         await self._apply(groups.VALIDATING_WEBHOOKS, validating_configuration(self.namespace, bundle))
         await self._apply(groups.MUTATING_WEBHOOKS, dvmutate.mutating_configuration(self.namespace, SERVICE_NAME,
                                                                                   bundle))
@@ -178,6 +196,8 @@ class CdiApiServer:
         if self.pvc_webhook is None:
             self.pvc_webhook = PvcWebhookRegistration(self.client, pvc_mutating_configuration(self.namespace, bundle))
             self.pvc_webhook.start()
+        else:
+            self.pvc_webhook.want(pvc_mutating_configuration(self.namespace, bundle))
 
 
 class PvcWebhookRegistration:
@@ -197,6 +217,11 @@ class PvcWebhookRegistration:
         self._dirty.set()
 
     def _updated(self, _: Obj, new: Obj) -> None:
+        self._dirty.set()
+
+    def want(self, desired: Obj) -> None:
+        """A new configuration to keep (a renewed CA bundle), written at once where it is enabled."""
+        self.desired = desired
         self._dirty.set()
 
     def start(self) -> None:

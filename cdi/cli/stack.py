@@ -2,9 +2,10 @@
 the embedded control plane (on a real cluster each is a Deployment of its own). They reach the API
 server only through its kubeconfig, as they would anywhere.
 
-The upload proxy listens on 127.0.0.1 (the port of the previous run when it is free, else any), with
-a certificate from a CA kept in `<data-dir>/uploadproxy/`; its URL becomes CDIConfig
-`status.uploadProxyURL`, and its CA is written next to the kubeconfig (`uploadproxy-ca.crt`) and
+The upload proxy listens on 127.0.0.1 (the port of the previous run when it is free, else any); its
+URL becomes CDIConfig `status.uploadProxyURL`. CDI's certificates (cdi-apiserver's, the proxy's, the
+upload-server signers) are cdi-operator's, kept per the `CDI` resource's `certConfig` by `stackcerts`
+while this runs: the proxy's CA bundle is written next to the kubeconfig (`uploadproxy-ca.crt`) and
 published in ConfigMap `cdi/cdi-uploadproxy-ca`, which is how `cdi image-upload` trusts it without
 flags."""
 
@@ -20,12 +21,14 @@ from aiohttp import web
 
 from cdi.api import featuregates, groups
 from cdi.apiserver.server import CdiApiServer
+from cdi.cli.stackcerts import StackCertificates
 from cdi.common import pki
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
 from cdi.embedded.kubeapi.webhooks import WEBHOOK_CLIENT
 from cdi.kube import AlreadyExists, KubeClient
 from cdi.operator import resources
+from cdi.operator.certs import Issued
 from cdi.uploadproxy import serving
 from cdi.uploadproxy.server import UploadProxy
 
@@ -45,6 +48,7 @@ class CdiStack:
         self.uploadproxy: UploadProxy | None = None
         self.uploadproxy_url = ""
         self.uploadproxy_ca = kubeconfig.parent / serving.CA_FILE_NEXT_TO_KUBECONFIG
+        self.certificates: StackCertificates | None = None
 
     async def _bootstrap(self, client: KubeClient) -> None:
         """What installing CDI creates: its namespace, the CDI resource (with the feature gates of CDI's
@@ -75,11 +79,16 @@ class CdiStack:
     async def start(self) -> None:
         self.client = await KubeClient.connect(self.kubeconfig)
         await self._bootstrap(self.client)
+        self.certificates = StackCertificates(self.client, self.settings.namespace, self.state_dir / "cdi-apiserver",
+                                              self.state_dir / "uploadproxy", self.uploadproxy_ca)
+        await self.certificates.renew()
+        assert self.certificates.issued is not None
         self.apiserver = CdiApiServer(self.client, self.settings.namespace, self.state_dir / "cdi-apiserver",
                                       webhook_client_names=(WEBHOOK_CLIENT,))
         await self.apiserver.start()
-        await self.apiserver.register()
-        await self._start_uploadproxy(self.client)
+        await self.apiserver.register(ca_bundle=self.certificates.issued.api_bundle.encode())
+        await self._start_uploadproxy(self.client, self.certificates)
+        self.certificates.start(self._renewed)
         self.settings.upload_proxy_url = self.uploadproxy_url
         self.manager = Manager(self.client, self.settings)
         self._metrics = web.AppRunner(self.manager.metrics_app(), access_log=None)
@@ -95,20 +104,29 @@ class CdiStack:
         assert self.apiserver is not None
         self.apiserver.tls_profile.subscribe(subscriber)
 
-    async def _start_uploadproxy(self, client: KubeClient) -> None:
+    async def _renewed(self, issued: Issued) -> None:
+        """Renewed certificates reach the servers running here (on a cluster, the operator rolls them)."""
+        if self.apiserver is not None:
+            await self.apiserver.certificates_renewed(issued.api_bundle.encode())
+        if self.uploadproxy is not None:
+            await self.uploadproxy.certificates_renewed()
+
+    async def _start_uploadproxy(self, client: KubeClient, certificates: StackCertificates) -> None:
         directory = self.state_dir / "uploadproxy"
         namespace = self.settings.namespace
-        context, ca = serving.self_managed(directory, serving.default_hosts(namespace))
+        for stale in ("ca.crt", "ca.key"):  # the CA of its own an older version kept: the operator's now
+            (directory / stale).unlink(missing_ok=True)
+        context = serving.brought(*certificates.uploadproxy_cert)
         self.uploadproxy = UploadProxy(client, namespace)
         port_file = directory / "port"
         previous = int(port_file.read_text()) if port_file.exists() and port_file.read_text().isdigit() else 0
         await self.uploadproxy.start("127.0.0.1", previous if previous and _free(previous) else 0, context)
         port_file.write_text(str(self.uploadproxy.port))
         self.uploadproxy_url = f"https://127.0.0.1:{self.uploadproxy.port}"
-        self.uploadproxy_ca.write_bytes(ca.cert_pem)
-        await serving.publish_ca(client, namespace, ca.cert_pem)
 
     async def stop(self) -> None:
+        if self.certificates is not None:
+            await self.certificates.stop()
         if self.uploadproxy is not None:
             await self.uploadproxy.stop()
         if self.manager is not None:

@@ -57,6 +57,11 @@ class ThreadFront:
         if self.acceptor is not None:
             self.acceptor.set_policy(policy)
 
+    def reload_certificate(self) -> None:
+        """The serving certificate read again from its files, for the connections accepted from now on."""
+        if self.acceptor is not None:
+            self.acceptor.reload()
+
     def start(self, host: str, port: int, backlog: int = 128) -> int:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.create_server((host, port), family=family, backlog=backlog)

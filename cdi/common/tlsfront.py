@@ -92,12 +92,14 @@ class ServerTLS:
 
 class Acceptor:
     """Accepts the TLS connections of one front with the current policy. `set_policy` (a live change of
-    CDIConfig) makes new contexts and swaps them in one assignment: a connection being accepted keeps the
-    contexts it began with, and no context is changed while another thread makes a connection from it."""
+    CDIConfig) and `reload` (a renewed certificate in the same files) make new contexts and swap them in one
+    assignment: a connection being accepted keeps the contexts it began with, and no context is changed
+    while another thread makes a connection from it."""
 
     def __init__(self, tls: ServerTLS, native: bool) -> None:
         self.tls = tls
         self._native = native
+        self._policy = tls.policy
         self._contexts = self._make(tls.policy)
 
     def _make(self, policy: pki.TLSPolicy) -> tuple[ssl.SSLContext, Any]:
@@ -120,6 +122,12 @@ class Acceptor:
 
     def set_policy(self, policy: pki.TLSPolicy) -> None:
         self._contexts = self._make(policy)
+        self._policy = policy
+
+    def reload(self) -> None:
+        """The certificate and key files read again (they were replaced by a renewed pair), under the
+        current policy; connections accepted from now on present the new certificate."""
+        self._contexts = self._make(self._policy)
 
     def accept(self, raw: socket.socket, timeout: float) -> socket.socket | TLSConnection:
         """The server's handshake on an accepted connection; OSError or ValueError when it fails."""

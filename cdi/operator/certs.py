@@ -16,7 +16,9 @@ CAs and 24h/12h for leaves), with no manual step:
 
 A renewed CA is published in the bundle next to the old one until the old one expires, so clients
 that hold the bundle keep trusting the serving certificates issued before the renewal. Components
-read certificates when they start; the Deployments carry a hash of theirs, so a rotation rolls them."""
+read certificates when they start; the Deployments carry a hash of theirs, so a rotation rolls them.
+`cdi up` keeps the same certificates with the same code (`issue`), and hands renewals to its in-process
+servers instead (`cdi.cli.stackcerts`)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import base64
 import datetime
 import hashlib
 import re
-from collections.abc import Mapping
+import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,7 +147,12 @@ class Certificates:
         pair = _pair(current)
         if pair is not None and not due(pair, lifetime):
             return pair, False
-        pair = pki.make_ca(f"{self.namespace}_{name}@{int(_now().timestamp())}", days=_days(lifetime.duration))
+        # CDI's `namespace_name@unixtime`, made unique: a CA renewed within the second of its predecessor
+        # (a certConfig change right after a start) shares the bundle with it, and OpenSSL picks an issuer
+        # by name before it checks the signature, so two CAs of one name would fail one of their leaves
+        # (a common name holds 64 characters at most)
+        suffix = f"@{int(_now().timestamp())}-{secrets.token_hex(4)}"
+        pair = pki.make_ca(f"{self.namespace}_{name}"[:64 - len(suffix)] + suffix, days=_days(lifetime.duration))
         await self._write_secret(name, pair, current)
         return pair, True
 
@@ -159,9 +167,10 @@ class Certificates:
         await self._write_secret(name, pair, current)
         return pair
 
-    async def reconcile(self, cert_config: Mapping[str, Any], uploadproxy_ip: str | None) -> dict[str, str]:
-        """Create or rotate every certificate; returns the apiserver's CA bundle (`bundle`) and, per
-        component, a hash of what it mounts (`cdi-apiserver`, `cdi-uploadproxy`)."""
+    async def issue(self, cert_config: Mapping[str, Any], uploadproxy_hosts: Sequence[str] = (),
+                    apiserver_hosts: Sequence[str] = ()) -> Issued:
+        """Create or rotate every certificate, the leaves for their Services' names and these extra ones
+        (the proxy's Service IP here; `cdi up`, whose servers are reached on loopback, adds its own)."""
         ca_life, server_life = Lifetime.of(cert_config, "ca"), Lifetime.of(cert_config, "server")
         client_life = Lifetime.of(cert_config, "client")
         api_ca, _ = await self.ca(APISERVER_SIGNER, ca_life)
@@ -169,15 +178,15 @@ class Certificates:
                                                  lambda old: _bundle(api_ca, old))
         api = f"cdi-api.{self.namespace}.svc"
         api_leaf = await self.leaf(APISERVER_SERVER, api_ca, server_life, api,
-                                   ["cdi-api", f"cdi-api.{self.namespace}", api, f"{api}.cluster.local"])
+                                   ["cdi-api", f"cdi-api.{self.namespace}", api, f"{api}.cluster.local",
+                                    *apiserver_hosts])
         proxy_ca, _ = await self.ca(UPLOADPROXY_SIGNER, ca_life)
         proxy_bundle = await self._write_configmap(f"{UPLOADPROXY_SIGNER}-bundle", "ca-bundle.crt",
                                                    lambda old: _bundle(proxy_ca, old))
         await self._write_configmap(UPLOADPROXY_CA_CONFIGMAP, "ca.crt", lambda _old: proxy_bundle)
         service = f"cdi-uploadproxy.{self.namespace}.svc"
-        hosts = ["cdi-uploadproxy", f"cdi-uploadproxy.{self.namespace}", service, f"{service}.cluster.local"]
-        if uploadproxy_ip:
-            hosts.append(uploadproxy_ip)
+        hosts = ["cdi-uploadproxy", f"cdi-uploadproxy.{self.namespace}", service, f"{service}.cluster.local",
+                 *uploadproxy_hosts]
         proxy_leaf = await self.leaf(UPLOADPROXY_SERVER, proxy_ca, server_life, service, hosts)
         upload_ca, _ = await self.ca(UPLOADSERVER_SIGNER, ca_life)
         upload_bundle = await self._write_configmap(f"{UPLOADSERVER_SIGNER}-bundle", "ca-bundle.crt",
@@ -185,11 +194,41 @@ class Certificates:
         client_ca, _ = await self.ca(UPLOADSERVER_CLIENT_SIGNER, ca_life)
         client = await self.leaf(UPLOADSERVER_CLIENT, client_ca, client_life, UPLOADSERVER_CLIENT_NAME, None,
                                  client=True)
-        upload = _hash(upload_ca.cert_pem + client_ca.cert_pem + client.cert_pem + upload_bundle.encode())
-        return {"bundle": _b64(api_bundle.encode()),
-                "cdi-apiserver": _hash(api_ca.cert_pem + api_leaf.cert_pem),
-                "cdi-uploadproxy": _hash(proxy_leaf.cert_pem) + upload,
+        renewals = [(pair, life) for life, pairs in ((ca_life, (api_ca, proxy_ca, upload_ca, client_ca)),
+                                                     (server_life, (api_leaf, proxy_leaf)), (client_life, (client,)))
+                    for pair in pairs]
+        next_renewal = min(pair.certificate().not_valid_after_utc - life.renew_before for pair, life in renewals)
+        return Issued(api_ca, api_leaf, api_bundle, proxy_ca, proxy_leaf, proxy_bundle, upload_ca, upload_bundle,
+                      client_ca, client, next_renewal)
+
+    async def reconcile(self, cert_config: Mapping[str, Any], uploadproxy_ip: str | None) -> dict[str, str]:
+        """Create or rotate every certificate; returns the apiserver's CA bundle (`bundle`) and, per
+        component, a hash of what it mounts (`cdi-apiserver`, `cdi-uploadproxy`)."""
+        issued = await self.issue(cert_config, [uploadproxy_ip] if uploadproxy_ip else [])
+        upload = _hash(issued.upload_ca.cert_pem + issued.client_ca.cert_pem + issued.client.cert_pem
+                       + issued.upload_bundle.encode())
+        return {"bundle": _b64(issued.api_bundle.encode()),
+                "cdi-apiserver": _hash(issued.api_ca.cert_pem + issued.api_leaf.cert_pem),
+                "cdi-uploadproxy": _hash(issued.proxy_leaf.cert_pem) + upload,
                 "cdi-deployment": upload}
+
+
+@dataclass(frozen=True)
+class Issued:
+    """What one pass holds: each CA and leaf, the bundles clients trust (current CA plus the previous ones
+    still valid), and when the first of them is due for renewal (its end less its `renewBefore`)."""
+
+    api_ca: pki.KeyPair
+    api_leaf: pki.KeyPair
+    api_bundle: str
+    proxy_ca: pki.KeyPair
+    proxy_leaf: pki.KeyPair
+    proxy_bundle: str
+    upload_ca: pki.KeyPair
+    upload_bundle: str
+    client_ca: pki.KeyPair
+    client: pki.KeyPair
+    next_renewal: datetime.datetime
 
 
 def _hosts(pair: pki.KeyPair) -> set[str]:

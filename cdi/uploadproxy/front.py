@@ -90,6 +90,9 @@ class Front:
     def set_policy(self, policy: pki.TLSPolicy) -> None:
         self._front.set_policy(policy)
 
+    def reload_certificate(self) -> None:
+        self._front.reload_certificate()
+
     def stop(self) -> None:
         self._front.stop()
 

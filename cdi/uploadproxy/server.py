@@ -28,6 +28,7 @@ TLS versions and cipher suites are CDIConfig's `tlsSecurityProfile`, followed as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import replace
 
@@ -63,6 +64,17 @@ class UploadProxy:
         if self.tls_profile is not None:
             self.tls_profile.subscribe(front.set_policy)
         self.port = front.start(host, port)
+
+    async def certificates_renewed(self) -> None:
+        """Its serving certificate was replaced in the files it serves from, or the client certificate and
+        upload-server CA bundle in CDI's namespace were: new connections present the new certificate, and the
+        next upload goes out with the new client certificate and bundle (not up to a recheck period later).
+        What runs the proxy in-process and renews its certificates calls this (`cdi up`); a Deployment is
+        rolled instead."""
+        if self._front is not None:
+            self._front.reload_certificate()
+        with contextlib.suppress(NotReady):
+            await self.tls.context(refresh=True)
 
     async def stop(self) -> None:
         if self.tls_profile is not None:

@@ -168,7 +168,7 @@ def test_a_service_asking_for_an_address_outside_the_range_or_taken_is_refused(
 
 # -- secrets at rest -----------------------------------------------------------------------------------
 KEYS = ("ca.key", "serving/tls.key", "front-proxy-ca.key", "front-proxy-client.key", "cdi-apiserver/ca.key",
-        "cdi-apiserver/serving/tls.key", "uploadproxy/ca.key", "uploadproxy/serving/tls.key")
+        "cdi-apiserver/serving/tls.key", "uploadproxy/serving/tls.key")
 SECRETS = ("state.db", "state.db-wal", "state.db-shm", "token", "kubeconfig", *KEYS)
 
 

@@ -194,7 +194,6 @@ class CloneReconciler(Reconciler):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._pki: UploadPki | None = None
         self._signing_key: bytes | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -590,9 +589,9 @@ class CloneReconciler(Reconciler):
             ann.CONDITION_RUNNING_MESSAGE: "; ".join(messages)})
 
     async def pki(self) -> UploadPki:
-        if self._pki is None:
-            self._pki = await ensure_upload_pki(self.ctx.client, self.ctx.settings.namespace)
-        return self._pki
+        """The upload signers as they are now, read for each pod: rotated per certConfig, a pod made after
+        a renewal gets a certificate from the new signer (a copy kept since start would be the old one)."""
+        return await ensure_upload_pki(self.ctx.client, self.ctx.settings.namespace)
 
     async def _create_source_pod(self, target: Body, temp: Body, namespace: str, source_name: str) -> None:
         """`<uid>-source-pod` (container `cdi-clone-source`) in the source namespace: the source read-only,

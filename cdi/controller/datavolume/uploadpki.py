@@ -1,7 +1,9 @@
 """The certificates between the upload proxy and upload servers, as CDI's operator keeps them: a
 signer for upload-server certificates (the proxy trusts its bundle), a signer for the proxy's client
-certificate (every upload server trusts it), and the proxy's client certificate. Created once in
-CDI's namespace; each upload pod then gets a certificate of its own."""
+certificate (every upload server trusts it), and the proxy's client certificate. cdi-operator (and
+`cdi up` in its place) creates and rotates them in CDI's namespace per certConfig; they are read again for
+each upload or clone-source pod, which gets a certificate of its own. Where nothing made them (a
+controller run alone) they are created here, once."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ from cdi.controller.claims import (
 )
 from cdi.controller.datavolume.imports import termination
 from cdi.controller.datavolume.uploadpki import CLIENT_NAME, UploadPki, cert_days, ensure_upload_pki
-from cdi.controller.runtime import Context, Reconciler
+from cdi.controller.runtime import Reconciler
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
 
@@ -90,14 +90,10 @@ def upload_needs_scratch(pvc: Body) -> bool:
 class UploadReconciler(Reconciler):
     name = "upload"
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
-        self._pki: UploadPki | None = None
-
     async def pki(self) -> UploadPki:
-        if self._pki is None:
-            self._pki = await ensure_upload_pki(self.ctx.client, self.ctx.settings.namespace)
-        return self._pki
+        """The upload signers as they are now, read for each pod: rotated per certConfig, a pod made after
+        a renewal gets a certificate from the new signer (a copy kept since start would be the old one)."""
+        return await ensure_upload_pki(self.ctx.client, self.ctx.settings.namespace)
 
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
