@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import ssl
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -36,16 +35,14 @@ SHORT = {"ca": {"duration": "3h", "renewBefore": "1h"}, "server": {"duration": "
 
 
 @pytest.fixture
-def up(tmp_path: Path) -> Iterator[CdiUp]:
-    cluster = CdiUp(tmp_path / "cdi")
-    cluster.start()
-    yield cluster
-    cluster.stop()
+def up(cdi_up: CdiUp) -> CdiUp:
+    """A fresh `cdi up` per test (tests/conftest.py's): each renews certificates of its own."""
+    return cdi_up
 
 
 @pytest.fixture
-def k(up: CdiUp, tmp_path: Path) -> Kubectl:
-    return Kubectl(up.kubeconfig, tmp_path / "kubectl")
+def k(kubectl: Kubectl) -> Kubectl:
+    return kubectl
 
 
 def presented(address: tuple[str, int]) -> x509.Certificate:

@@ -70,20 +70,24 @@ class CuttingRelay:
                         if self.stall:
                             self.stalled.set()
                             self.release.wait()
-                        for s in (source, sink):
-                            # shutdown, not just close: the other direction's thread is blocked in recv on
-                            # these sockets, and a close alone would neither wake it nor tell the peers; each
-                            # on its own (the client's may be gone already, when it was killed)
-                            with contextlib.suppress(OSError):
-                                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                                s.shutdown(socket.SHUT_RDWR)
-                            s.close()
+                        self._abort(source, sink)
                         return
                 sink.sendall(data)
             sink.shutdown(socket.SHUT_WR)
         except OSError:
             for s in (source, sink):
                 s.close()
+
+    @staticmethod
+    def _abort(*sockets: socket.socket) -> None:
+        """RST both ways. Shutdown, not just close: the other direction's thread is blocked in recv on these
+        sockets, and a close alone would neither wake it nor tell the peers; each on its own (the client's may
+        be gone already, when it was killed)."""
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
 
     def close(self) -> None:
         self.release.set()
@@ -113,11 +117,7 @@ class AnswerHoldingRelay(CuttingRelay):
                 if hold:
                     self.held.set()
                     self.release.wait()
-                    for s in (source, sink):
-                        with contextlib.suppress(OSError):
-                            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                            s.shutdown(socket.SHUT_RDWR)
-                        s.close()
+                    self._abort(source, sink)
                     return
                 sink.sendall(data)
             sink.shutdown(socket.SHUT_WR)
