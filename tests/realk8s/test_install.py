@@ -291,14 +291,16 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     env = {"CDI_E2E_KUBECONFIG": KUBECONFIG, "CDI_E2E_STORAGE_CLASS": CLASS, "CDI_E2E_COPY_CLASS": COPY_CLASS,
            "CDI_E2E_WFFC_CLASS": WFFC_CLASS, "CDI_E2E_SERVE_HOST": NODE_IP, "CDI_E2E_WEBHOOK_CLIENT_AUTH": "1",
            "CDI_E2E_CROSS_NAMESPACE_GATE": "1"}
-    suite = k8s.run("env", *(f"{name}={value}" for name, value in env.items()), sys.executable, "-m", "pytest",
-                    "tests/e2e", "-m", "anycluster", "-n", "0", "-p", "no:cacheprovider", "-q", "-rs",
-                    f"--basetemp={tmp_path / 'e2e'}", "--junitxml", str(tmp_path / "e2e.xml"),
-                    check=False, timeout=1500, cwd=REPO)
+    # one line per scenario, written as it ends, so a run cut short still says where it stood
+    log = tmp_path / "e2e.log"
+    returncode = k8s.run_logged(log, "env", *(f"{name}={value}" for name, value in env.items()), sys.executable,
+                                "-m", "pytest", "tests/e2e", "-m", "anycluster", "-n", "0", "-p", "no:cacheprovider",
+                                "-v", "-rs", "--durations=15", f"--basetemp={tmp_path / 'e2e'}",
+                                "--junitxml", str(tmp_path / "e2e.xml"), timeout=1500, cwd=REPO)
     timings["e2e suite (anycluster)"] = round(time.monotonic() - t0, 1)
-    print(suite.stdout[-6000:])
-    assert suite.returncode == 0, \
-        f"the e2e suite failed on the real cluster:\n{suite.stdout[-20000:]}{suite.stderr[-3000:]}"
+    output = log.read_text(errors="replace")
+    print(output[-8000:])
+    assert returncode == 0, f"the e2e suite failed on the real cluster ({returncode}):\n{output[-20000:]}"
     ran = passed_and_skipped(tmp_path / "e2e.xml")
     assert ran["passed"] >= 36 and ran["skipped"] == 0, ran  # every scenario ran here, Block ones too
 

@@ -71,6 +71,20 @@ class RealK8s:
             raise AssertionError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
+    def run_logged(self, log: Path, *argv: str, timeout: float, cwd: Path | None = None) -> int:
+        """A long command inside the network namespace, its output going to `log` as it comes; past `timeout`
+        its process group is killed and the exit code is -9, so the caller reports the log either way."""
+        with log.open("wb") as out:
+            process = subprocess.Popen([str(self.kit / "exec.sh"), *argv], stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True)
+            try:
+                return process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                out.write(f"\n[killed after {timeout:.0f} s]\n".encode())
+                return -9
+
     def kubectl(self, *argv: str, check: bool = True, input: str | None = None,
                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return self.run("kubectl", *argv, check=check, input=input, timeout=timeout)
