@@ -157,6 +157,7 @@ def k8s() -> RealK8s:
     # as the README's install section asks of an admin: kube-apiserver presents its client certificate to
     # admission webhooks (and, for the isolation scenarios, runs with CrossNamespaceVolumeDataSource)
     cluster.configure_api_server()
+    cluster.ensure_drivers_registered()
     clean_slate(cluster)
     return cluster
 

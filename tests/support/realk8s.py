@@ -38,6 +38,8 @@ STATE = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))  # the kit's s
 CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
 CONTAINERD_PID = STATE / "pids" / "containerd.pid"
 APISERVER_PID = STATE / "pids" / "kube-apiserver.pid"
+# the kit's node-driver-registrars, and the directory under $STATE/csi of each one's driver socket
+REGISTRARS = {"csi-hostpath-registrar": "hostpath", "csi-nosnap-registrar": "nosnap"}
 # what kube-apiserver presents to admission webhooks: the kit's own client certificate of the API server
 # (CN kube-apiserver-kubelet-client, issued by the cluster's client CA), as an admin would choose one
 WEBHOOK_CLIENT_NAME = "kube-apiserver-kubelet-client"
@@ -55,6 +57,17 @@ def _started_at(pid: int) -> float:
     boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                 if line.startswith("btime "))
     return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _registration(registrar: str) -> str | None:
+    """How the kit's running `registrar` process fared: its log (lines carry the pid) says the kubelet
+    registered its driver, or the process is gone; None while it waits."""
+    pid = int((STATE / "pids" / f"{registrar}.pid").read_text())
+    mark = f" {pid} main.go"
+    lines = (STATE / "logs" / f"{registrar}.log").read_text(errors="replace").splitlines()
+    if any(mark in line and "plugin_registered:true" in line for line in lines):
+        return "registered"
+    return None if Path(f"/proc/{pid}").exists() else "exited"
 
 
 @dataclass
@@ -237,6 +250,28 @@ class RealK8s:
         APISERVER_PID.write_text(f"{process.pid}\n")
         wait_for(lambda: self.kubectl("get", "--raw", "/readyz", check=False).returncode == 0, timeout=120,
                  interval=0.5, message="kube-apiserver ready after its restart")
+
+    def ensure_drivers_registered(self) -> None:
+        """Both CSI drivers registered with the kubelet, else every claim of theirs stays unmounted (`driver name
+        ... not found in the list of registered CSI drivers`) and every scenario waits out its deadline. The
+        kubelet registers a driver once, when its registrar starts, and needs kube-apiserver for it: a registration
+        that meets an API server restart (ours above, a few seconds after `up.sh` started the registrars) fails, and
+        the registrar exits as a sidecar container would, for its kubelet to restart it; nothing restarts the kit's.
+        Started again (as `up.sh` starts it), it registers."""
+        for name, directory in REGISTRARS.items():
+            if wait_for(lambda n=name: _registration(n), timeout=60, interval=0.5,
+                        message=f"{name} registered or exited") == "registered":
+                continue
+            socket = STATE / "csi" / directory / "csi.sock"
+            with (STATE / "logs" / f"{name}.log").open("ab") as out:
+                process = subprocess.Popen(
+                    ["nsenter", "--net=/run/netns/realk8s", "--", str(STATE / "bin" / "csi-node-driver-registrar"),
+                     "--csi-address", str(socket), "--kubelet-registration-path", str(socket),
+                     "--plugin-registration-path", str(STATE / "kubelet" / "plugins_registry"), "--v", "2"],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+            (STATE / "pids" / f"{name}.pid").write_text(f"{process.pid}\n")
+            wait_for(lambda n=name: _registration(n) == "registered", timeout=60, interval=0.5,
+                     message=f"{name} registered again (see {STATE / 'logs' / name}.log)")
 
     def wait_pod_done(self, name: str, namespace: str, timeout: float = 180) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
