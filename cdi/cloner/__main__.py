@@ -1,5 +1,3 @@
-import sys
+from cdi.cloner.main import entry
 
-from cdi.cloner.main import main
-
-sys.exit(main())
+entry()

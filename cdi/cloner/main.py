@@ -8,9 +8,11 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from cdi.api import env as envnames
 from cdi.cloner.source import CloneError, Progress, SourceConfig, send
+from cdi.common import podprogram
 from cdi.importer import Reason
 from cdi.importer import termination as term
 
@@ -35,5 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if message.reason == Reason.COMPLETE else 1
 
 
+def entry() -> NoReturn:
+    """The `cdi-cloner` console script: `main`, then out without finalization (`cdi.common.podprogram`)."""
+    podprogram.run(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

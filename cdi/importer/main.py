@@ -14,9 +14,10 @@ import sys
 import threading
 import traceback
 from types import FrameType
+from typing import NoReturn
 
 from cdi.api import env as envnames
-from cdi.common import verbosity
+from cdi.common import podprogram, verbosity
 
 from . import containerimage, termination
 from .config import ImporterConfig
@@ -201,5 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def entry() -> NoReturn:
+    """The `cdi-importer` console script: `main`, then out without finalization (`cdi.common.podprogram`)."""
+    podprogram.run(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -13,8 +13,10 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from cdi.api import env as envnames
+from cdi.common import podprogram
 from cdi.importer import qemu
 from cdi.importer.errors import ImporterError
 
@@ -61,5 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> NoReturn:
+    """The `cdi-image-size-detection` console script: `main`, then out without finalization
+    (`cdi.common.podprogram`)."""
+    podprogram.run(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -87,7 +87,9 @@ CONTROLLER_CLUSTER_RULES = [
     _rule([""], ["persistentvolumeclaims"], ALL),
     _rule([""], ["persistentvolumeclaims/finalizers", "pods/finalizers"], ["update"]),
     _rule([""], ["pods", "services", "secrets"], ("get", "list", "watch", "create", "delete")),
-    _rule([""], ["configmaps"], ("get", "list", "watch", "create")),
+    # the import proxy's CA copied into a claim's namespace (import-proxy-cm-<pvc>), kept up to date and removed
+    # when the import ends; CDI leaves that to garbage collection of the pod owning it (get and create only)
+    _rule([""], ["configmaps"], ("get", "list", "watch", "create", "update", "delete")),
     _rule([""], ["persistentvolumes", "nodes"], READ),
     _rule([""], ["persistentvolumes"], ("update", "patch")),  # a volume handed over: smart clones, populators
     # list: a populator copies its prime claim's events onto the user's claim (CDI grants get/list/watch too)

@@ -14,9 +14,10 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from cdi.api import env as envnames
-from cdi.common import aioloop, verbosity
+from cdi.common import aioloop, podprogram, verbosity
 from cdi.importer import ImporterError, Reason
 from cdi.importer import termination as term
 from cdi.uploadserver.config import UploadServerConfig
@@ -82,5 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if message.reason == Reason.COMPLETE else 1
 
 
+def entry() -> NoReturn:
+    """The `cdi-uploadserver` console script: `main`, then out without finalization (`cdi.common.podprogram`)."""
+    podprogram.run(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
