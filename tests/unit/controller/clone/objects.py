@@ -89,3 +89,37 @@ def pod(kube: FakeKube, name: str, claim: str = SOURCE, *, read_only: bool = Fal
                                            "volumes": [{"name": "data", "persistentVolumeClaim": {
                                                "claimName": claim}}]},
                                   "status": {"phase": phase}})
+
+
+def settle(kube: FakeKube) -> None:
+    """One pass of what the storage side does for a clone, as a real cluster's provisioner, resizer,
+    snapshotter and PV controller would: a snapshot is taken; a claim filled from a data source (or made
+    an upload target) is provisioned and bound at its request; a bound claim asked to grow grows; a PV
+    whose claimRef was moved binds the claim it names, and the claim it left is Lost."""
+    for snapshot in kube.objects(groups.VOLUMESNAPSHOTS):
+        if not (snapshot.get("status") or {}).get("readyToUse"):
+            source = kube.object(groups.PVCS, snapshot["spec"]["source"].get("persistentVolumeClaimName", ""),
+                                 snapshot["metadata"]["namespace"])
+            snapshot["status"] = {"readyToUse": True, "restoreSize": (source or {}).get("status", {}).get(
+                "capacity", {}).get("storage", "1Gi")}
+            kube.add(groups.VOLUMESNAPSHOTS, snapshot)
+    for claim in kube.objects(groups.PVCS):
+        spec, status = claim["spec"], claim.get("status") or {}
+        requested = spec["resources"]["requests"]["storage"]
+        if status.get("phase") in ("", "Pending", None) and not spec.get("volumeName") and \
+                (spec.get("dataSource") or A + "storage.upload.target" in claim["metadata"].get("annotations", {})):
+            bind(kube, claim["metadata"]["name"], requested)
+        elif status.get("phase") == "Bound" and status["capacity"]["storage"] != requested:
+            claim["status"]["capacity"]["storage"] = requested
+            kube.add(groups.PVCS, claim)
+    for pv in kube.objects(groups.PVS):
+        ref, name = pv["spec"]["claimRef"], pv["metadata"]["name"]
+        for claim in kube.objects(groups.PVCS, ref["namespace"]):
+            if claim["spec"].get("volumeName") != name and claim["metadata"]["uid"] == ref["uid"]:
+                claim["spec"]["volumeName"] = name
+                claim["status"] = {"phase": "Bound", "capacity": dict(pv["spec"]["capacity"])}
+                kube.add(groups.PVCS, claim)
+            elif claim["spec"].get("volumeName") == name and claim["metadata"]["uid"] != ref["uid"] and \
+                    claim["status"].get("phase") != "Lost":
+                claim["status"]["phase"] = "Lost"
+                kube.add(groups.PVCS, claim)
