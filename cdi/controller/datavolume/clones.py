@@ -33,6 +33,7 @@ from cdi.controller.clone import execute, planner, sizedetection
 from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
 from cdi.controller.clone.csiclone import CSI_CLONE
+from cdi.controller.clone.execute import POLL
 from cdi.controller.clone.hostclone import HOST_CLONE
 from cdi.controller.clone.phase import ERROR, PENDING, SUCCEEDED
 from cdi.controller.clone.prepclaim import PREP_CLAIM
@@ -57,8 +58,6 @@ from cdi.kube.events import EventType
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
-
-POLL = execute.POLL
 
 # the DataVolume phase each clonePhase (CDI's populator phase names) shows as
 PHASE_MAP = {"": "CloneScheduled", PENDING: "CloneScheduled", SUCCEEDED: "Succeeded", CSI_CLONE: "CSICloneInProgress",
