@@ -8,8 +8,9 @@ again at every look):
 - `tmp-source-pvc-<target uid>`, a snapshot restored for a host-assisted copy to read;
 - `<tmp-pvc uid>-source-pod` (and its Secret), the clone source pod of a host-assisted copy.
 
-The target records its source in `cdi.kubevirt.io/storage.clone.source` (`kind/namespace/name`) and its
-progress in `cdi.kubevirt.io/clonePhase`; both are written here and nowhere else."""
+The target records its source in `cdi.kubevirt.io/storage.clone.source` (`kind/namespace/name`, written
+when the clone is planned: by the clone DataVolume reconciler or the clone populator) and where the clone
+is in `cdi.kubevirt.io/clonePhase` (written by `CloneTarget.record` alone)."""
 
 from __future__ import annotations
 
