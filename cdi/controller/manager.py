@@ -56,7 +56,7 @@ class Manager:
         self.crons = DataImportCronReconciler(self.ctx)
         self.import_populator = ImportPopulator(self.ctx)
         self.populators: list[PopulatorReconciler] = [self.import_populator, UploadPopulator(self.ctx),
-                                                      ClonePopulator(self.ctx, self.clones)]
+                                                      ClonePopulator(self.ctx)]
         self.reconcilers: list[Reconciler] = [self.datavolumes, self.imports, self.uploads, self.profiles,
                                               self.config, self.datasources, self.clones, self.crons,
                                               *self.populators]

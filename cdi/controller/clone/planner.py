@@ -6,7 +6,16 @@ Strategy = the CDI resource's `cloneStrategyOverride`, else the target StoragePr
 expansion when the target is larger. Whatever is missing falls back to host-assisted copy with
 CDI's event reason and message (kept in the target's `cdi.kubevirt.io/cloneFallbackReason`).
 
-Pure: the caller passes what the cluster holds, so `cdi clone-plan` and the controller say the same."""
+The strategy is carried out by phases, one module each (CDI's pkg/controller/clone): `phases` returns
+them in order for a target that records its strategy, as CDI's Planner.Plan does:
+
+- csi-clone: CSIClone, PrepClaim, Rebind;
+- snapshot: Snapshot, SnapshotClone, PrepClaim, Rebind (a `source.snapshot` clone: SnapshotClone,
+  PrepClaim, Rebind);
+- copy: HostClone, Rebind (from a snapshot: SnapshotClone into a claim the copy reads first).
+
+Pure: the caller passes what the cluster holds (`cluster_from` reads it from the informers), so
+`cdi clone-plan` and the controller say the same."""
 
 from __future__ import annotations
 
@@ -15,8 +24,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api.quantity import QuantityError, parse_bytes
+from cdi.api import groups
 from cdi.api.views import ClaimView, ObjectView, SnapshotContentView, SnapshotView, StorageProfileView
+from cdi.controller.clone.csiclone import CSIClonePhase
+from cdi.controller.clone.hostclone import HostClonePhase
+from cdi.controller.clone.phase import Phase
+from cdi.controller.clone.prepclaim import PrepClaimPhase
+from cdi.controller.clone.rebind import RebindPhase
+from cdi.controller.clone.size import byte_count
+from cdi.controller.clone.snapclone import SnapshotClonePhase, SourceRestorePhase
+from cdi.controller.clone.snapshot import SnapshotPhase
+from cdi.controller.clone.target import CloneTarget, temp_snapshot_name, temp_source_claim_name
+from cdi.controller.runtime import Context
 
 Body = Mapping[str, Any]
 
@@ -64,18 +83,11 @@ class Plan:
     snapshot_class: str | None = None
 
 
-def _bytes(value: Any) -> int | None:
-    try:
-        return parse_bytes(value) if value is not None else None
-    except QuantityError:
-        return None
-
-
 def validate_size(source_request: Any, target_request: Any, target_annotations: Mapping[str, str]) -> None:
     """CDI's ValidateRequestedCloneSize, skipped with `cdi.kubevirt.io/permissiveClone`."""
     if ann.PERMISSIVE_CLONE in target_annotations:
         return
-    source, target = _bytes(source_request), _bytes(target_request)
+    source, target = byte_count(source_request), byte_count(target_request)
     if source is None or target is None:
         raise CloneValidationError("source/target missing storage resource requests")
     if source > target:
@@ -94,6 +106,15 @@ def snapshot_class_for(driver: str, cluster: Cluster, target_class: str | None) 
         if ObjectView(klass).annotations.get(DEFAULT_SNAPSHOT_CLASS) == "true":
             return ObjectView(klass).name
     return ObjectView(matching[0]).name if matching else None
+
+
+def cluster_from(ctx: Context) -> Cluster:
+    """What the informers hold of the cluster, as planning needs it."""
+    cdi = next(iter(ctx.cached_list(groups.CDIS)), None)
+    override = ObjectView(cdi or {}).spec.get("cloneStrategyOverride")
+    profiles = {ObjectView(p).name: p for p in ctx.cached_list(groups.STORAGEPROFILES)}
+    return Cluster(ctx.cached_list(groups.STORAGECLASSES), profiles, ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES),
+                   str(override) if override else None)
 
 
 def _fallback(reason: tuple[str, str], why: str) -> Plan:
@@ -132,8 +153,8 @@ def plan_from_pvc(source: Body, target_spec: Body, target_annotations: Mapping[s
     if source_claim.volume_mode != target.volume_mode:
         return _fallback(INCOMPATIBLE_VOLUME_MODES, f"{strategy} from {origin}; source "
                                                     f"{source_claim.volume_mode}, target {target.volume_mode}")
-    capacity = _bytes(source_claim.capacity or None)
-    request = _bytes(target.requested_storage or None)
+    capacity = byte_count(source_claim.capacity or None)
+    request = byte_count(target.requested_storage or None)
     if capacity is not None and request is not None and capacity < request and \
             not (target_class or {}).get("allowVolumeExpansion"):
         return _fallback(NO_VOLUME_EXPANSION, f"{strategy} from {origin}; the target is larger than the source "
@@ -156,8 +177,8 @@ def plan_from_snapshot(snapshot: Body, content: Body | None, target_spec: Body, 
     if not driver or driver != provisioner:
         return _fallback(NO_PROVISIONER_MATCH, f"snapshot content driver {driver}, StorageClass "
                                                f"{target_class_name} provisioner {provisioner}")
-    restore = _bytes(SnapshotView(snapshot).restore_size or None)
-    request = _bytes(target.requested_storage or None)
+    restore = byte_count(SnapshotView(snapshot).restore_size or None)
+    request = byte_count(target.requested_storage or None)
     if restore is not None and request is not None and restore < request and \
             not (target_class or {}).get("allowVolumeExpansion"):
         return _fallback(NO_VOLUME_EXPANSION, f"the target is larger than the snapshot and StorageClass "
@@ -168,3 +189,23 @@ def plan_from_snapshot(snapshot: Body, content: Body | None, target_spec: Body, 
                                                     f"{target.volume_mode}")
     return Plan(SNAPSHOT, f"snapshot: restore of VolumeSnapshot {SnapshotView(snapshot).name} "
                           f"(driver {driver}, {target.volume_mode})")
+
+
+def phases(target: CloneTarget, cluster: Cluster) -> list[Phase]:
+    """The phases that carry out the strategy the target records (`cdi.kubevirt.io/cloneType`), in order."""
+    strategy = target.view.annotations.get(ann.CLONE_TYPE, COPY)
+    from_snapshot = target.source_kind == "snapshot"
+    if strategy == COPY:
+        if from_snapshot:
+            return [SourceRestorePhase(target), HostClonePhase(target, temp_source_claim_name(target.claim)),
+                    RebindPhase(target)]
+        return [HostClonePhase(target, target.source_name), RebindPhase(target)]
+    if from_snapshot:
+        return [SnapshotClonePhase(target, target.source_name), PrepClaimPhase(target), RebindPhase(target)]
+    if strategy == CSI_CLONE:
+        return [CSIClonePhase(target), PrepClaimPhase(target), RebindPhase(target)]
+    target_class = target.view.storage_class
+    driver = str((cluster.storage_class(target_class) or {}).get("provisioner") or "")
+    return [SnapshotPhase(target, snapshot_class_for(driver, cluster, target_class)),
+            SnapshotClonePhase(target, temp_snapshot_name(target.claim), taken_of=target.source_name),
+            PrepClaimPhase(target), RebindPhase(target)]

@@ -44,7 +44,8 @@ class CloneSize:
     permissive: bool = False
 
 
-def _bytes(value: Any) -> int | None:
+def byte_count(value: Any) -> int | None:
+    """A quantity's bytes; None for none, or one that does not parse."""
     try:
         return parse_bytes(value) if value is not None else None
     except QuantityError:
@@ -62,8 +63,8 @@ def recorded_virtual_size(source: Body) -> int | None:
     """The virtual size kept on the source claim, while its capacity is the one it was measured at."""
     claim = ClaimView(source)
     virtual, measured_at = claim.annotations.get(VIRTUAL_SIZE), claim.annotations.get(SOURCE_CAPACITY)
-    capacity = _bytes(claim.capacity or None)
-    if virtual is None or measured_at is None or capacity is None or _bytes(measured_at) != capacity:
+    capacity = byte_count(claim.capacity or None)
+    if virtual is None or measured_at is None or capacity is None or byte_count(measured_at) != capacity:
         return None
     try:
         return int(virtual)
@@ -82,11 +83,11 @@ def pvc_clone_size(source: Body, spec: Body, storage: ClusterStorage) -> CloneSi
     """The target size and permissiveness for cloning the claim `source` into a claim of `spec`.
     Raises NeedsVirtualSize when the source's disk image must be measured first."""
     claim, target = ClaimView(source), ClaimView({"spec": spec})
-    requested = _bytes(target.requested_storage or None)
+    requested = byte_count(target.requested_storage or None)
     size_required = not requested
     if not size_required and not (target.volume_mode == "Block" and holds_disk_image(source)):
         return CloneSize(None)
-    capacity = _bytes(claim.capacity or None)
+    capacity = byte_count(claim.capacity or None)
     if holds_disk_image(source):
         size = recorded_virtual_size(source)
         if size is None:
@@ -103,9 +104,9 @@ def pvc_clone_size(source: Body, spec: Body, storage: ClusterStorage) -> CloneSi
 def snapshot_clone_size(snapshot: Body, content: Body | None, spec: Body, storage: ClusterStorage) -> CloneSize:
     """A snapshot's restoreSize, inflated for a Filesystem target of a Block volume's snapshot."""
     target, taken = ClaimView({"spec": spec}), SnapshotView(snapshot)
-    if _bytes(target.requested_storage or None):
+    if byte_count(target.requested_storage or None):
         return CloneSize(None)
-    restore = _bytes(taken.restore_size or None)
+    restore = byte_count(taken.restore_size or None)
     if restore is None:
         return CloneSize(None)
     source_mode = SnapshotContentView(content or {}).source_volume_mode or target.volume_mode

@@ -7,5 +7,6 @@ controllers in pkg/controller/):
   `staticvolumes` and `progress` are its helpers.
 - `imports` (with `importpod`, `importproxy`): the claim's importer pod (CDI's pkg/controller/import-controller.go).
 - `uploads` (with `uploadpki`): the claim's upload server pod and Service (CDI's upload-controller.go).
-- `clones`: PVC and snapshot clones (CDI's pvc-clone-controller.go, snapshot-clone-controller.go and
-  clone-controller.go); their strategy choice is `cdi.controller.clone.planner`."""
+- `clones`: PVC and snapshot clone DataVolumes (CDI's pvc-clone-controller.go and
+  snapshot-clone-controller.go): the target claim, tokens, status and events; the clone itself (strategy and
+  phases) is `cdi.controller.clone`'s."""

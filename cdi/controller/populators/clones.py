@@ -1,8 +1,8 @@
 """The clone populator (CDI's clone-populator): a claim naming a `VolumeCloneSource` is cloned from
 the PVC or VolumeSnapshot the source names, with the strategy the clone planner picks (csi-clone,
 snapshot, host-assisted copy), through the same phases and temporary objects as a clone DataVolume:
-the claim records them in `cdi.kubevirt.io/clonePhase` and the clone reconciler's strategies carry
-them out, ending with the volume rebound to the claim and the temporary objects deleted.
+the claim records them in `cdi.kubevirt.io/clonePhase` and `cdi.controller.clone.execute` walks the
+planner's phases, ending with the volume rebound to the claim and the temporary objects deleted.
 
 Claims created by a clone DataVolume are the clone reconciler's own and are left to it."""
 
@@ -12,8 +12,9 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import ClaimView, ObjectView, SnapshotView
 from cdi.controller.claims import annotate
-from cdi.controller.clone import planner
-from cdi.controller.datavolume import clones
+from cdi.controller.clone import execute, planner
+from cdi.controller.clone.phase import ERROR, PENDING, SUCCEEDED
+from cdi.controller.clone.target import CLONE_SOURCE_ANNOTATION, recorded_source, refuse
 from cdi.controller.populators.base import (
     GRANT_POLL,
     Body,
@@ -28,14 +29,27 @@ VOLUME_CLONE_SOURCE = "VolumeCloneSource"
 SOURCE_MISSING_POLL = 5.0  # seconds: nothing maps a source claim's creation back to the claims naming it
 
 
+def unnamed_source(ctx: Context, pvc: Body) -> str | None:
+    """Why the source the claim records is not the one its VolumeCloneSource names, or None. A claim of the
+    clone populator reads what its VolumeCloneSource names, from that source's namespace (its own, or one
+    a ReferenceGrant opened, checked when the clone was planned)."""
+    claim = ClaimView(pvc)
+    kind, source_ns, source_name = recorded_source(pvc)
+    recorded = f"{kind}/{source_ns}/{source_name}"
+    ref = claim.populator_ref
+    namespace = str(ref.get("namespace") or claim.namespace)
+    source = ctx.cached(groups.VOLUMECLONESOURCES, str(ref.get("name") or ""), namespace)
+    named: Body = ObjectView(source or {}).spec.get("source") or {}
+    wanted = f"{'snapshot' if named.get('kind') == 'VolumeSnapshot' else 'pvc'}/{namespace}/{named.get('name')}"
+    if source is None or recorded != wanted:
+        return f"its VolumeCloneSource does not name {recorded}"
+    return None
+
+
 class ClonePopulator(PopulatorReconciler):
     name = "clone-populator"
     source_kind = VOLUME_CLONE_SOURCE
     source_gvr = groups.VOLUMECLONESOURCES
-
-    def __init__(self, ctx: Context, strategies: clones.CloneReconciler) -> None:
-        super().__init__(ctx)
-        self.strategies = strategies
 
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
@@ -45,12 +59,16 @@ class ClonePopulator(PopulatorReconciler):
         if any(r.get("kind") == "DataVolume" for r in ClaimView(pvc).owner_references):
             return None  # a clone DataVolume's target: the clone reconciler drives it
         annotations = ClaimView(pvc).annotations
-        if clones.CLONE_SOURCE_ANNOTATION not in annotations:
+        if CLONE_SOURCE_ANNOTATION not in annotations:
             return await self._plan(pvc)
-        if annotations.get(ann.CLONE_PHASE) in (clones.SUCCEEDED, clones.ERROR):
+        if annotations.get(ann.CLONE_PHASE) in (SUCCEEDED, ERROR):
             return None
-        await self.strategies._advance(pvc)
-        return clones.POLL
+        why = unnamed_source(self.ctx, pvc)
+        if why is not None:
+            refuse(self.ctx, pvc, why)
+        else:
+            await execute.advance(self.ctx, pvc)
+        return execute.POLL
 
     def refers_to_us(self, pvc: Body) -> bool:
         ref = ClaimView(pvc).populator_ref
@@ -70,7 +88,7 @@ class ClonePopulator(PopulatorReconciler):
         namespace = source_namespace(pvc)
         kind = "snapshot" if ref.get("kind") == "VolumeSnapshot" else "pvc"
         source_name = str(ref.get("name") or "")
-        cluster = clones.planner_cluster(self.ctx)
+        cluster = planner.cluster_from(self.ctx)
         spec: Body = pvc.get("spec") or {}
         try:
             if kind == "pvc":
@@ -90,20 +108,18 @@ class ClonePopulator(PopulatorReconciler):
                                      f"{planner.MESSAGE_CLONE_VALIDATION_FAILED}: {exc}")
             return None
         changes: dict[str, str | None] = {
-            ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: clones.PENDING,
-            clones.CLONE_SOURCE_ANNOTATION: f"{kind}/{namespace}/{source_name}",
+            ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: PENDING,
+            CLONE_SOURCE_ANNOTATION: f"{kind}/{namespace}/{source_name}",
             ann.CLONE_REQUEST: f"{namespace}/{source_name}"}
         if plan.fallback_message:
             changes[ann.CLONE_FALLBACK_REASON] = plan.fallback_message
         await annotate(self.ctx, pvc, changes)
         if plan.fallback_reason and plan.fallback_message:
             self.ctx.recorder.record(pvc, WARNING, plan.fallback_reason, plan.fallback_message)
-        return clones.POLL
+        return execute.POLL
 
     def prime_annotations(self, pvc: Body, source: Body) -> dict[str, str]:
-        return {}  # no prime claim: the strategies' temporary claims stand in for it
+        return {}  # no prime claim: the phases' temporary claims stand in for it
 
     async def reconcile_target(self, pvc: Body, prime: Body) -> float | None:
         return None
-
-

@@ -9,7 +9,8 @@ from typing import Any
 
 from cdi.api import groups
 from cdi.controller.clone import planner
-from cdi.controller.datavolume.clones import CloneReconciler, temp_claim_name, temp_snapshot_name
+from cdi.controller.clone.target import temp_claim_name, temp_snapshot_name
+from cdi.controller.datavolume.clones import CloneReconciler
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
 from tests.unit.controller.conftest import NAMESPACE, STORAGE_CLASS, events_of
