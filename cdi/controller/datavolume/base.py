@@ -27,7 +27,7 @@ from cdi.api.views import ClaimView, DataVolumeView, PodView
 from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
-from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.progress import format_progress, scrape
 from cdi.controller.populators.datavolumes import (
     claim_uses_populator,
     csi_driver_exists,

@@ -53,7 +53,7 @@ from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
 from cdi.controller.copyevents import copy_events
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.progress import format_progress, scrape
 from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.runtime import Context, Reconciler, write_status

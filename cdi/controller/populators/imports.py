@@ -15,7 +15,7 @@ from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.views import ClaimView, ObjectView, PodView
 from cdi.controller.claims import config_status
-from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.progress import format_progress, scrape
 from cdi.controller.populators.base import Body, PopulatorReconciler, is_bound, is_complete
 from cdi.kube import NORMAL, WARNING
 
