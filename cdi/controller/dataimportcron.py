@@ -53,6 +53,7 @@ from cdi.controller.datavolume.importpod import (
     node_pull_poller,
 )
 from cdi.controller.datavolume.imports import termination
+from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
@@ -289,8 +290,7 @@ class DataImportCronReconciler(Reconciler):
             insecure_registries=tuple(ObjectView(config).spec.get("insecureRegistries") or ()),
             pod=pod_settings(self.ctx),
             retry_budget=POLL_RETRY_BUDGET)
-        owner = {"apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": DataImportCronView(cron).name,
-                 "uid": DataImportCronView(cron).uid, "controller": True, "blockOwnerDeletion": True}
+        owner = owner_reference(groups.DATAIMPORTCRONS, cron)
         if request.node_pull:
             pod = node_pull_poller(pseudo, request, settings, owner)
         else:

@@ -23,11 +23,12 @@ from cdi.controller.datavolume.clones import CloneReconciler
 from cdi.controller.datavolume.imports import ImportReconciler, is_import_claim
 from cdi.controller.datavolume.uploads import UploadReconciler, is_upload_claim
 from cdi.controller.metrics import ControllerMetrics
+from cdi.controller.owners import owner_keys
 from cdi.controller.populators.base import PopulatorReconciler
 from cdi.controller.populators.clones import ClonePopulator
 from cdi.controller.populators.imports import ImportPopulator
 from cdi.controller.populators.uploads import UploadPopulator
-from cdi.controller.runtime import Context, Reconciler, Settings, owner_keys
+from cdi.controller.runtime import Context, Reconciler, Settings
 from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.kube import KubeClient, LeaderElectionConfig, LeaderElector, object_key
 
@@ -257,9 +258,7 @@ class Manager:
         self._tasks.clear()
         for informer in self.ctx.informers.values():
             await informer.stop()
-        await self.datavolumes.close()
-        await self.clones.close()
-        await self.import_populator.close()
+        await self.ctx.progress.close()
         await self.ctx.recorder.close()
 
     # -- metrics ---------------------------------------------------------------------------------------

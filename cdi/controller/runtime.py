@@ -14,6 +14,7 @@ from typing import Any
 
 from cdi.api.groups import GVR
 from cdi.controller.metrics import ControllerMetrics
+from cdi.controller.progress import ProgressScraper
 from cdi.kube import (
     Conflict,
     EventRecorder,
@@ -62,6 +63,7 @@ class Context:
         self.metrics = metrics
         self.informers: dict[GVR, Informer] = {}
         self.recorder = EventRecorder(client, "cdi-controller")
+        self.progress = ProgressScraper()
 
     def informer(self, gvr: GVR) -> Informer:
         if gvr not in self.informers:
@@ -139,10 +141,3 @@ async def write_status(client: KubeClient, gvr: GVR, obj: Mapping[str, Any], sta
                                        subresource="status")
     return result
 
-
-def owner_keys(obj: Mapping[str, Any], kind: str) -> list[str]:
-    """namespace/name of the owners of `obj` of one kind (how a PVC event finds its DataVolume)."""
-    meta = obj.get("metadata") or {}
-    namespace = meta.get("namespace", "")
-    return [f"{namespace}/{ref['name']}" if namespace else str(ref["name"])
-            for ref in meta.get("ownerReferences") or [] if ref.get("kind") == kind]

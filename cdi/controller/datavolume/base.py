@@ -8,8 +8,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups
 from cdi.api.importrequest import ImportRequest
@@ -27,7 +25,7 @@ from cdi.api.views import ClaimView, DataVolumeView, PodView
 from cdi.controller import conditions
 from cdi.controller.claims import cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
-from cdi.controller.progress import format_progress, scrape
+from cdi.controller.owners import owner_reference
 from cdi.controller.populators.datavolumes import (
     claim_uses_populator,
     csi_driver_exists,
@@ -36,7 +34,8 @@ from cdi.controller.populators.datavolumes import (
     pending_population,
     uses_populator,
 )
-from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.progress import format_progress
+from cdi.controller.runtime import Reconciler, write_status
 from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
 from cdi.kube.events import EventType
 
@@ -63,14 +62,6 @@ def _passes_label(key: str) -> bool:
 
 class DataVolumeReconciler(Reconciler):
     name = "datavolume"
-
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
-        self._session: aiohttp.ClientSession | None = None
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
@@ -145,8 +136,7 @@ class DataVolumeReconciler(Reconciler):
         addOwnerRef), keeping the claim's other owners."""
         view = DataVolumeView(dv)
         owners = [dict(r) for r in ClaimView(pvc).owner_references]
-        owners.append({"apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
-                       "uid": view.uid, "controller": True, "blockOwnerDeletion": True})
+        owners.append(owner_reference(groups.DATAVOLUMES, dv))
         patch = {"metadata": {"ownerReferences": owners, "resourceVersion": ClaimView(pvc).resource_version}}
         adopted: Obj = await self.ctx.client.patch(groups.PVCS, view.name, patch, view.namespace)
         return adopted
@@ -220,9 +210,7 @@ class DataVolumeReconciler(Reconciler):
         claim = {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": view.name, "namespace": view.namespace, "labels": labels,
-                         "annotations": annotations, "ownerReferences": [{
-                             "apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
-                             "uid": view.uid, "controller": True, "blockOwnerDeletion": True}]},
+                         "annotations": annotations, "ownerReferences": [owner_reference(groups.DATAVOLUMES, dv)]},
             "spec": spec,
         }
         try:
@@ -415,9 +403,7 @@ class DataVolumeReconciler(Reconciler):
         pod_ip = PodView(pod).pod_ip if pod else ""
         if not pod_ip:
             return None
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, pod_ip, owner_uid)
+        report = await self.ctx.progress.read(pod_ip, owner_uid)
         if report is None:
             running = conditions.find(status.get("conditions") or [], "Running")
             return str(running.get("message", "")) if running and running.get("status") == "True" else None

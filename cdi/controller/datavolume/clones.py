@@ -28,8 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from cdi.api import annotations as ann
 from cdi.api import env, groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
@@ -53,9 +51,10 @@ from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
 from cdi.controller.copyevents import copy_events
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.progress import format_progress, scrape
 from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
+from cdi.controller.owners import owner_reference
+from cdi.controller.progress import format_progress
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
@@ -195,11 +194,6 @@ class CloneReconciler(Reconciler):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._signing_key: bytes | None = None
-        self._session: aiohttp.ClientSession | None = None
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
     def lookup(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         return self.ctx.cached(gvr, name, namespace)
@@ -283,9 +277,7 @@ class CloneReconciler(Reconciler):
         labels.update({ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_FILLING_UP_ALERT: "disabled"})
         claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                  "metadata": {"name": view.name, "namespace": view.namespace, "labels": labels,
-                              "annotations": annotations, "ownerReferences": [{
-                                  "apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
-                                  "uid": view.uid, "controller": True, "blockOwnerDeletion": True}]},
+                              "annotations": annotations, "ownerReferences": [owner_reference(groups.DATAVOLUMES, dv)]},
                  "spec": spec}
         try:
             created = await self.ctx.client.create(groups.PVCS, claim, view.namespace)
@@ -608,8 +600,7 @@ class CloneReconciler(Reconciler):
         cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
         pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True,
                          days=cert_days(cdi, "client"))
-        owner = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": temp_name,
-                  "uid": ClaimView(temp).uid, "controller": True, "blockOwnerDeletion": True}]
+        owner = [owner_reference(groups.PVCS, temp)]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: SOURCE_CONTAINER,
                   ann.LABEL_OWNED_BY_UID: ClaimView(target).uid}
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
@@ -823,9 +814,7 @@ class CloneReconciler(Reconciler):
         pod_ip = PodView(pod).pod_ip if pod else ""
         if not pod_ip:
             return
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, pod_ip, view.uid)
+        report = await self.ctx.progress.read(pod_ip, view.uid)
         if report is not None and report.progress is not None:
             status["progress"] = format_progress(min(report.progress, 99.99))
 

@@ -43,13 +43,13 @@ from cdi.controller.claims import (
     claim_overhead,
     delete_if_present,
     ensure_scratch,
-    owner_reference,
     preallocation_wanted,
     scratch_name,
     waits_for_first_consumer,
 )
 from cdi.controller.datavolume.imports import termination
 from cdi.controller.datavolume.uploadpki import CLIENT_NAME, UploadPki, cert_days, ensure_upload_pki
+from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Reconciler
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
@@ -128,7 +128,7 @@ class UploadReconciler(Reconciler):
         claim = ClaimView(pvc)
         namespace, name = claim.namespace, claim.name
         resource, service = upload_name(name), upload_service_name(name)
-        owner = [owner_reference(pvc)]
+        owner = [owner_reference(groups.PVCS, pvc)]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "cdi-upload-server"}
         pki_ = await self.pki()
         cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)

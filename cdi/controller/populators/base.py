@@ -14,8 +14,9 @@ from cdi.api import annotations as ann
 from cdi.api import groups, referencegrant
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import ClaimView, ObjectView, PersistentVolumeView
-from cdi.controller.claims import annotate, owner_reference
+from cdi.controller.claims import annotate
 from cdi.controller.copyevents import copy_events
+from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler
 from cdi.kube import NORMAL, WARNING, AlreadyExists, ApiError, NotFound, split_key
 
@@ -219,7 +220,7 @@ class PopulatorReconciler(Reconciler):
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": prime_name(pvc), "namespace": namespace,
                          "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true"},
-                         "annotations": annotations, "ownerReferences": [owner_reference(pvc)]},
+                         "annotations": annotations, "ownerReferences": [owner_reference(groups.PVCS, pvc)]},
             "spec": spec,
         }
         try:
