@@ -11,8 +11,8 @@ from cdi.api import featuregates, groups, naming
 from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space, round_up, usable_space
-from cdi.api.views import ClaimView, StorageProfileView
-from cdi.controller.owners import owner_reference
+from cdi.api.views import ClaimView, PodView, StorageProfileView
+from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
@@ -50,6 +50,12 @@ def waits_for_first_consumer(ctx: Context, pvc: Body) -> bool:
         return False
     return featuregates.enabled(ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME),
                                 featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER)
+
+
+def claim_keys_of_pod(pod: Body) -> list[str]:
+    """namespace/name of the claims a pod works for: those owning it (a worker pod) and those it mounts."""
+    view = PodView(pod)
+    return [*owner_keys(pod, "PersistentVolumeClaim"), *(f"{view.namespace}/{claim}" for claim in view.claim_names)]
 
 
 async def annotate(ctx: Context, pvc: Body, changes: Mapping[str, str | None]) -> None:

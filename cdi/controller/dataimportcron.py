@@ -55,8 +55,9 @@ from cdi.controller.datavolume.importpod import (
 from cdi.controller.datavolume.imports import termination
 from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
-from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -207,6 +208,24 @@ class DataImportCronReconciler(Reconciler):
     def __init__(self, ctx: Context, clock: Clock | None = None) -> None:
         super().__init__(ctx)
         self.clock: Clock = clock or utcnow
+
+    def watches(self) -> list[Watch]:
+        """A cron itself. What it made or manages (by CDI's label: DataVolumes, claims, snapshots,
+        DataSources, poller pods) and what uses its images (a pod's claims, a DataSource, a clone
+        DataVolume, a claim filled from one), as they are and as they were: what lets go of an outdated
+        import lets the cron collect it. Every cron when a StorageClass or StorageProfile changes: a new
+        default class moves their images, a profile says their format (dataImportCronSourceFormat)."""
+        def made_or_using(gvr: groups.GVR) -> Watch:
+            return Watch(gvr, lambda obj: [*cron_keys_of(obj), *cron_keys_of_user(self.ctx.cached, gvr, obj)],
+                         before_too=True)
+
+        def every_cron(_: Obj) -> list[str]:
+            return [object_key(cron) for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS)]
+
+        return [Watch(groups.DATAIMPORTCRONS, lambda cron: [object_key(cron)]),
+                *(made_or_using(gvr) for gvr in USER_KINDS),
+                Watch(groups.VOLUMESNAPSHOTS, cron_keys_of, before_too=True),
+                Watch(groups.STORAGECLASSES, every_cron), Watch(groups.STORAGEPROFILES, every_cron)]
 
     # -- entry -----------------------------------------------------------------------------------------
 

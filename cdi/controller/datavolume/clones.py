@@ -51,11 +51,13 @@ from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
 from cdi.controller.copyevents import copy_events
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
+from cdi.controller.datavolume.base import datavolume_watches
 from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
 from cdi.controller.owners import owner_reference
 from cdi.controller.progress import format_progress
 from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 from cdi.kube.events import EventType
@@ -194,6 +196,9 @@ class CloneReconciler(Reconciler):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._signing_key: bytes | None = None
+
+    def watches(self) -> list[Watch]:
+        return datavolume_watches(self.ctx, is_clone)
 
     def lookup(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         return self.ctx.cached(gvr, name, namespace)

@@ -49,10 +49,11 @@ from cdi.controller.claims import (
 )
 from cdi.controller.datavolume.imports import termination
 from cdi.controller.datavolume.uploadpki import CLIENT_NAME, UploadPki, cert_days, ensure_upload_pki
-from cdi.controller.owners import owner_reference
+from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Reconciler
+from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings, worker_pod
-from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
+from cdi.kube import WARNING, AlreadyExists, NotFound, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -89,6 +90,13 @@ def upload_needs_scratch(pvc: Body) -> bool:
 
 class UploadReconciler(Reconciler):
     name = "upload"
+
+    def watches(self) -> list[Watch]:
+        """Claims that are upload targets, and the scratch claims they own; pods owned by a claim (its
+        upload server)."""
+        return [Watch(groups.PVCS, lambda pvc: [*([object_key(pvc)] if is_upload_claim(pvc) else []),
+                                                *owner_keys(pvc, "PersistentVolumeClaim")]),
+                Watch(groups.PODS, lambda pod: owner_keys(pod, "PersistentVolumeClaim"))]
 
     async def pki(self) -> UploadPki:
         """The upload signers as they are now, read for each pod: rotated per certConfig, a pod made after
