@@ -15,6 +15,7 @@ from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
 from cdi.api.views import ObjectView
 from cdi.common.verbosity import log_level
 from cdi.controller.runtime import Reconciler, write_status
+from cdi.controller.watches import Watch
 from cdi.kube import AlreadyExists
 
 Obj = dict[str, Any]
@@ -65,6 +66,14 @@ def effective_status(spec: Mapping[str, Any], storage_classes: Sequence[Mapping[
 
 class ConfigReconciler(Reconciler):
     name = "cdiconfig"
+
+    def watches(self) -> list[Watch]:
+        """The one CDIConfig, computed from the CDI resource, itself, and the StorageClasses (its status
+        names only classes that exist: the scratch class, per-class filesystem overhead)."""
+        return [Watch(gvr, lambda _: [CONFIG_KEY]) for gvr in (groups.STORAGECLASSES, groups.CDICONFIGS, groups.CDIS)]
+
+    def initial_keys(self) -> list[str]:
+        return [CONFIG_KEY]  # made at start even when nothing changes
 
     async def reconcile(self, key: str) -> float | None:
         cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)

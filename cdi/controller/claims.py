@@ -11,7 +11,8 @@ from cdi.api import featuregates, groups, naming
 from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space, round_up, usable_space
-from cdi.api.views import ClaimView, StorageProfileView
+from cdi.api.views import ClaimView, PodView, StorageProfileView
+from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
@@ -51,9 +52,10 @@ def waits_for_first_consumer(ctx: Context, pvc: Body) -> bool:
                                 featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER)
 
 
-def owner_reference(pvc: Body) -> Obj:
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": ClaimView(pvc).name,
-            "uid": ClaimView(pvc).uid, "controller": True, "blockOwnerDeletion": True}
+def claim_keys_of_pod(pod: Body) -> list[str]:
+    """namespace/name of the claims a pod works for: those owning it (a worker pod) and those it mounts."""
+    view = PodView(pod)
+    return [*owner_keys(pod, "PersistentVolumeClaim"), *(f"{view.namespace}/{claim}" for claim in view.claim_names)]
 
 
 async def annotate(ctx: Context, pvc: Body, changes: Mapping[str, str | None]) -> None:
@@ -84,7 +86,8 @@ async def ensure_scratch(ctx: Context, pvc: Body) -> str:
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "namespace": namespace,
                      "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true"},
-                     "annotations": {ann.BIND_IMMEDIATE: "true"}, "ownerReferences": [owner_reference(pvc)]},
+                     "annotations": {ann.BIND_IMMEDIATE: "true"},
+                     "ownerReferences": [owner_reference(groups.PVCS, pvc)]},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
                  "resources": {"requests": {"storage": str(size)}}},
     }

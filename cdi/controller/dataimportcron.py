@@ -53,9 +53,11 @@ from cdi.controller.datavolume.importpod import (
     node_pull_poller,
 )
 from cdi.controller.datavolume.imports import termination
+from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
-from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -207,6 +209,24 @@ class DataImportCronReconciler(Reconciler):
         super().__init__(ctx)
         self.clock: Clock = clock or utcnow
 
+    def watches(self) -> list[Watch]:
+        """A cron itself. What it made or manages (by CDI's label: DataVolumes, claims, snapshots,
+        DataSources, poller pods) and what uses its images (a pod's claims, a DataSource, a clone
+        DataVolume, a claim filled from one), as they are and as they were: what lets go of an outdated
+        import lets the cron collect it. Every cron when a StorageClass or StorageProfile changes: a new
+        default class moves their images, a profile says their format (dataImportCronSourceFormat)."""
+        def made_or_using(gvr: groups.GVR) -> Watch:
+            return Watch(gvr, lambda obj: [*cron_keys_of(obj), *cron_keys_of_user(self.ctx.cached, gvr, obj)],
+                         before_too=True)
+
+        def every_cron(_: Obj) -> list[str]:
+            return [object_key(cron) for cron in self.ctx.cached_list(groups.DATAIMPORTCRONS)]
+
+        return [Watch(groups.DATAIMPORTCRONS, lambda cron: [object_key(cron)]),
+                *(made_or_using(gvr) for gvr in USER_KINDS),
+                Watch(groups.VOLUMESNAPSHOTS, cron_keys_of, before_too=True),
+                Watch(groups.STORAGECLASSES, every_cron), Watch(groups.STORAGEPROFILES, every_cron)]
+
     # -- entry -----------------------------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> float | None:
@@ -289,8 +309,7 @@ class DataImportCronReconciler(Reconciler):
             insecure_registries=tuple(ObjectView(config).spec.get("insecureRegistries") or ()),
             pod=pod_settings(self.ctx),
             retry_budget=POLL_RETRY_BUDGET)
-        owner = {"apiVersion": groups.CDI_API_VERSION, "kind": "DataImportCron", "name": DataImportCronView(cron).name,
-                 "uid": DataImportCronView(cron).uid, "controller": True, "blockOwnerDeletion": True}
+        owner = owner_reference(groups.DATAIMPORTCRONS, cron)
         if request.node_pull:
             pod = node_pull_poller(pseudo, request, settings, owner)
         else:

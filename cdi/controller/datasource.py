@@ -14,6 +14,8 @@ from cdi.api import groups
 from cdi.api.views import DataSourceView, DataVolumeView, ObjectView, SnapshotView
 from cdi.controller import conditions
 from cdi.controller.runtime import Reconciler, write_status
+from cdi.controller.watches import Watch
+from cdi.kube import object_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -123,13 +125,19 @@ class DataSourceReconciler(Reconciler):
     def lookup(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         return self.ctx.cached(gvr, name, namespace)
 
-    def enqueue_referring(self, kind: str, key: str) -> None:
-        """Queue every DataSource that names the `kind` object `key` (a PVC, snapshot, DataVolume of
-        the PVC's name, or DataSource)."""
-        for data_source in self.ctx.cached_list(groups.DATASOURCES):
-            if (kind, key) in referenced_keys(data_source):
-                meta = data_source["metadata"]
-                self.enqueue(f"{meta['namespace']}/{meta['name']}")
+    def referring(self, kind: str, key: str) -> list[str]:
+        """Every DataSource that names the `kind` object `key` (a PVC, snapshot, DataVolume of the PVC's
+        name, or DataSource)."""
+        return [object_key(data_source) for data_source in self.ctx.cached_list(groups.DATASOURCES)
+                if (kind, key) in referenced_keys(data_source)]
+
+    def watches(self) -> list[Watch]:
+        """A DataSource, and every DataSource naming it; those naming a claim, when the claim or the
+        DataVolume of its name changes; those naming a snapshot, when it changes."""
+        return [Watch(groups.DATASOURCES, lambda ds: [object_key(ds), *self.referring("dataSource", object_key(ds))]),
+                Watch(groups.PVCS, lambda pvc: self.referring("pvc", object_key(pvc))),
+                Watch(groups.DATAVOLUMES, lambda dv: self.referring("pvc", object_key(dv))),
+                Watch(groups.VOLUMESNAPSHOTS, lambda snapshot: self.referring("snapshot", object_key(snapshot)))]
 
     async def reconcile(self, key: str) -> float | None:
         namespace, _, name = key.partition("/")

@@ -8,12 +8,14 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdi.api.groups import GVR
 from cdi.controller.metrics import ControllerMetrics
+from cdi.controller.progress import ProgressScraper
+from cdi.controller.watches import Watch
 from cdi.kube import (
     Conflict,
     EventRecorder,
@@ -62,6 +64,7 @@ class Context:
         self.metrics = metrics
         self.informers: dict[GVR, Informer] = {}
         self.recorder = EventRecorder(client, "cdi-controller")
+        self.progress = ProgressScraper()
 
     def informer(self, gvr: GVR) -> Informer:
         if gvr not in self.informers:
@@ -77,6 +80,7 @@ class Context:
 
 class Reconciler:
     """Subclasses implement `reconcile(key)`; the return value asks for a requeue after that many seconds.
+    They declare what brings a key back in `watches()` (and `initial_keys()`); the manager runs those.
 
     Errors are retried with per-key exponential backoff; a 409 is retried promptly (the cache is
     merely behind); a 404 means the object went away while reconciling, which is no error."""
@@ -90,6 +94,14 @@ class Reconciler:
 
     def enqueue(self, key: str) -> None:
         self.queue.add(key)
+
+    def watches(self) -> Sequence[Watch]:
+        """The events that requeue keys of this reconciler: one `Watch` per kind it depends on."""
+        return ()
+
+    def initial_keys(self) -> Iterable[str]:
+        """Keys reconciled once the caches are synced, whatever events come (a singleton's key)."""
+        return ()
 
     async def reconcile(self, key: str) -> float | None:
         raise NotImplementedError  # pragma: no cover - every reconciler overrides it
@@ -139,10 +151,3 @@ async def write_status(client: KubeClient, gvr: GVR, obj: Mapping[str, Any], sta
                                        subresource="status")
     return result
 
-
-def owner_keys(obj: Mapping[str, Any], kind: str) -> list[str]:
-    """namespace/name of the owners of `obj` of one kind (how a PVC event finds its DataVolume)."""
-    meta = obj.get("metadata") or {}
-    namespace = meta.get("namespace", "")
-    return [f"{namespace}/{ref['name']}" if namespace else str(ref["name"])
-            for ref in meta.get("ownerReferences") or [] if ref.get("kind") == kind]

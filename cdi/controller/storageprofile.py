@@ -9,10 +9,11 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.views import ObjectView
+from cdi.api.views import ObjectView, PersistentVolumeView
 from cdi.controller import conditions
-from cdi.controller.capabilities import is_complete, profile_annotations, profile_status
+from cdi.controller.capabilities import NO_PROVISIONER, is_complete, profile_annotations, profile_status
 from cdi.controller.runtime import Reconciler, write_status
+from cdi.controller.watches import Watch
 from cdi.kube import AlreadyExists, NotFound
 
 Obj = dict[str, Any]
@@ -28,6 +29,21 @@ def _merge_conditions(old: list[Mapping[str, Any]], new: list[Mapping[str, Any]]
 
 class StorageProfileReconciler(Reconciler):
     name = "storageprofile"
+
+    def watches(self) -> list[Watch]:
+        """A profile is keyed by its class's name: the class and the profile themselves; every class when a
+        snapshot class changes (which classes can snapshot); a no-provisioner class when one of its volumes
+        changes (its profile takes its claim property sets from them)."""
+        return [Watch(groups.STORAGECLASSES, lambda sc: [ObjectView(sc).name]),
+                Watch(groups.STORAGEPROFILES, lambda profile: [ObjectView(profile).name]),
+                Watch(groups.VOLUMESNAPSHOTCLASSES, lambda _: [ObjectView(sc).name for sc in
+                                                               self.ctx.cached_list(groups.STORAGECLASSES)]),
+                Watch(groups.PVS, self._no_provisioner_class_of)]
+
+    def _no_provisioner_class_of(self, volume: Obj) -> list[str]:
+        name = PersistentVolumeView(volume).storage_class
+        storage_class = self.ctx.cached(groups.STORAGECLASSES, name) if name else None
+        return [name] if storage_class is not None and storage_class.get("provisioner") == NO_PROVISIONER else []
 
     async def reconcile(self, key: str) -> float | None:
         storage_class = self.ctx.cached(groups.STORAGECLASSES, key)

@@ -21,7 +21,7 @@ A caller builds only what is its own (containers with their env, mounts and port
 policy, its labels) and passes them through `worker_pod`. A clone source or target pod, for example:
 
     worker_pod(name=..., namespace=..., component="cdi-clone-source", annotated=target_pvc,
-               owner=owner_reference(source_pvc), containers=[cloner_container], volumes=[...],
+               owner=owner_reference(groups.PVCS, source_pvc), containers=[cloner_container], volumes=[...],
                restart_policy="OnFailure", settings=pod_settings(ctx))
 
 where `annotated` is the object whose pass-through annotations the pod takes (CDI uses the target

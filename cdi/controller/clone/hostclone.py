@@ -22,6 +22,7 @@ from cdi.controller.clone.phase import STARTED, WAIT, Step
 from cdi.controller.clone.target import SOURCE_CONTAINER, CloneTarget, source_pod_name
 from cdi.controller.datavolume.uploadpki import cert_days, ensure_upload_pki
 from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
+from cdi.controller.owners import owner_reference
 from cdi.controller.workerpod import pod_settings, worker_pod
 
 Obj = dict[str, Any]
@@ -89,8 +90,7 @@ async def create_source_pod(clone: CloneTarget, temp: Obj, source_name: str) -> 
     cdi = next(iter(ctx.cached_list(groups.CDIS)), None)
     pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True,
                      days=cert_days(cdi, "client"))
-    owner = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": temp_name,
-              "uid": ClaimView(temp).uid, "controller": True, "blockOwnerDeletion": True}]
+    owner = [owner_reference(groups.PVCS, temp)]
     labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: SOURCE_CONTAINER,
               ann.LABEL_OWNED_BY_UID: ClaimView(target).uid}
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",

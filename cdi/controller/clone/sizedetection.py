@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
+from cdi.api import groups
 from cdi.api.views import ClaimView, DataVolumeView, PodView
+from cdi.controller.owners import owner_reference
 from cdi.controller.workerpod import PodSettings, worker_pod
 
 Obj = dict[str, Any]
@@ -42,10 +44,8 @@ def size_detection_pod(source: Body, dv: Body, image: str, settings: PodSettings
     namespace = claim.namespace
     container: Obj = {"name": CONTAINER, "image": image, "command": [COMMAND], "args": ["-image-path", IMAGE_PATH],
                       "volumeMounts": [{"name": "cdi-data-vol", "mountPath": "/data", "readOnly": True}]}
-    owner = {"apiVersion": dv.get("apiVersion") or "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-             "name": owner_dv.name, "uid": owner_dv.uid, "controller": True,
-             "blockOwnerDeletion": True}
-    pod = worker_pod(name=pod_name(source), namespace=namespace, component=COMPONENT, annotated=dv, owner=owner,
+    pod = worker_pod(name=pod_name(source), namespace=namespace, component=COMPONENT, annotated=dv,
+                     owner=owner_reference(groups.DATAVOLUMES, dv),
                      containers=[container], restart_policy="Never", settings=settings,
                      volumes=[{"name": "cdi-data-vol", "persistentVolumeClaim": {
                          "claimName": claim.name, "readOnly": True}}])

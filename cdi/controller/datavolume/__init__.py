@@ -1,10 +1,10 @@
 """The DataVolume controllers, split by source kind as CDI's are (pkg/controller/datavolume/ and the claim
 controllers in pkg/controller/):
 
-- `base`: the DataVolume reconciler shared by import, upload and externally populated DataVolumes (CDI's
-  controller-base.go with import-controller.go and upload-controller.go of pkg/controller/datavolume/):
-  renders and creates the claim, derives phase, conditions, progress and events from it;
-  `staticvolumes` and `progress` are its helpers.
+- `base`: what every DataVolume reconciler shares (CDI's controller-base.go): renders and creates the
+  claim, derives phase, conditions and events from it, and the common watches; `staticvolumes` is its
+  helper. One reconciler per source kind on it: `importsource` (http, s3, gcs, registry, blank),
+  `uploadsource` (upload) and `externalpopulation` (a claim filled by its own data source or populator).
 - `imports` (with `importpod`, `importproxy`): the claim's importer pod (CDI's pkg/controller/import-controller.go).
 - `uploads` (with `uploadpki`): the claim's upload server pod and Service (CDI's upload-controller.go).
 - `clones`: PVC and snapshot clone DataVolumes (CDI's pvc-clone-controller.go and

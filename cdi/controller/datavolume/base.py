@@ -1,18 +1,21 @@
-"""The DataVolume reconciler: renders and creates the PVC (annotated with what to import), and
-derives the DataVolume's phase, conditions, progress, restart count and events from the PVC and
-the annotations the import reconciler keeps on it, exactly as CDI names them."""
+"""The shared base of the DataVolume reconcilers, one per source kind as CDI has them (its
+controller-base.go): renders and creates the claim, takes a claim that needs no work (populated for
+the DataVolume, adopted, a static volume), and derives the DataVolume's phase, conditions, restart
+count and events from the claim and the annotations its worker's reconciler keeps on it, exactly as
+CDI names them. What differs by source kind is asked of the subclass: which DataVolumes are its own
+(`handles`), what a claim it fills is annotated with (`claim_annotations`) and the phase its worker
+gives a bound claim (`worker_phase`).
+
+`datavolume_watches` is what every DataVolume reconciler watches, the clone one included."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
-
-import aiohttp
 
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups
-from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import (
     NoStorageClass,
@@ -22,37 +25,32 @@ from cdi.api.rendering import (
     webhook_rendering_enabled,
 )
 from cdi.api.upload import FORMAT_ANNOTATION
-from cdi.api.validation import Cause, external_population, unsupported_source
-from cdi.api.views import ClaimView, DataVolumeView, PodView
+from cdi.api.validation import Cause, unsupported_source
+from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PersistentVolumeView
 from cdi.controller import conditions
-from cdi.controller.claims import cluster_storage, waits_for_first_consumer
+from cdi.controller.claims import claim_keys_of_pod, cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
-from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.populators.datavolumes import (
     claim_uses_populator,
-    csi_driver_exists,
     delete_volume_source,
     ensure_volume_source,
     pending_population,
     uses_populator,
 )
 from cdi.controller.runtime import Context, Reconciler, write_status
-from cdi.kube import NORMAL, WARNING, AlreadyExists, split_key
+from cdi.controller.watches import Watch
+from cdi.kube import NORMAL, WARNING, AlreadyExists, object_key, split_key
 from cdi.kube.events import EventType
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
 Event = tuple[EventType, str, str]
 
-IMPORT_SOURCES = {"http", "s3", "gcs", "registry", "blank"}
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
                        ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION)
-EXTERNAL_POPULATION = "cdi.kubevirt.io/externalPopulation"  # CDI's AnnExternalPopulation
-NO_CSI_DRIVER, NO_ANY_VOLUME_DATA_SOURCE = "NoCSIDriverForExternalPopulation", "NoAnyVolumeDataSource"
-PRIORITY_CLASS = ann.POD_PRIORITY_CLASS
-SERVICE_ACCOUNT = ann.POD_SERVICE_ACCOUNT
 
 
 def _passes_label(key: str) -> bool:
@@ -61,16 +59,83 @@ def _passes_label(key: str) -> bool:
     return prefix == "kubevirt.io" or prefix.endswith(".kubevirt.io")
 
 
+def datavolume_watches(ctx: Context, handles: Callable[[Body], bool]) -> list[Watch]:
+    """What every DataVolume reconciler watches (CDI's addDataVolumeControllerCommonWatches), for the
+    DataVolumes `handles` says are its own: the DataVolume; a claim of its name (owned or not) or owned
+    by it; and StorageClasses and StorageProfiles, for every DataVolume still without a claim. Those
+    wait for a class to exist, or for a profile to give the access and volume modes the `storage` API
+    leaves out, so creating the class or completing its profile is all an admin has to do; any class
+    counts, as a new default class changes the one a DataVolume naming none gets."""
+
+    def datavolume(dv: Obj) -> list[str]:
+        return [object_key(dv)] if handles(dv) else []
+
+    def claim(pvc: Obj) -> list[str]:
+        return own_datavolumes(ctx, handles, [object_key(pvc), *owner_keys(pvc, "DataVolume")])
+
+    def waiting_on_storage(_: Obj) -> list[str]:
+        return [ObjectView(dv).key for dv in ctx.cached_list(groups.DATAVOLUMES) if handles(dv) and
+                ctx.cached(groups.PVCS, ObjectView(dv).name, ObjectView(dv).namespace) is None]
+
+    return [Watch(groups.DATAVOLUMES, datavolume), Watch(groups.PVCS, claim),
+            Watch(groups.STORAGECLASSES, waiting_on_storage), Watch(groups.STORAGEPROFILES, waiting_on_storage)]
+
+
+def own_datavolumes(ctx: Context, handles: Callable[[Body], bool], keys: list[str]) -> list[str]:
+    """The keys of `keys` naming a DataVolume that exists and that `handles` says is ours."""
+    found = []
+    for key in keys:
+        namespace, name = split_key(key)
+        dv = ctx.cached(groups.DATAVOLUMES, name, namespace)
+        if dv is not None and handles(dv):
+            found.append(key)
+    return found
+
+
 class DataVolumeReconciler(Reconciler):
-    name = "datavolume"
+    """The flow every source kind shares; a subclass per kind fills in what differs."""
 
-    def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx)
-        self._session: aiohttp.ClientSession | None = None
+    # the event of a claim whose worker succeeded: reason, and message about the claim's name
+    succeeded_reason = "ImportSucceeded"
+    succeeded_message = "Successfully imported into PVC {}"
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+    # -- what each source kind provides ---------------------------------------------------------------
+
+    def handles(self, dv: Body) -> bool:
+        """Whether the DataVolume is of this reconciler's source kind."""
+        raise NotImplementedError  # pragma: no cover - every source kind overrides it
+
+    def claim_annotations(self, view: DataVolumeView) -> dict[str, str]:
+        """What a claim this kind's worker fills is annotated with, for the reconciler that runs the worker."""
+        raise NotImplementedError  # pragma: no cover - every source kind overrides it
+
+    def worker_phase(self, view: DataVolumeView, pvc: Body, status: Obj) -> tuple[Event | None, float | None]:
+        """The phase (set in `status`) of a DataVolume whose claim is bound, or waits for its worker as
+        the first consumer; with the event of a phase change and when to look again."""
+        raise NotImplementedError  # pragma: no cover - every source kind overrides it
+
+    async def running_message(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
+        """The Running condition's message from the worker itself, None to keep what the claim says."""
+        return None
+
+    # -- what brings a DataVolume back ----------------------------------------------------------------
+
+    def watches(self) -> list[Watch]:
+        """The common DataVolume watches, and: pods owned by or mounting a DataVolume's claim (its
+        worker's progress), and volumes pre-bound to a DataVolume's claim (`storage.checkStaticVolume`)."""
+        return [*datavolume_watches(self.ctx, self.handles), Watch(groups.PODS, self._keys_of_pod),
+                Watch(groups.PVS, self._keys_of_volume)]
+
+    def _keys_of_pod(self, pod: Obj) -> list[str]:
+        return own_datavolumes(self.ctx, self.handles, claim_keys_of_pod(pod))
+
+    def _keys_of_volume(self, volume: Obj) -> list[str]:
+        ref = PersistentVolumeView(volume).claim_ref
+        if not (ref.get("name") and ref.get("namespace")):
+            return []
+        return own_datavolumes(self.ctx, self.handles, [f"{ref['namespace']}/{ref['name']}"])
+
+    # -- the shared flow ------------------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
@@ -78,14 +143,12 @@ class DataVolumeReconciler(Reconciler):
         if dv is None or DataVolumeView(dv).deleting:
             self.ctx.metrics.clear_import_progress(key)
             return None
+        if not self.handles(dv):
+            return None  # another source kind's
         view = DataVolumeView(dv)
-        kind = view.source_kind
         unsupported = unsupported_source(view.spec)
         if unsupported is not None:
             return await self._refuse(dv, unsupported)
-        external = kind is None and view.source_ref is None and external_population(view.spec) is not None
-        if kind not in IMPORT_SOURCES and kind != "upload" and not external:
-            return None  # clones are reconciled elsewhere
         pvc = self.ctx.cached(groups.PVCS, name, namespace)
         if pvc is None:
             if ann.PRE_POPULATED in view.annotations:
@@ -145,8 +208,7 @@ class DataVolumeReconciler(Reconciler):
         addOwnerRef), keeping the claim's other owners."""
         view = DataVolumeView(dv)
         owners = [dict(r) for r in ClaimView(pvc).owner_references]
-        owners.append({"apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
-                       "uid": view.uid, "controller": True, "blockOwnerDeletion": True})
+        owners.append(owner_reference(groups.DATAVOLUMES, dv))
         patch = {"metadata": {"ownerReferences": owners, "resourceVersion": ClaimView(pvc).resource_version}}
         adopted: Obj = await self.ctx.client.patch(groups.PVCS, view.name, patch, view.namespace)
         return adopted
@@ -172,7 +234,7 @@ class DataVolumeReconciler(Reconciler):
             spec = unrendered_claim_spec(dv) if self._left_to_pvc_webhook(view) else \
                 render_claim_spec(dv, cluster_storage(self.ctx))
         except NoStorageClass as exc:
-            # the manager brings the DataVolume back when a StorageClass or StorageProfile changes
+            # `datavolume_watches` bring the DataVolume back when a StorageClass or StorageProfile changes
             return await self._update_status(dv, None, message=str(exc), reason="Pending", phase="Pending")
         except RenderError as exc:
             return await self._update_status(dv, None, message=str(exc), reason=exc.reason, phase="Pending",
@@ -194,13 +256,8 @@ class DataVolumeReconciler(Reconciler):
         elif static:
             # as CDI: a claim for the pre-bound volume(s) that holds the data already, with nothing to fill
             annotations[ann.PERSISTENT_VOLUME_LIST] = json.dumps(static)
-        elif view.source_kind == "upload":
-            annotations[ann.UPLOAD_TARGET] = ""
-            annotations[ann.CONTENT_TYPE] = view.content_type
-        elif view.source_kind is None:  # filled by the claim's data source or a volume populator, as CDI
-            annotations[EXTERNAL_POPULATION] = "true"
         else:
-            annotations.update(ImportRequest.from_source(view.source, view.content_type).to_annotations())
+            annotations.update(self.claim_annotations(view))
         # as CDI, every claim of a DataVolume says what it holds, whichever path fills it: a clone reads it
         # to measure a disk image's virtual size (the target's size, and whether a smaller Block target fits)
         annotations.setdefault(ann.CONTENT_TYPE, view.content_type)
@@ -208,9 +265,9 @@ class DataVolumeReconciler(Reconciler):
         if preallocation is not None:
             annotations[ann.PREALLOCATION_REQUESTED] = "true" if preallocation else "false"
         if view.spec.get("priorityClassName"):
-            annotations[PRIORITY_CLASS] = str(view.spec["priorityClassName"])
+            annotations[ann.POD_PRIORITY_CLASS] = str(view.spec["priorityClassName"])
         if view.spec.get("serviceAccountName"):
-            annotations[SERVICE_ACCOUNT] = str(view.spec["serviceAccountName"])
+            annotations[ann.POD_SERVICE_ACCOUNT] = str(view.spec["serviceAccountName"])
         annotations[ann.CREATED_FOR_DATAVOLUME] = view.uid
         if not self._gate(featuregates.HONOR_WAIT_FOR_FIRST_CONSUMER) and not static:
             annotations[ann.BIND_IMMEDIATE] = ""  # as CDI: worker pods need not wait for a first consumer
@@ -220,9 +277,7 @@ class DataVolumeReconciler(Reconciler):
         claim = {
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": view.name, "namespace": view.namespace, "labels": labels,
-                         "annotations": annotations, "ownerReferences": [{
-                             "apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
-                             "uid": view.uid, "controller": True, "blockOwnerDeletion": True}]},
+                         "annotations": annotations, "ownerReferences": [owner_reference(groups.DATAVOLUMES, dv)]},
             "spec": spec,
         }
         try:
@@ -263,8 +318,7 @@ class DataVolumeReconciler(Reconciler):
             status["claimName"] = ClaimView(pvc).name
             event, requeue = self._phase_from_claim(view, pvc, status) if requires_work else \
                 self._phase_without_work(pvc, status)
-            if status.get("phase") == "ImportInProgress":
-                running_message = await self._refresh_progress(view, pvc, status)
+            running_message = await self.running_message(view, pvc, status)
             restarts = ClaimView(pvc).annotations.get(ann.POD_RESTARTS, "")
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
@@ -322,7 +376,6 @@ class DataVolumeReconciler(Reconciler):
         name = ClaimView(pvc).name
         claim_phase = ClaimView(pvc).phase
         pod_phase = annotations.get(ann.POD_PHASE, "")
-        upload = ann.UPLOAD_TARGET in annotations or view.source_kind == "upload"
         populating = claim_uses_populator(pvc)
         if pod_phase == "Succeeded" and populating and claim_phase != "Bound":
             # filled, and the volume on its way to the claim: Succeeded once the claim can be used
@@ -330,9 +383,7 @@ class DataVolumeReconciler(Reconciler):
             return None, 0.5
         if pod_phase == "Succeeded":
             status["phase"], status["progress"] = "Succeeded", PROGRESS_COMPLETE
-            what = "Upload" if upload else "Import"
-            message = f"Successfully {'uploaded' if upload else 'imported'} into PVC {name}"
-            return (NORMAL, f"{what}Succeeded", message), None
+            return (NORMAL, self.succeeded_reason, self.succeeded_message.format(name)), None
         if claim_phase == "Pending" and populating:
             # the claim binds only once the prime's volume is handed over: the phase follows the pod
             if pending_population(self.ctx, pvc):
@@ -353,77 +404,4 @@ class DataVolumeReconciler(Reconciler):
         elif claim_phase != "Bound":
             status["phase"] = "Unknown" if claim_phase else status.get("phase", "Pending")
             return None, None
-        if upload:
-            return self._upload_phase(annotations, name, status), None
-        if annotations.get(EXTERNAL_POPULATION) == "true":
-            return self._external_population(pvc, name, status), None
-        if pod_phase == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
-            status["phase"] = "Failed"
-            return (WARNING, "ImportFailed", f"Failed to import into PVC {name}"), None
-        if pod_phase == "Running":
-            status["phase"] = "ImportInProgress"
-            return (NORMAL, "ImportInProgress", f"Import into {name} in progress"), self.ctx.settings.progress_interval
-        status["phase"] = "ImportScheduled"
-        return (NORMAL, "ImportScheduled", f"Import into {name} scheduled"), None
-
-    def _external_population(self, pvc: Body, name: str, status: Obj) -> Event:
-        """CDI's checkPopulationRequirements once an external populator bound the claim: population by
-        anything but a VolumeSnapshot needs the class's CSI driver, and by a populator kind a cluster that
-        kept `dataSourceRef` (the AnyVolumeDataSource gate; a cluster without it drops the field). Unmet,
-        the DataVolume is not Succeeded and both objects get CDI's Warning."""
-        claim = ClaimView(pvc)
-        ref = claim.data_source_ref
-        kind = ref.get("kind", "")
-        problem: tuple[str, str] | None = None
-        if kind != "VolumeSnapshot" and not csi_driver_exists(self.ctx, claim.storage_class):
-            problem = (NO_CSI_DRIVER, "No CSI drivers were found: External population not supported")
-        elif kind not in ("PersistentVolumeClaim", "VolumeSnapshot") and not claim.spec.get("dataSourceRef"):
-            problem = (NO_ANY_VOLUME_DATA_SOURCE,
-                       "AnyVolumeDataSource feature gate is not enabled: External population not supported")
-        if problem is not None:
-            self.ctx.recorder.record(pvc, WARNING, *problem)
-            return WARNING, *problem
-        status["phase"] = "Succeeded"
-        return NORMAL, "ExternalPopulationSucceeded", f"PVC {name} successfully populated by {ref.get('name', '')}"
-
-    def _upload_phase(self, annotations: Mapping[str, str], name: str, status: Obj) -> Event | None:
-        if annotations.get(ann.POD_PHASE) == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
-            status["phase"] = "Failed"
-            return WARNING, "UploadFailed", f"Upload into {name} failed"
-        if annotations.get(ann.POD_READY) == "true":
-            status["phase"] = "UploadReady"
-            return NORMAL, "UploadReady", f"Upload into {name} ready"
-        status["phase"] = "UploadScheduled"
-        return NORMAL, "UploadScheduled", f"Upload into {name} scheduled"
-
-    async def _refresh_progress(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
-        """Read the importer's progress into `status`; returns the Running condition's message: what the
-        importer is retrying ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the
-        pod could not be asked, to keep what the condition says."""
-        annotations = ClaimView(pvc).annotations
-        populated = claim_uses_populator(pvc)
-        worker_claim, owner_uid = pvc, view.uid
-        if populated:
-            # the import populator keeps the progress on the claim (CDI); what the importer retries is
-            # read from the prime claim's pod, which reports for the user's claim
-            status["progress"] = annotations.get(ann.POPULATOR_PROGRESS, PROGRESS_UNKNOWN)
-            worker_claim = self.ctx.cached(groups.PVCS, annotations.get(ann.PVC_PRIME_NAME, ""), view.namespace) \
-                or {}
-            owner_uid = ClaimView(pvc).uid
-        pod_name = ClaimView(worker_claim).annotations.get(ann.IMPORT_POD_NAME)
-        pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
-        pod_ip = PodView(pod).pod_ip if pod else ""
-        if not pod_ip:
-            return None
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, pod_ip, owner_uid)
-        if report is None:
-            running = conditions.find(status.get("conditions") or [], "Running")
-            return str(running.get("message", "")) if running and running.get("status") == "True" else None
-        if report.progress is not None:
-            if not populated:
-                # 100 is held back until the importer's result is in: conversion may still be running
-                status["progress"] = format_progress(min(report.progress, 99.99))
-            self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
-        return report.retry.describe() if report.retry else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
+        return self.worker_phase(view, pvc, status)

@@ -20,8 +20,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
@@ -49,9 +47,12 @@ from cdi.controller.clone.target import (
     temp_claim_name,
 )
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.datavolume.progress import format_progress, scrape
+from cdi.controller.datavolume.base import datavolume_watches
+from cdi.controller.owners import owner_reference
 from cdi.controller.populators.clones import unnamed_source
+from cdi.controller.progress import format_progress
 from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
 from cdi.kube.events import EventType
@@ -128,11 +129,9 @@ class CloneReconciler(Reconciler):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._signing_key: bytes | None = None
-        self._session: aiohttp.ClientSession | None = None
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+    def watches(self) -> list[Watch]:
+        return datavolume_watches(self.ctx, is_clone)
 
     def lookup(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         return self.ctx.cached(gvr, name, namespace)
@@ -216,9 +215,7 @@ class CloneReconciler(Reconciler):
         labels.update({ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_FILLING_UP_ALERT: "disabled"})
         claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                  "metadata": {"name": view.name, "namespace": view.namespace, "labels": labels,
-                              "annotations": annotations, "ownerReferences": [{
-                                  "apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name,
-                                  "uid": view.uid, "controller": True, "blockOwnerDeletion": True}]},
+                              "annotations": annotations, "ownerReferences": [owner_reference(groups.DATAVOLUMES, dv)]},
                  "spec": spec}
         try:
             created = await self.ctx.client.create(groups.PVCS, claim, view.namespace)
@@ -403,9 +400,7 @@ class CloneReconciler(Reconciler):
         pod_ip = PodView(pod).pod_ip if pod else ""
         if not pod_ip:
             return
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, pod_ip, view.uid)
+        report = await self.ctx.progress.read(pod_ip, view.uid)
         if report is not None and report.progress is not None:
             status["progress"] = format_progress(min(report.progress, 99.99))
 

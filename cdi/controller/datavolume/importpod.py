@@ -14,11 +14,11 @@ from typing import Any
 from urllib.parse import urlparse
 
 from cdi.api import annotations as ann
-from cdi.api import env, naming
+from cdi.api import env, groups, naming
 from cdi.api.importrequest import ImportRequest
 from cdi.api.views import ClaimView, PodView
-from cdi.controller.claims import owner_reference
 from cdi.controller.datavolume.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
+from cdi.controller.owners import owner_reference
 from cdi.controller.workerpod import PodSettings, worker_pod
 
 Body = Mapping[str, Any]
@@ -189,7 +189,7 @@ def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, 
         init_containers.append(init)
     pod = worker_pod(
         name=pod_name(name, attempt), namespace=namespace, component="importer", annotated=pvc,
-        owner=owner_reference(pvc), containers=containers, volumes=volumes, restart_policy="Never",
+        owner=owner_reference(groups.PVCS, pvc), containers=containers, volumes=volumes, restart_policy="Never",
         settings=settings.pod, init_containers=init_containers, labels={ann.LABEL_PROMETHEUS: "true"})
     if source.node_pull and source.registry_arch:  # CDI's setRegistryNodeImportNodeSelector
         pod["spec"].setdefault("nodeSelector", {})["kubernetes.io/arch"] = source.registry_arch

@@ -17,7 +17,8 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups, naming
 from cdi.api.views import ClaimView, ObjectView
-from cdi.controller.claims import config_status, owner_reference
+from cdi.controller.claims import config_status
+from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
@@ -63,7 +64,7 @@ async def ensure_proxy_ca(ctx: Context, pvc: Body) -> None:
     copy: Obj = {"apiVersion": "v1", "kind": "ConfigMap",
                  "metadata": {"name": name, "namespace": namespace,
                               "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE},
-                              "ownerReferences": [owner_reference(pvc)]},
+                              "ownerReferences": [owner_reference(groups.PVCS, pvc)]},
                  "data": data}
     if binary:
         copy["binaryData"] = binary

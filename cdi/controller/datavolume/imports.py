@@ -30,6 +30,7 @@ from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PodView
 from cdi.controller import conditions
 from cdi.controller.claims import (
     annotate,
+    claim_keys_of_pod,
     claim_overhead,
     config_status,
     delete_if_present,
@@ -46,9 +47,11 @@ from cdi.controller.datavolume.importpod import (
     pod_name,
 )
 from cdi.controller.datavolume.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
+from cdi.controller.owners import owner_keys
 from cdi.controller.runtime import Context, Reconciler
+from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
-from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -120,6 +123,13 @@ class ImportReconciler(Reconciler):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
+
+    def watches(self) -> list[Watch]:
+        """Claims asking for an import, and the scratch claims they own; pods owned by a claim (its
+        importer) or mounting one."""
+        return [Watch(groups.PVCS, lambda pvc: [*([object_key(pvc)] if is_import_claim(pvc) else []),
+                                                *owner_keys(pvc, "PersistentVolumeClaim")]),
+                Watch(groups.PODS, claim_keys_of_pod)]
 
     def worker_settings(self) -> WorkerSettings:
         status = config_status(self.ctx)

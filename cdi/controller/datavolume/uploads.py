@@ -43,16 +43,17 @@ from cdi.controller.claims import (
     claim_overhead,
     delete_if_present,
     ensure_scratch,
-    owner_reference,
     preallocation_wanted,
     scratch_name,
     waits_for_first_consumer,
 )
 from cdi.controller.datavolume.imports import termination
 from cdi.controller.datavolume.uploadpki import CLIENT_NAME, UploadPki, cert_days, ensure_upload_pki
+from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Reconciler
+from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings, worker_pod
-from cdi.kube import WARNING, AlreadyExists, NotFound, split_key
+from cdi.kube import WARNING, AlreadyExists, NotFound, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -89,6 +90,13 @@ def upload_needs_scratch(pvc: Body) -> bool:
 
 class UploadReconciler(Reconciler):
     name = "upload"
+
+    def watches(self) -> list[Watch]:
+        """Claims that are upload targets, and the scratch claims they own; pods owned by a claim (its
+        upload server)."""
+        return [Watch(groups.PVCS, lambda pvc: [*([object_key(pvc)] if is_upload_claim(pvc) else []),
+                                                *owner_keys(pvc, "PersistentVolumeClaim")]),
+                Watch(groups.PODS, lambda pod: owner_keys(pod, "PersistentVolumeClaim"))]
 
     async def pki(self) -> UploadPki:
         """The upload signers as they are now, read for each pod: rotated per certConfig, a pod made after
@@ -128,7 +136,7 @@ class UploadReconciler(Reconciler):
         claim = ClaimView(pvc)
         namespace, name = claim.namespace, claim.name
         resource, service = upload_name(name), upload_service_name(name)
-        owner = [owner_reference(pvc)]
+        owner = [owner_reference(groups.PVCS, pvc)]
         labels = {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_COMPONENT: "cdi-upload-server"}
         pki_ = await self.pki()
         cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)

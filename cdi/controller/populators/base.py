@@ -14,9 +14,11 @@ from cdi.api import annotations as ann
 from cdi.api import groups, referencegrant
 from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.views import ClaimView, ObjectView, PersistentVolumeView
-from cdi.controller.claims import annotate, owner_reference
+from cdi.controller.claims import annotate
 from cdi.controller.copyevents import copy_events
+from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler
+from cdi.controller.watches import Watch
 from cdi.kube import NORMAL, WARNING, AlreadyExists, ApiError, NotFound, split_key
 
 Obj = dict[str, Any]
@@ -145,6 +147,14 @@ class PopulatorReconciler(Reconciler):
 
     # -- event mapping --------------------------------------------------------------------------------
 
+    def watches(self) -> list[Watch]:
+        """Claims naming this kind, or primed for it; the source objects claims name; and StorageClasses
+        and StorageProfiles, for the claims waiting for their class."""
+        def waiting(storage: Obj) -> Iterable[str]:  # a class, or its profile of the same name
+            return self.keys_waiting_on_class(ObjectView(storage).name)
+        return [Watch(groups.PVCS, self.keys_for_claim), Watch(self.source_gvr, self.keys_for_source),
+                Watch(groups.STORAGECLASSES, waiting), Watch(groups.STORAGEPROFILES, waiting)]
+
     def keys_for_claim(self, pvc: Body) -> Iterable[str]:
         """A claim event: the claim itself if it names our kind; its owner if it is our prime."""
         view = ClaimView(pvc)
@@ -219,7 +229,7 @@ class PopulatorReconciler(Reconciler):
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": prime_name(pvc), "namespace": namespace,
                          "labels": {ann.LABEL_APP: ann.LABEL_APP_VALUE, ann.LABEL_EXCLUDE_FROM_BACKUP: "true"},
-                         "annotations": annotations, "ownerReferences": [owner_reference(pvc)]},
+                         "annotations": annotations, "ownerReferences": [owner_reference(groups.PVCS, pvc)]},
             "spec": spec,
         }
         try:

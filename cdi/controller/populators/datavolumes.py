@@ -14,6 +14,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import ClaimView, DataVolumeView, ObjectView
+from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
@@ -71,8 +72,6 @@ def pending_population(ctx: Context, pvc: Body) -> bool:
 
 def _volume_source(dv: Body) -> tuple[groups.GVR, Obj]:
     view = DataVolumeView(dv)
-    owner = {"apiVersion": groups.CDI_API_VERSION, "kind": "DataVolume", "name": view.name, "uid": view.uid,
-             "controller": True, "blockOwnerDeletion": True}
     spec: Obj = {}
     if view.spec.get("contentType"):
         spec["contentType"] = view.spec["contentType"]
@@ -85,7 +84,8 @@ def _volume_source(dv: Body) -> tuple[groups.GVR, Obj]:
         kind = view.source_kind or "blank"
         spec["source"] = {kind: dict(view.source.get(kind) or {})}
     return gvr, {"apiVersion": groups.CDI_API_VERSION, "kind": gvr.kind,
-                 "metadata": {"name": name, "namespace": view.namespace, "ownerReferences": [owner]},
+                 "metadata": {"name": name, "namespace": view.namespace,
+                              "ownerReferences": [owner_reference(groups.DATAVOLUMES, dv)]},
                  "spec": spec}
 
 

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
-
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.views import ClaimView, ObjectView, PodView
 from cdi.controller.claims import config_status
-from cdi.controller.datavolume.progress import format_progress, scrape
 from cdi.controller.populators.base import Body, PopulatorReconciler, is_bound, is_complete
+from cdi.controller.progress import format_progress
 from cdi.kube import NORMAL, WARNING
 
 Obj = dict[str, Any]
@@ -31,14 +29,6 @@ class ImportPopulator(PopulatorReconciler):
     name = "import-populator"
     source_kind = VOLUME_IMPORT_SOURCE
     source_gvr = groups.VOLUMEIMPORTSOURCES
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._session: aiohttp.ClientSession | None = None
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
     def population_source(self, pvc: Body) -> Body | None:
         source = super().population_source(pvc)
@@ -100,9 +90,7 @@ class ImportPopulator(PopulatorReconciler):
         pod_ip = PodView(pod).pod_ip
         if PodView(pod).phase != "Running" or not pod_ip:
             return None
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        report = await scrape(self._session, pod_ip, ClaimView(pvc).uid)
+        report = await self.ctx.progress.read(pod_ip, ClaimView(pvc).uid)
         if report is None or report.progress is None or report.progress >= 100:
             return None
         return format_progress(report.progress)

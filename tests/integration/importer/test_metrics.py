@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 
-from cdi.controller.datavolume.progress import Retry, parse_retry
+from cdi.controller.progress import Retry, parse_retry
 from cdi.importer.progress import COMPLETE, CONVERT, RESIZE, SYNC, TRANSFER_DATA_FILE, Progress
 from tests.support.servers import FileServer, MuteServer, wait_for
 

@@ -13,9 +13,11 @@ import pytest
 
 from cdi.api import groups
 from cdi.controller.datasource import DataSourceReconciler
-from cdi.controller.datavolume.base import DataVolumeReconciler
+from cdi.controller.datavolume.externalpopulation import ExternalPopulationReconciler
 from cdi.controller.datavolume.imports import ImportReconciler
+from cdi.controller.datavolume.importsource import ImportDataVolumeReconciler
 from cdi.controller.datavolume.uploads import UploadReconciler
+from cdi.controller.datavolume.uploadsource import UploadDataVolumeReconciler
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
 from tests.unit.controller.conftest import NAMESPACE, STORAGE_CLASS, events_of
@@ -58,7 +60,7 @@ HTTP_SOURCE = {"http": {"url": "https://images.example/disk.qcow2", "secretRef":
 async def test_an_import_datavolume_gets_its_claim_annotated_with_the_source(kube: FakeKube, ctx: Context) -> None:
     started = time.monotonic()
     dv = kube.add(groups.DATAVOLUMES, datavolume("disk", HTTP_SOURCE))
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
+    await ImportDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
 
     assert kube.created(groups.PVCS) == [f"{NAMESPACE}/disk"]
     pvc = kube.object(groups.PVCS, "disk", NAMESPACE)
@@ -91,7 +93,7 @@ async def test_an_import_datavolume_gets_its_claim_annotated_with_the_source(kub
 async def test_a_registry_datavolume_keeps_its_pull_method(kube: FakeKube, ctx: Context) -> None:
     kube.add(groups.DATAVOLUMES, datavolume("reg", {"registry": {"url": "docker://quay.io/disk:1",
                                                                  "pullMethod": "node"}}))
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/reg")
+    await ImportDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/reg")
     pvc = kube.object(groups.PVCS, "reg", NAMESPACE)
     assert pvc is not None
     assert pvc["metadata"]["annotations"][A + "import.registryImportMethod"] == "node"
@@ -100,7 +102,7 @@ async def test_a_registry_datavolume_keeps_its_pull_method(kube: FakeKube, ctx: 
 
 async def test_the_datavolume_follows_its_claim_through_the_import(kube: FakeKube, ctx: Context) -> None:
     kube.add(groups.DATAVOLUMES, datavolume("disk", HTTP_SOURCE))
-    reconciler = DataVolumeReconciler(ctx)
+    reconciler = ImportDataVolumeReconciler(ctx)
     await reconciler.reconcile(f"{NAMESPACE}/disk")
 
     bind(kube, "disk")
@@ -136,7 +138,7 @@ async def test_the_datavolume_follows_its_claim_through_the_import(kube: FakeKub
 
 async def test_a_failed_import_fails_the_datavolume(kube: FakeKube, ctx: Context) -> None:
     kube.add(groups.DATAVOLUMES, datavolume("disk", HTTP_SOURCE))
-    reconciler = DataVolumeReconciler(ctx)
+    reconciler = ImportDataVolumeReconciler(ctx)
     await reconciler.reconcile(f"{NAMESPACE}/disk")
     bind(kube, "disk")
     annotate(kube, "disk", {A + "pod.phase": "Failed", A + "import.fatalError": "true",
@@ -155,7 +157,7 @@ async def test_an_unsupported_source_is_refused_at_once(kube: FakeKube, ctx: Con
     kube.add(groups.DATAVOLUMES, datavolume("vd", {"vddk": {"url": "https://vcenter", "uuid": "x",
                                                             "backingFile": "f", "thumbprint": "t",
                                                             "secretRef": "s"}}))
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/vd")
+    await ImportDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/vd")
     dv = kube.object(groups.DATAVOLUMES, "vd", NAMESPACE)
     assert dv is not None
     assert dv["status"]["phase"] == "Failed"
@@ -166,7 +168,7 @@ async def test_an_unsupported_source_is_refused_at_once(kube: FakeKube, ctx: Con
 
 async def import_claim(kube: FakeKube, ctx: Context, name: str = "disk") -> None:
     kube.add(groups.DATAVOLUMES, datavolume(name, HTTP_SOURCE))
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/{name}")
+    await ImportDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/{name}")
     bind(kube, name)
 
 
@@ -289,12 +291,12 @@ async def test_wait_for_first_consumer_is_honoured_when_the_gate_says_so(kube: F
     kube.add(groups.STORAGECLASSES, {**storage_class, "volumeBindingMode": "WaitForFirstConsumer"})
     kube.add(groups.CDICONFIGS, {**config, "spec": {"featureGates": ["HonorWaitForFirstConsumer"]}})
     kube.add(groups.DATAVOLUMES, datavolume("disk", HTTP_SOURCE))
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
+    await ImportDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
     pvc = kube.object(groups.PVCS, "disk", NAMESPACE)
     assert pvc is not None
     assert A + "bind.immediate.requested" not in pvc["metadata"]["annotations"]
 
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
+    await ImportDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/disk")
     dv = kube.object(groups.DATAVOLUMES, "disk", NAMESPACE)
     assert dv is not None
     assert dv["status"]["phase"] == "WaitForFirstConsumer"
@@ -306,7 +308,7 @@ async def test_wait_for_first_consumer_is_honoured_when_the_gate_says_so(kube: F
 
 async def test_an_upload_datavolume_gets_an_upload_server_and_its_service(kube: FakeKube, ctx: Context) -> None:
     kube.add(groups.DATAVOLUMES, datavolume("up", {"upload": {}}))
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/up")
+    await UploadDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/up")
     pvc = kube.object(groups.PVCS, "up", NAMESPACE)
     assert pvc is not None
     assert A + "upload.target" in pvc["metadata"]["annotations"]
@@ -327,7 +329,7 @@ async def test_an_upload_datavolume_gets_an_upload_server_and_its_service(kube: 
 
     # the server is ready: the DataVolume says so
     annotate(kube, "up", {A + "pod.ready": "true", A + "pod.phase": "Running"})
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/up")
+    await UploadDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/up")
     dv = kube.object(groups.DATAVOLUMES, "up", NAMESPACE)
     assert dv is not None
     assert dv["status"]["phase"] == "UploadReady"
@@ -341,7 +343,7 @@ async def test_the_upload_server_gets_cdiconfigs_tls_profile_in_cdis_env_names(k
     assert config is not None
     kube.add(groups.CDICONFIGS, {**config, "spec": {"tlsSecurityProfile": {"type": "Modern", "modern": {}}}})
     kube.add(groups.DATAVOLUMES, datavolume("up", {"upload": {}}))
-    await DataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/up")
+    await UploadDataVolumeReconciler(ctx).reconcile(f"{NAMESPACE}/up")
     bind(kube, "up")
     await UploadReconciler(ctx).reconcile(f"{NAMESPACE}/up")
     pod = kube.object(groups.PODS, "cdi-upload-up", NAMESPACE)
@@ -400,7 +402,7 @@ async def test_external_population_needs_the_classs_csi_driver(kube: FakeKube, c
     del dv["spec"]["source"]
     dv["spec"]["storage"]["dataSourceRef"] = {"apiGroup": "populator.example.com", "kind": "Example", "name": "g"}
     kube.add(groups.DATAVOLUMES, dv)
-    reconciler = DataVolumeReconciler(ctx)
+    reconciler = ExternalPopulationReconciler(ctx)
     await reconciler.reconcile(f"{NAMESPACE}/ext")
     pvc = kube.object(groups.PVCS, "ext", NAMESPACE)
     assert pvc is not None and pvc["spec"]["dataSourceRef"]["kind"] == "Example"

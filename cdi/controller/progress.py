@@ -1,7 +1,10 @@
 """Progress of a running worker pod, read from its metrics endpoint as CDI does
 (`https://<podIP>:8443/metrics`, self-signed, so not verified), and formatted as DataVolume
 `status.progress` ("45.67%"); with it, what the importer is retrying, if anything
-(`cdi_importer_retrying`), for the DataVolume's Running condition."""
+(`cdi_importer_retrying`), for the DataVolume's Running condition.
+
+Every reconciler that shows a worker's progress (import DataVolumes, clones, the import populator)
+reads it through the one `ProgressScraper` of the controller's `Context`."""
 
 from __future__ import annotations
 
@@ -63,7 +66,7 @@ def format_progress(value: float) -> str:
 
 
 async def scrape(session: aiohttp.ClientSession, pod_ip: str, owner_uid: str,
-                        port: int = 8443) -> PodReport | None:
+                 port: int = 8443) -> PodReport | None:
     """What the pod reports, or None when it cannot be read (yet)."""
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
     try:
@@ -76,3 +79,23 @@ async def scrape(session: aiohttp.ClientSession, pod_ip: str, owner_uid: str,
         return None
     return PodReport(parse_progress(text, owner_uid), parse_retry(text, owner_uid))
 
+
+
+class ProgressScraper:
+    """What worker pods report, read over one HTTP session the whole controller shares (opened at the
+    first read, closed with the manager): a session per reconciler would keep a connection pool each
+    to the same pods."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def read(self, pod_ip: str, owner_uid: str) -> PodReport | None:
+        """The pod's report for `owner_uid`, or None when it cannot be read (yet)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return await scrape(self._session, pod_ip, owner_uid)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,74 @@
+"""The import DataVolume reconciler (CDI's datavolume/import-controller.go): DataVolumes importing from
+`http`, `s3`, `gcs`, `registry` or `blank` (and `imageio` and `vddk`, which this CDI refuses with the
+field and the reason). Their claim is annotated with the `ImportRequest` that the import reconciler
+(`imports`) turns into an importer pod; the DataVolume is ImportScheduled, ImportInProgress with the
+importer's progress read from its metrics, Succeeded or Failed as the claim's annotations say."""
+
+from __future__ import annotations
+
+from cdi.api import annotations as ann
+from cdi.api import groups
+from cdi.api.importrequest import ImportRequest
+from cdi.api.phases import PROGRESS_UNKNOWN
+from cdi.api.validation import IMPORT_SOURCES
+from cdi.api.views import ClaimView, DataVolumeView, PodView
+from cdi.controller import conditions
+from cdi.controller.datavolume.base import Body, DataVolumeReconciler, Event, Obj
+from cdi.controller.populators.datavolumes import claim_uses_populator
+from cdi.controller.progress import format_progress
+from cdi.kube import NORMAL, WARNING
+
+
+class ImportDataVolumeReconciler(DataVolumeReconciler):
+    name = "datavolume-import"
+
+    def handles(self, dv: Body) -> bool:
+        return DataVolumeView(dv).source_kind in IMPORT_SOURCES
+
+    def claim_annotations(self, view: DataVolumeView) -> dict[str, str]:
+        return ImportRequest.from_source(view.source, view.content_type).to_annotations()
+
+    def worker_phase(self, view: DataVolumeView, pvc: Body, status: Obj) -> tuple[Event | None, float | None]:
+        annotations = ClaimView(pvc).annotations
+        name = ClaimView(pvc).name
+        pod_phase = annotations.get(ann.POD_PHASE, "")
+        if pod_phase == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
+            status["phase"] = "Failed"
+            return (WARNING, "ImportFailed", f"Failed to import into PVC {name}"), None
+        if pod_phase == "Running":
+            status["phase"] = "ImportInProgress"
+            return (NORMAL, "ImportInProgress", f"Import into {name} in progress"), self.ctx.settings.progress_interval
+        status["phase"] = "ImportScheduled"
+        return (NORMAL, "ImportScheduled", f"Import into {name} scheduled"), None
+
+    async def running_message(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
+        """While the import runs: the importer's progress read into `status`, and what it is retrying
+        ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the pod could not be
+        asked, to keep what the condition says."""
+        if status.get("phase") != "ImportInProgress":
+            return None
+        annotations = ClaimView(pvc).annotations
+        populated = claim_uses_populator(pvc)
+        worker_claim, owner_uid = pvc, view.uid
+        if populated:
+            # the import populator keeps the progress on the claim (CDI); what the importer retries is
+            # read from the prime claim's pod, which reports for the user's claim
+            status["progress"] = annotations.get(ann.POPULATOR_PROGRESS, PROGRESS_UNKNOWN)
+            worker_claim = self.ctx.cached(groups.PVCS, annotations.get(ann.PVC_PRIME_NAME, ""), view.namespace) \
+                or {}
+            owner_uid = ClaimView(pvc).uid
+        pod_name = ClaimView(worker_claim).annotations.get(ann.IMPORT_POD_NAME)
+        pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
+        pod_ip = PodView(pod).pod_ip if pod else ""
+        if not pod_ip:
+            return None
+        report = await self.ctx.progress.read(pod_ip, owner_uid)
+        if report is None:
+            running = conditions.find(status.get("conditions") or [], "Running")
+            return str(running.get("message", "")) if running and running.get("status") == "True" else None
+        if report.progress is not None:
+            if not populated:
+                # 100 is held back until the importer's result is in: conversion may still be running
+                status["progress"] = format_progress(min(report.progress, 99.99))
+            self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
+        return report.retry.describe() if report.retry else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
