@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
+from cdi.api import groups
 from cdi.api.views import ClaimView, DataVolumeView, PodView
 from cdi.controller.workerpod import PodSettings, worker_pod
 
@@ -42,7 +43,7 @@ def size_detection_pod(source: Body, dv: Body, image: str, settings: PodSettings
     namespace = claim.namespace
     container: Obj = {"name": CONTAINER, "image": image, "command": [COMMAND], "args": ["-image-path", IMAGE_PATH],
                       "volumeMounts": [{"name": "cdi-data-vol", "mountPath": "/data", "readOnly": True}]}
-    owner = {"apiVersion": dv.get("apiVersion") or "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+    owner = {"apiVersion": dv.get("apiVersion") or groups.CDI_API_VERSION, "kind": "DataVolume",
              "name": owner_dv.name, "uid": owner_dv.uid, "controller": True,
              "blockOwnerDeletion": True}
     pod = worker_pod(name=pod_name(source), namespace=namespace, component=COMPONENT, annotated=dv, owner=owner,
@@ -52,7 +53,7 @@ def size_detection_pod(source: Body, dv: Body, image: str, settings: PodSettings
     if owner_dv.namespace != namespace:  # no owner reference across namespaces
         del pod["metadata"]["ownerReferences"]
         pod["metadata"]["annotations"].update({
-            ann.OWNED_BY_DATAVOLUME: owner_dv.key, "cdi.kubevirt.io/ownerUID": owner_dv.uid})
+            ann.OWNED_BY_DATAVOLUME: owner_dv.key, ann.OWNER_UID: owner_dv.uid})
     return pod
 
 

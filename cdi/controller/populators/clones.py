@@ -45,7 +45,7 @@ class ClonePopulator(PopulatorReconciler):
         if any(r.get("kind") == "DataVolume" for r in ClaimView(pvc).owner_references):
             return None  # a clone DataVolume's target: the clone reconciler drives it
         annotations = ClaimView(pvc).annotations
-        if clones.CLONE_SOURCE_ANNOTATION not in annotations:
+        if ann.CLONE_SOURCE not in annotations:
             return await self._plan(pvc)
         if annotations.get(ann.CLONE_PHASE) in (clones.SUCCEEDED, clones.ERROR):
             return None
@@ -91,7 +91,7 @@ class ClonePopulator(PopulatorReconciler):
             return None
         changes: dict[str, str | None] = {
             ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: clones.PENDING,
-            clones.CLONE_SOURCE_ANNOTATION: f"{kind}/{namespace}/{source_name}",
+            ann.CLONE_SOURCE: f"{kind}/{namespace}/{source_name}",
             ann.CLONE_REQUEST: f"{namespace}/{source_name}"}
         if plan.fallback_message:
             changes[ann.CLONE_FALLBACK_REASON] = plan.fallback_message
