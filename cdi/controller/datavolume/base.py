@@ -12,6 +12,7 @@ import aiohttp
 
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups
+from cdi.api.envvalues import format_bool
 from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import (
@@ -21,7 +22,6 @@ from cdi.api.rendering import (
     unrendered_claim_spec,
     webhook_rendering_enabled,
 )
-from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, external_population, unsupported_source
 from cdi.api.views import ClaimView, DataVolumeView, PodView
 from cdi.controller import conditions
@@ -48,8 +48,7 @@ IMPORT_SOURCES = {"http", "s3", "gcs", "registry", "blank"}
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
-                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION)
-EXTERNAL_POPULATION = "cdi.kubevirt.io/externalPopulation"  # CDI's AnnExternalPopulation
+                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT)
 NO_CSI_DRIVER, NO_ANY_VOLUME_DATA_SOURCE = "NoCSIDriverForExternalPopulation", "NoAnyVolumeDataSource"
 PRIORITY_CLASS = ann.POD_PRIORITY_CLASS
 SERVICE_ACCOUNT = ann.POD_SERVICE_ACCOUNT
@@ -198,7 +197,7 @@ class DataVolumeReconciler(Reconciler):
             annotations[ann.UPLOAD_TARGET] = ""
             annotations[ann.CONTENT_TYPE] = view.content_type
         elif view.source_kind is None:  # filled by the claim's data source or a volume populator, as CDI
-            annotations[EXTERNAL_POPULATION] = "true"
+            annotations[ann.EXTERNAL_POPULATION] = "true"
         else:
             annotations.update(ImportRequest.from_source(view.source, view.content_type).to_annotations())
         # as CDI, every claim of a DataVolume says what it holds, whichever path fills it: a clone reads it
@@ -206,7 +205,7 @@ class DataVolumeReconciler(Reconciler):
         annotations.setdefault(ann.CONTENT_TYPE, view.content_type)
         preallocation = view.spec.get("preallocation")
         if preallocation is not None:
-            annotations[ann.PREALLOCATION_REQUESTED] = "true" if preallocation else "false"
+            annotations[ann.PREALLOCATION_REQUESTED] = format_bool(bool(preallocation))
         if view.spec.get("priorityClassName"):
             annotations[PRIORITY_CLASS] = str(view.spec["priorityClassName"])
         if view.spec.get("serviceAccountName"):
@@ -355,7 +354,7 @@ class DataVolumeReconciler(Reconciler):
             return None, None
         if upload:
             return self._upload_phase(annotations, name, status), None
-        if annotations.get(EXTERNAL_POPULATION) == "true":
+        if annotations.get(ann.EXTERNAL_POPULATION) == "true":
             return self._external_population(pvc, name, status), None
         if pod_phase == "Failed" and annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             status["phase"] = "Failed"
