@@ -31,10 +31,12 @@ from typing import Any
 import aiohttp
 
 from cdi.api import annotations as ann
-from cdi.api import env, groups
+from cdi.api import clonesourcerequest, groups
+from cdi.api.clonesourcerequest import CloneSourceRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
+from cdi.api.targetvolume import TargetVolume
 from cdi.api.upload import SYNC_PATHS, upload_service_name
 from cdi.api.views import (
     ClaimView,
@@ -55,7 +57,7 @@ from cdi.controller.copyevents import copy_events
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
 from cdi.controller.datavolume.progress import format_progress, scrape
 from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
-from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
+from cdi.controller.datavolume.uploads import UPLOAD_PORT
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.workerpod import pod_settings, worker_pod
 from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
@@ -79,9 +81,6 @@ DATA_SOURCE_NAMESPACE = "cdi.kubevirt.io/dataSourceNamespace"
 SOURCE_CONTAINER = "cdi-clone-source"
 CLONE_SOURCE_IN_USE = "CloneSourceInUse"
 CLONE_WITHOUT_SOURCE = "CloneWithoutSource"
-# CDI's /var/run/cdi/clone/source, where /var/run is the usual symlink (the embedded node's sandbox
-# cannot make a mount point through that symlink)
-CLONER_MOUNT_PATH = "/run/cdi/clone/source"
 SIGNING_KEY_SECRET = "cdi-api-signing-key"  # cdi-apiserver's, which signs and checks clone tokens
 CLONE_SOURCE_ANNOTATION = "cdi.kubevirt.io/storage.clone.source"  # ours: kind/namespace/name the target clones
 SOURCE_UNAUTHORIZED = "CloneSourceUnauthorized"  # ours: the recorded source is not one the clone may read
@@ -322,7 +321,7 @@ class CloneReconciler(Reconciler):
         if extended is None:
             return None
         await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
-            clonetoken.EXTENDED_CLONE_TOKEN: extended}}}, view.namespace)
+            ann.EXTENDED_CLONE_TOKEN: extended}}}, view.namespace)
         return 0.2
 
     async def _signing_key_or_none(self) -> bytes | None:
@@ -482,7 +481,7 @@ class CloneReconciler(Reconciler):
                 client_name = f"clone-source-{target_claim.uid}"
             claim = self._temp_claim(target, source_ns, target_claim.requested_storage, None)
             claim["metadata"]["annotations"].update({
-                ann.UPLOAD_TARGET: "", UPLOAD_CLIENT_NAME: client_name, ann.CONTENT_TYPE: "kubevirt",
+                ann.UPLOAD_TARGET: "", ann.UPLOAD_CLIENT_NAME: client_name, ann.CONTENT_TYPE: "kubevirt",
                 ann.CLONE_REQUEST: f"{source_ns}/{source_name}"})
             try:
                 await self.ctx.client.create(groups.PVCS, claim, source_ns)
@@ -604,7 +603,7 @@ class CloneReconciler(Reconciler):
             return
         pod_name = source_pod_name(temp)
         pki_ = await self.pki()
-        client_name = ClaimView(temp).annotations.get(UPLOAD_CLIENT_NAME, "")
+        client_name = ClaimView(temp).annotations.get(ann.UPLOAD_CLIENT_NAME, "")
         cdi = next(iter(self.ctx.cached_list(groups.CDIS)), None)
         pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True,
                          days=cert_days(cdi, "client"))
@@ -620,23 +619,16 @@ class CloneReconciler(Reconciler):
         except AlreadyExists:
             pass
         block = ClaimView(source).block
-        mount = "/dev/cdi-block-volume" if block else CLONER_MOUNT_PATH
         host = f"[{cluster_ip}]" if ":" in str(cluster_ip) else str(cluster_ip)
         owner_uid = ClaimView(target).annotations.get(ann.CREATED_FOR_DATAVOLUME) or \
             ClaimView(target).uid
-        environment: list[Obj] = [
-            {"name": "CLIENT_KEY", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.key"}}},
-            {"name": "CLIENT_CERT", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.crt"}}},
-            {"name": "SERVER_CA_CERT", "value": pki_.server_signer.cert_pem.decode()},
-            {"name": "UPLOAD_URL", "value": f"https://{host}:{UPLOAD_PORT}{SYNC_PATHS[0]}"},
-            {"name": "UPLOAD_SERVER_NAME", "value": f"{upload_service_name(temp_name)}.{namespace}.svc"},
-            {"name": env.OWNER_UID, "value": owner_uid},
-            {"name": "VOLUME_MODE", "value": "block" if block else "filesystem"},
-            {"name": "MOUNT_POINT", "value": mount},
-            {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        ]
+        request = CloneSourceRequest(
+            upload_url=f"https://{host}:{UPLOAD_PORT}{SYNC_PATHS[0]}", server_ca=pki_.server_signer.cert_pem.decode(),
+            server_name=f"{upload_service_name(temp_name)}.{namespace}.svc", client_secret=pod_name,
+            volume=TargetVolume(path=clonesourcerequest.source_path(block), owner_uid=owner_uid))
+        mount = request.mount_point
         container: Obj = {
-            "name": SOURCE_CONTAINER, "image": self.ctx.settings.cloner_image, "env": environment,
+            "name": SOURCE_CONTAINER, "image": self.ctx.settings.cloner_image, "env": request.to_env(),
             "ports": [{"name": "metrics", "containerPort": 8443, "protocol": "TCP"}],
         }
         if block:
