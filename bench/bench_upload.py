@@ -212,8 +212,8 @@ def run_ours(up: CdiUp, image: Path, size: int, name: str, *, end_to_end: bool =
 def run_checkpoints(workdir: Path, image: Path, size: int, runs: int, every: int) -> None:
     """Same-run A/B of the upload server with and without its checkpoints (see the module's docstring)."""
     from cdi.api import upload as names
+    from cdi.api.env import UPLOAD_CHECKPOINT_BYTES
     from cdi.common import pki
-    from cdi.uploadserver.config import CHECKPOINT_BYTES_ENV
 
     tls = workdir / "tls"
     tls.mkdir(exist_ok=True)
@@ -241,7 +241,7 @@ def run_checkpoints(workdir: Path, image: Path, size: int, runs: int, every: int
                    "UPLOAD_IMAGE_SIZE": str(size), "LISTEN_ADDRESS": "127.0.0.1", "LISTEN_PORT": str(port),
                    "TERMINATION_LOG": str(workdir / "termination-log"), "UPLOAD_STATE_DIR": str(state),
                    "IMPORTER_SCRATCH_DIR": str(workdir / "no-scratch"),
-                   CHECKPOINT_BYTES_ENV: str(every if mode == "on" else 0)}
+                   UPLOAD_CHECKPOINT_BYTES: str(every if mode == "on" else 0)}
             log = workdir / f"uploadserver-{mode}.log"
             server = subprocess.Popen([sys.executable, "-m", "cdi.uploadserver"], env=env, stdout=log.open("w"),
                                       stderr=subprocess.STDOUT)

@@ -1,4 +1,7 @@
-"""Annotation and label keys, exactly as CDI spells them (users and KubeVirt read them)."""
+"""Annotation, label and finalizer keys, exactly as CDI spells them (users and KubeVirt read them).
+
+Every `cdi.kubevirt.io/...` name is a constant here and nowhere else: `tests/test_code_quality.py`
+forbids such literals in the rest of `cdi/`, so that two spellings of one key cannot drift apart."""
 
 from typing import Final
 
@@ -27,6 +30,7 @@ LINKERD_INJECT: Final = "linkerd.io/inject"
 POD_PRIORITY_CLASS: Final = _P + "storage.pod.priorityclassname"
 POD_SERVICE_ACCOUNT: Final = _P + "storage.pod.serviceAccountName"
 POPULATOR_KIND: Final = _P + "storage.populator.kind"
+REFRESH_NOW: Final = _P + "refreshNow"  # on a DataImportCron: poll now
 
 # legacy PVC import API (also written by the DataVolume controller onto the PVC)
 IMPORT_ENDPOINT: Final = _P + "storage.import.endpoint"
@@ -42,6 +46,9 @@ IMPORT_REGISTRY_ARCHITECTURE: Final = _P + "storage.import.registryImageArchitec
 CONTENT_TYPE: Final = _P + "storage.contentType"
 PREALLOCATION_REQUESTED: Final = _P + "storage.preallocation.requested"
 UPLOAD_TARGET: Final = _P + "storage.upload.target"
+# ours, written by `cdi image-upload`: what it is about to send ("raw", "qcow2+gz", ...), so that formats
+# that stream get no scratch volume
+UPLOAD_FORMAT: Final = _P + "storage.upload.format"
 CLONE_REQUEST: Final = "k8s.io/CloneRequest"
 CLONE_OF: Final = "k8s.io/CloneOf"
 
@@ -70,10 +77,15 @@ CLONE_PHASE: Final = _P + "clonePhase"
 CLONE_ERROR: Final = _P + "cloneError"
 CREATED_FOR_DATAVOLUME: Final = _P + "createdForDataVolume"
 OWNED_BY_DATAVOLUME: Final = _P + "ownedByDataVolume"
+OWNER_UID: Final = _P + "ownerUID"  # with OWNED_BY_DATAVOLUME, where an owner reference cannot cross namespaces
+EXTERNAL_POPULATION: Final = _P + "externalPopulation"  # the claim is filled by its own data source or populator
+DATA_SOURCE_NAMESPACE: Final = _P + "dataSourceNamespace"  # a clone target: the namespace of the DataSource it used
+UPLOAD_CLIENT_NAME: Final = _P + "uploadClientName"  # a host-assisted clone's upload target: its source's client name
 CLONE_TOKEN: Final = _P + "storage.clone.token"
 EXTENDED_CLONE_TOKEN: Final = _P + "storage.extended.clone.token"
 LAST_USE_TIME: Final = _P + "storage.import.lastUseTime"
 SOURCE_DESIRED_DIGEST: Final = _P + "storage.import.sourceDesiredDigest"
+ADVISED_RESTORE_SIZE: Final = _P + "storage.import.advisedRestoreSize"
 NEXT_CRON_TIME: Final = _P + "storage.import.nextCronTime"
 LAST_CRON_TIME: Final = _P + "storage.import.lastCronTime"
 CRON_STORAGE_CLASS: Final = _P + "storage.import.storageClass"
@@ -94,6 +106,12 @@ IMPORT_REASON: Final = _P + "storage.import.reason"
 IMPORT_RETRIES: Final = _P + "storage.import.retries"
 IMPORT_NEXT_RETRY: Final = _P + "storage.import.nextRetryTime"
 IMPORT_CHECKSUM_RESULT: Final = _P + "storage.import.verifiedChecksum"
+IMPORT_RETRY_BUDGET: Final = _P + "storage.import.retryBudget"  # seconds; overrides --import-retry-budget
+CLONE_SOURCE: Final = _P + "storage.clone.source"  # kind/namespace/name of what a clone target clones
+# on what the operator installs: a hash of the mounted certificates (a rotation restarts the pods), and of
+# the customization patches applied to an object
+CERTIFICATES_HASH: Final = _P + "certificates"
+CUSTOMIZER_IDENTIFIER: Final = _P + "customizer-identifier"
 
 # labels
 LABEL_APP: Final = "app"
@@ -107,6 +125,8 @@ LABEL_EXCLUDE_FROM_BACKUP: Final = "velero.io/exclude-from-backup"
 LABEL_FILLING_UP_ALERT: Final = "alerts.k8s.io/KubePersistentVolumeFillingUp"
 LABEL_PROMETHEUS: Final = "prometheus.cdi.kubevirt.io"
 LABEL_APPLY_STORAGE_PROFILE: Final = _P + "applyStorageProfile"
+LABEL_OPERATOR_COMPONENT: Final = _P + "component"  # on what the operator installs: which component it is
 
 # finalizers
 DATAVOLUME_FINALIZER: Final = _P + "dataVolumeFinalizer"
+OPERATOR_FINALIZER: Final = "operator.cdi.kubevirt.io"  # on the CDI resource

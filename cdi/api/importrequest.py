@@ -3,7 +3,9 @@ DataVolume to the importer: the DataVolume's `spec.source`, the claim's `storage
 annotations (CDI's PVC import API, which DataVolumes write and the import reconciler reads) and the
 importer container's environment. Before this, each hop had its own reading of the fields, and a field
 (`registry.pullMethod`) was lost between them; `tests/unit/api/test_importrequest.py` round-trips
-every field through every form.
+every field through every form. `from_environ` is the reader the importer itself runs
+(`cdi.importer.config`), so the round trip tests the parser in use. The volume's variables (size,
+overhead, preallocation, owner) are `cdi.api.targetvolume`'s.
 
 What the forms cannot carry: the environment holds no ConfigMap or Secret names that the pod mounts as
 volumes (`certConfigMap`, a GCS `secretRef`, `secretExtraHeaders`) and no registry `imageStream`
@@ -19,12 +21,13 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import env
+from cdi.api.envvalues import EnvError, parse_bool
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
 
 # DataVolume source kinds the importer serves (CDI's import sources)
-IMPORT_KINDS = ("http", "s3", "gcs", "registry", "blank")
+IMPORT_KINDS = (env.SOURCE_HTTP, env.SOURCE_S3, env.SOURCE_GCS, env.SOURCE_REGISTRY, env.SOURCE_BLANK)
 PULL_POD = "pod"
 _URL_KINDS = ("http", "s3", "gcs")
 
@@ -184,18 +187,41 @@ class ImportRequest:
         return out
 
     @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> ImportRequest:
+        """What the importer is asked, read from its environment (the pod's `env` as the kubelet resolved
+        it): the one reader of `to_env`'s variables, in the importer and in `from_env`. Raises `EnvError`
+        for a request the importer cannot serve. In the pod, the names of Secrets and ConfigMaps are gone
+        (their contents are mounted or in other variables), so `secret`, `cert_configmap` and
+        `secret_extra_headers` are empty."""
+        source = environ.get(env.SOURCE, "").strip().lower()
+        if source == env.SOURCE_NONE:
+            source = env.SOURCE_BLANK
+        if source not in IMPORT_KINDS:
+            raise EnvError(f"unknown {env.SOURCE} {source!r}: expected http, s3, gcs, registry or blank")
+        endpoint = environ.get(env.ENDPOINT, "").strip()
+        if source != env.SOURCE_BLANK and not endpoint:
+            raise EnvError(f"{env.ENDPOINT} is missing")
+        content_type = environ.get(env.CONTENT_TYPE, "").strip() or env.CONTENT_KUBEVIRT
+        if content_type not in (env.CONTENT_KUBEVIRT, env.CONTENT_ARCHIVE):
+            raise EnvError(f"unknown {env.CONTENT_TYPE} {content_type!r}: expected kubevirt or archive")
+        if content_type == env.CONTENT_ARCHIVE and source in (env.SOURCE_REGISTRY, env.SOURCE_BLANK):
+            raise EnvError(f"content type archive is not supported for source {source}")
+        prefix = env.EXTRA_HEADER_PREFIX
+        headers = sorted((int(name[len(prefix):]), value) for name, value in environ.items()
+                         if name.startswith(prefix) and name[len(prefix):].isdigit())
+        return cls(
+            source=source, endpoint=endpoint, content_type=content_type,
+            extra_headers=tuple(value for _, value in headers), checksum=environ.get(env.CHECKSUM, ""),
+            insecure_skip_verify=parse_bool(environ, env.INSECURE_TLS, strict=False),
+            registry_arch=environ.get(env.REGISTRY_ARCHITECTURE, "").strip(),
+            pull_method=environ.get(env.PULL_METHOD) or PULL_POD,
+        )
+
+    @classmethod
     def from_env(cls, variables: Sequence[Body]) -> ImportRequest:
-        """From the importer container's `env` (see the module's note on what it cannot hold)."""
-        values = {str(v.get("name")): str(v.get("value") or "") for v in variables}
+        """From the importer container's `env` in a pod spec: `from_environ` of its values, and the Secret
+        its credentials come from (see the module's note on what else it cannot hold)."""
+        values = {str(v.get("name")): str(v["value"]) for v in variables if "value" in v}
         secret = next((str(v["valueFrom"]["secretKeyRef"]["name"]) for v in variables
                        if v.get("name") == env.ACCESS_KEY_ID and v.get("valueFrom")), "")
-        headers = sorted(((int(k[len(env.EXTRA_HEADER_PREFIX):]), value) for k, value in values.items()
-                          if k.startswith(env.EXTRA_HEADER_PREFIX) and k[len(env.EXTRA_HEADER_PREFIX):].isdigit()))
-        return cls(
-            source=values.get(env.SOURCE, env.SOURCE_HTTP), endpoint=values.get(env.ENDPOINT, ""),
-            content_type=values.get(env.CONTENT_TYPE) or env.CONTENT_KUBEVIRT, secret=secret,
-            extra_headers=tuple(value for _, value in headers), checksum=values.get(env.CHECKSUM, ""),
-            insecure_skip_verify=values.get(env.INSECURE_TLS) == "true",
-            registry_arch=values.get(env.REGISTRY_ARCHITECTURE, ""),
-            pull_method=values.get(env.PULL_METHOD) or PULL_POD,
-        )
+        return replace(cls.from_environ(values), secret=secret)

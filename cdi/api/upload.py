@@ -69,20 +69,6 @@ SERVER_NAME_HEADER: Final = "Cdi-Upload-Server-Name"
 SERVER_CA_HEADER: Final = "Cdi-Upload-Server-Ca"
 RAW_PROXY_PATHS: Final = SYNC_PATHS + ASYNC_PATHS  # the proxy paths that can be upgraded to end-to-end TLS
 
-# upload-server environment (CDI's names)
-ENV_TLS_CERT_FILE: Final = "TLS_CERT_FILE"
-ENV_TLS_KEY_FILE: Final = "TLS_KEY_FILE"
-ENV_CLIENT_CERT_FILE: Final = "CLIENT_CERT_FILE"
-ENV_CLIENT_NAME: Final = "CLIENT_NAME"
-ENV_DESTINATION: Final = "DESTINATION"
-ENV_CONTENT_TYPE: Final = "CONTENT_TYPE"
-ENV_LISTEN_ADDRESS: Final = "LISTEN_ADDRESS"
-ENV_LISTEN_PORT: Final = "LISTEN_PORT"
-# ours: where a Block volume's upload server keeps its resume record when no scratch is mounted
-ENV_STATE_DIR: Final = "UPLOAD_STATE_DIR"
-STATE_DIR_DEFAULT: Final = "/upload-state"
-
-
 def parse_kept(value: str) -> list[tuple[int, int, str]] | None:
     """(start, length, sha256 hex) of each region an `Upload-Kept-Sha256` value lists; None when malformed."""
     out = []
@@ -105,8 +91,3 @@ def upload_resource_name(pvc: str) -> str:
 def upload_service_name(pvc: str) -> str:
     """The name of a PVC's upload Service (a DNS label: 63 characters at most, shortened as CDI does)."""
     return naming.service_name(upload_resource_name(pvc))
-
-
-# the CLI tells the controller what it is about to send ("raw", "qcow2+gz", ...), so that formats that
-# stream get no scratch volume
-FORMAT_ANNOTATION: Final = "cdi.kubevirt.io/storage.upload.format"

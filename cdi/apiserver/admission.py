@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.api import annotations as ann
 from cdi.api import featuregates, groups
 from cdi.api.cronvalidation import already_managed, validate_dataimportcron
 from cdi.api.validation import (
@@ -25,7 +26,6 @@ from cdi.kube import KubeClient, NotFound
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 UNINSTALL_BLOCK = "BlockUninstallIfWorkloadsExist"
-DATAIMPORTCRON_LABEL = "cdi.kubevirt.io/dataImportCron"
 UNINSTALL_REFUSED = ("rejecting the uninstall request, since there are still {} DataVolumes present. Either delete "
                      "all DataVolumes or change the uninstall strategy before uninstalling CDI")
 
@@ -70,7 +70,7 @@ class Admission:
             return review_response(review)
         if dig(cdi, "spec", "uninstallStrategy") != UNINSTALL_BLOCK:
             return review_response(review)
-        listed = await self.client.list_all(groups.DATAVOLUMES, label_selector=f"!{DATAIMPORTCRON_LABEL}")
+        listed = await self.client.list_all(groups.DATAVOLUMES, label_selector=f"!{ann.LABEL_DATAIMPORTCRON}")
         count = len(listed.items)
         if not count:
             return review_response(review)

@@ -3,10 +3,9 @@ read-only and sends only its allocated extents (`cdi.common.clonestream`) over T
 its client certificate as this clone's source (CDI's `uploadClientName`), to the target's upload
 server. Progress as `kubevirt_cdi_clone_progress_total{ownerUID}` on https://$POD_IP:8443/metrics.
 
-Environment (CDI's names): UPLOAD_URL, CLIENT_CERT, CLIENT_KEY, SERVER_CA_CERT (PEM text), OWNER_UID,
-VOLUME_MODE (`block` or `filesystem`), MOUNT_POINT (the device, or the directory with `disk.img`),
-POD_IP; ours: UPLOAD_SERVER_NAME (the name the server's certificate carries, when UPLOAD_URL names a
-Service's cluster IP)."""
+Its environment is `cdi.api.clonesourcerequest.CloneSourceRequest`'s (CDI's names: where to send, the
+client certificate and the server's CA, the source's volume mode and mount point, its owner), read by
+that request's `from_environ`, the reader the controller's pod builder is tested against."""
 
 from __future__ import annotations
 
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from cdi.api.clonesourcerequest import CloneSourceRequest
+from cdi.api.envvalues import EnvError
 from cdi.common import clonestream
 
 log = logging.getLogger(__name__)
@@ -50,15 +51,13 @@ class SourceConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SourceConfig:
-        env = os.environ if env is None else env
-        missing = [n for n in ("UPLOAD_URL", "CLIENT_CERT", "CLIENT_KEY", "SERVER_CA_CERT") if not env.get(n)]
-        if missing:
-            raise CloneError(f"missing {', '.join(missing)}", retryable=False)
-        block = env.get("VOLUME_MODE", "filesystem").lower() == "block"
-        return cls(env["UPLOAD_URL"], env.get("UPLOAD_SERVER_NAME", ""), env["CLIENT_CERT"], env["CLIENT_KEY"],
-                   env["SERVER_CA_CERT"], env.get("OWNER_UID", ""), block,
-                   Path(env.get("MOUNT_POINT") or ("/dev/cdi-block-volume" if block else "/run/cdi/clone/source")),
-                   env.get("POD_IP", ""))
+        try:
+            request = CloneSourceRequest.from_environ(os.environ if env is None else env)
+        except EnvError as exc:
+            raise CloneError(str(exc), retryable=False) from None
+        return cls(request.upload_url, request.server_name, request.client_cert, request.client_key,
+                   request.server_ca, request.volume.owner_uid, request.volume.block, Path(request.mount_point),
+                   request.pod_ip)
 
     @property
     def source_path(self) -> Path:

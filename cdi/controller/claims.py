@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import featuregates, groups, naming
+from cdi.api import featuregates, groups, naming, targetvolume
 from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space, round_up, usable_space
@@ -38,8 +38,17 @@ def claim_overhead(ctx: Context, pvc: Body) -> str:
 
 
 def preallocation_wanted(ctx: Context, pvc: Body) -> bool:
-    requested = ClaimView(pvc).annotations.get(ann.PREALLOCATION_REQUESTED)
-    return requested == "true" if requested is not None else bool(config_status(ctx).get("preallocation"))
+    """Whether the worker filling this claim preallocates it (`targetvolume.preallocation_wanted`)."""
+    return targetvolume.preallocation_wanted(targetvolume.requested_preallocation(ClaimView(pvc).annotations),
+                                             config_status(ctx))
+
+
+def progress_owner_uid(pvc: Body) -> str:
+    """The uid a worker pod's progress metric is labelled with (OWNER_UID): the claim's one owner (its
+    DataVolume, as CDI), else the claim's own."""
+    claim = ClaimView(pvc)
+    owners = claim.owner_references
+    return str(owners[0]["uid"]) if len(owners) == 1 else claim.uid
 
 
 def waits_for_first_consumer(ctx: Context, pvc: Body) -> bool:

@@ -63,14 +63,8 @@ Obj = dict[str, Any]
 Body = Mapping[str, Any]
 Clock = Callable[[], datetime.datetime]
 
-_P = "cdi.kubevirt.io/"
-SOURCE_DESIRED_DIGEST = _P + "storage.import.sourceDesiredDigest"
-LAST_USE_TIME = _P + "storage.import.lastUseTime"
-REFRESH_NOW = _P + "refreshNow"
 NEXT_CRON, LAST_CRON = ann.NEXT_CRON_TIME, ann.LAST_CRON_TIME
 POLLER_RECHECK = 1.0  # seconds between looks at a poller pod that is running or going away
-ADVISED_RESTORE_SIZE = _P + "storage.import.advisedRestoreSize"
-SOURCE_VOLUME_MODE = _P + "storage.import.sourceVolumeMode"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 # cron labels CDI passes on to what it creates
@@ -132,9 +126,9 @@ def run_due(schedule: str, annotations: Mapping[str, str],
     was down become one run, not one per missed slot. An empty schedule polls only on creation and
     on `refreshNow`."""
     next_time = _parse(annotations.get(ann.NEXT_CRON_TIME, ""))
-    if REFRESH_NOW in annotations:
+    if ann.REFRESH_NOW in annotations:
         return True, next_time
-    if SOURCE_DESIRED_DIGEST not in annotations and ann.LAST_CRON_TIME not in annotations:
+    if ann.SOURCE_DESIRED_DIGEST not in annotations and ann.LAST_CRON_TIME not in annotations:
         return True, next_time
     return bool(schedule and next_time is not None and next_time <= now), next_time
 
@@ -369,15 +363,15 @@ class DataImportCronReconciler(Reconciler):
     async def _record_run(self, cron: Body, schedule: str, now: datetime.datetime, digest: str,
                           failure: str) -> float:
         """A run's outcome in the cron's annotations (CDI's, and ours for a failure); -1: they changed."""
-        changes: dict[str, str | None] = {REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now),
+        changes: dict[str, str | None] = {ann.REFRESH_NOW: None, ann.LAST_CRON_TIME: _stamp(now),
                                           ann.CRON_POLL_ERROR: None}
         if schedule:
             upcoming = next_run(schedule, now)
             changes[ann.NEXT_CRON_TIME] = _stamp(upcoming) if upcoming else None
         annotations: Mapping[str, str] = DataImportCronView(cron).annotations
         if digest:
-            if annotations.get(SOURCE_DESIRED_DIGEST) != digest:
-                changes[SOURCE_DESIRED_DIGEST] = digest
+            if annotations.get(ann.SOURCE_DESIRED_DIGEST) != digest:
+                changes[ann.SOURCE_DESIRED_DIGEST] = digest
                 self.ctx.recorder.record(cron, NORMAL, "SourceDigestUpdated", f"Source digest updated to {digest}")
         else:
             changes[ann.CRON_POLL_ERROR] = f"Polling the source failed: {failure}"[:1000]
@@ -498,7 +492,7 @@ class DataImportCronReconciler(Reconciler):
         await self._update_data_source(cron, status, source_format)
 
         annotations: Mapping[str, str] = DataImportCronView(cron).annotations
-        desired = annotations.get(SOURCE_DESIRED_DIGEST, "")
+        desired = annotations.get(ann.SOURCE_DESIRED_DIGEST, "")
         up_to_date: tuple[str, str, str]  # status, message, reason
         if desired and (not imports or desired != imports[0].get("Digest")):
             up_to_date = ("False", "Source digest updated since last import", OUTDATED)
@@ -553,7 +547,7 @@ class DataImportCronReconciler(Reconciler):
         """CDI's handleStorageClassChange: the desired image on the old class goes (snapshot, DataVolume,
         claim); once it is gone the new class is recorded and the image is imported again onto it."""
         namespace = DataImportCronView(cron).namespace
-        digest = DataImportCronView(cron).annotations.get(SOURCE_DESIRED_DIGEST, "")
+        digest = DataImportCronView(cron).annotations.get(ann.SOURCE_DESIRED_DIGEST, "")
         name = dv_name(DataImportCronView(cron).managed_data_source, digest) if digest else None
         if name is not None:
             gvrs = (groups.VOLUMESNAPSHOTS, groups.DATAVOLUMES, groups.PVCS)
@@ -603,10 +597,10 @@ class DataImportCronReconciler(Reconciler):
     async def _touch(self, cron: Body, gvr: groups.GVR, obj: Body) -> None:
         """CDI's updateSource: the cron's labels and a fresh last-use time (what garbage collection sorts by)."""
         labels = self._labels(cron, ObjectView(obj).labels)
-        patch: Obj = {"metadata": {"annotations": {LAST_USE_TIME: _stamp(self.clock())}}}
+        patch: Obj = {"metadata": {"annotations": {ann.LAST_USE_TIME: _stamp(self.clock())}}}
         if labels != ObjectView(obj).labels:
             patch["metadata"]["labels"] = labels
-        elif LAST_USE_TIME in ObjectView(obj).annotations:
+        elif ann.LAST_USE_TIME in ObjectView(obj).annotations:
             return  # in use and labelled; CDI stamps every reconcile, once is enough to order them
         await self.ctx.client.patch(gvr, ObjectView(obj).name, patch,
                                     ObjectView(obj).namespace)
@@ -634,7 +628,7 @@ class DataImportCronReconciler(Reconciler):
             spec["storage"]["accessModes"] = ["ReadWriteOnce"]
         annotations = dict(meta.get("annotations") or {})
         annotations[ann.BIND_IMMEDIATE] = "true"
-        annotations[LAST_USE_TIME] = _stamp(self.clock())
+        annotations[ann.LAST_USE_TIME] = _stamp(self.clock())
         retain = DataImportCronView(cron).annotations.get(ann.RETAIN_AFTER_COMPLETION)
         if retain:
             annotations[ann.RETAIN_AFTER_COMPLETION] = retain
@@ -680,13 +674,13 @@ class DataImportCronReconciler(Reconciler):
                 "apiVersion": f"{groups.SNAPSHOT_GROUP}/{groups.SNAPSHOT_VERSION}", "kind": "VolumeSnapshot",
                 "metadata": {"name": name, "namespace": namespace,
                              "labels": self._labels(cron, {"cdi.kubevirt.io": ""}),
-                             "annotations": {LAST_USE_TIME: _stamp(self.clock())}},
+                             "annotations": {ann.LAST_USE_TIME: _stamp(self.clock())}},
                 "spec": {"source": {"persistentVolumeClaimName": name}}}
             claim = ClaimView(pvc)
             if claim.requested_storage:
-                body["metadata"]["annotations"][ADVISED_RESTORE_SIZE] = claim.requested_storage
+                body["metadata"]["annotations"][ann.ADVISED_RESTORE_SIZE] = claim.requested_storage
             if claim.spec.get("volumeMode"):
-                body["metadata"]["annotations"][SOURCE_VOLUME_MODE] = str(claim.spec["volumeMode"])
+                body["metadata"]["annotations"][ann.SOURCE_VOLUME_MODE] = str(claim.spec["volumeMode"])
             snapshot_class = StorageProfileView(profile).annotations.get(
                 ann.SNAPSHOT_CLASS_FOR_DATA_IMPORT_CRON) or StorageProfileView(profile).snapshot_class
             if snapshot_class:
@@ -759,7 +753,7 @@ class DataImportCronReconciler(Reconciler):
                     and not ObjectView(o).deleting]
             if len(mine) <= keep:
                 continue
-            mine.sort(key=lambda o: ObjectView(o).annotations.get(LAST_USE_TIME, ""), reverse=True)
+            mine.sort(key=lambda o: ObjectView(o).annotations.get(ann.LAST_USE_TIME, ""), reverse=True)
             kept = [o for o in mine if ObjectView(o).name in protected]
             for obj in mine:
                 obj_name = ObjectView(obj).name

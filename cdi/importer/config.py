@@ -1,55 +1,23 @@
-"""The importer's configuration, read from the environment only (the worker-pod contract, DESIGN §3.1)."""
+"""The importer's configuration, read from the environment only (the worker-pod contract, DESIGN §3.1):
+the import request and the target volume through their typed readers in `cdi.api` (the ones the
+controller's pod builder is tested against), plus what only the pod has (credentials, pod IP, paths)."""
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi.api import env as envnames
-from cdi.api.quantity import QuantityError, parse_bytes
-from cdi.api.sizing import overhead_fraction
+from cdi.api.envvalues import EnvError, parse_bool, positive_float
+from cdi.api.importrequest import ImportRequest
+from cdi.api.targetvolume import TargetVolume
 
 from .checksum import Checksum
 from .errors import ImporterError, Reason
 from .retry import DEFAULT_BUDGET, RetryPolicy
 from .target import Paths
-
-SECRET_EXTRA_HEADERS_DIR = Path("/extraheaders")
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
-
-
-def _bad(message: str) -> ImporterError:
-    return ImporterError(Reason.INVALID_CONFIGURATION, message)
-
-
-def parse_bool(name: str, value: str | None, default: bool, strict: bool) -> bool:
-    """Go's strconv.ParseBool, as CDI reads these variables."""
-    if value is None or value == "":
-        return default
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    if strict:
-        raise _bad(f'{name}={value!r} is not a boolean; should be "true" or "false"')
-    return default
-
-
-def positive_float(environ: Mapping[str, str], name: str, default: float) -> float:
-    value = environ.get(name, "")
-    if not value:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise _bad(f"{name}={value!r} is not a number") from None
-    if number <= 0:
-        raise _bad(f"{name}={value!r} must be positive")
-    return number
 
 
 @dataclass
@@ -77,65 +45,41 @@ class ImporterConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ImporterConfig:
         env = dict(os.environ if environ is None else environ)
+        try:
+            return cls._from_environ(env)
+        except EnvError as exc:
+            raise ImporterError(Reason.INVALID_CONFIGURATION, str(exc)) from None
+
+    @classmethod
+    def _from_environ(cls, env: dict[str, str]) -> ImporterConfig:
         paths = Paths.from_env(env)
-        source = env.get(envnames.SOURCE, "").strip().lower()
-        if source == envnames.SOURCE_NONE:
-            source = envnames.SOURCE_BLANK
-        if source not in (
-            envnames.SOURCE_HTTP,
-            envnames.SOURCE_S3,
-            envnames.SOURCE_GCS,
-            envnames.SOURCE_REGISTRY,
-            envnames.SOURCE_BLANK,
-        ):
-            raise _bad(f"unknown {envnames.SOURCE} {source!r}: expected http, s3, gcs, registry or blank")
-        endpoint = env.get(envnames.ENDPOINT, "").strip()
-        if source != envnames.SOURCE_BLANK and not endpoint:
-            raise _bad(f"{envnames.ENDPOINT} is missing")
-        content_type = env.get(envnames.CONTENT_TYPE, "").strip() or envnames.CONTENT_KUBEVIRT
-        if content_type not in (envnames.CONTENT_KUBEVIRT, envnames.CONTENT_ARCHIVE):
-            raise _bad(f"unknown {envnames.CONTENT_TYPE} {content_type!r}: expected kubevirt or archive")
-        if content_type == envnames.CONTENT_ARCHIVE and source in (
-            envnames.SOURCE_REGISTRY,
-            envnames.SOURCE_BLANK,
-        ):
-            raise _bad(f"content type archive is not supported for source {source}")
-        size_text = env.get(envnames.IMAGE_SIZE, "").strip()
-        try:
-            image_size = parse_bytes(size_text) if size_text else None
-        except QuantityError as exc:
-            raise _bad(f"{envnames.IMAGE_SIZE}: {exc}") from None
-        overhead = env.get(envnames.FILESYSTEM_OVERHEAD, "").strip() or "0"
-        try:
-            overhead_fraction(overhead)
-        except ValueError as exc:
-            raise _bad(f"{envnames.FILESYSTEM_OVERHEAD}={overhead!r}: {exc}") from None
+        request = ImportRequest.from_environ(env)
+        # no path in the environment: the importer takes `disk.img` in the data directory, or the block path,
+        # whichever exists (`target.detect_target`)
+        volume = TargetVolume.from_environ(env, size_var=envnames.IMAGE_SIZE,
+                                           path=str(paths.data_dir / envnames.DISK_IMAGE_NAME))
         cert_dir_text = env.get(envnames.CERT_DIR, "").strip()
-        budget = positive_float(env, envnames.RETRY_BUDGET, DEFAULT_BUDGET)
+        budget = positive_float(env, envnames.RETRY_BUDGET) or DEFAULT_BUDGET
         return cls(
-            source=source,
-            endpoint=endpoint,
-            content_type=content_type,
-            image_size=image_size,
+            source=request.source,
+            endpoint=request.endpoint,
+            content_type=request.content_type,
+            image_size=volume.size_bytes,
             access_key=env.get(envnames.ACCESS_KEY_ID, "").strip(),
             secret_key=env.get(envnames.SECRET_KEY, "").strip(),
             cert_dir=Path(cert_dir_text) if cert_dir_text else None,
-            insecure_tls=parse_bool(
-                envnames.INSECURE_TLS, env.get(envnames.INSECURE_TLS), False, strict=False
-            ),
-            extra_headers=extra_headers(env),
-            checksum=Checksum.parse(env.get(envnames.CHECKSUM, "")),
-            registry_arch=env.get(envnames.REGISTRY_ARCHITECTURE, "").strip(),
-            filesystem_overhead=overhead,
-            preallocation=parse_bool(
-                envnames.PREALLOCATION, env.get(envnames.PREALLOCATION), False, strict=True
-            ),
-            owner_uid=env.get(envnames.OWNER_UID, ""),
+            insecure_tls=request.insecure_skip_verify,
+            extra_headers=[*request.extra_headers, *secret_extra_headers(env)],
+            checksum=Checksum.parse(request.checksum),
+            registry_arch=request.registry_arch,
+            filesystem_overhead=volume.filesystem_overhead,
+            preallocation=volume.preallocation,
+            owner_uid=volume.owner_uid,
             pod_ip=env.get(envnames.POD_IP, "").strip(),
             paths=paths,
             retry=RetryPolicy(budget=budget),
-            read_timeout=positive_float(env, envnames.READ_TIMEOUT, default_read_timeout(budget)),
-            poll=parse_bool(envnames.POLL, env.get(envnames.POLL), False, strict=True),
+            read_timeout=positive_float(env, envnames.READ_TIMEOUT) or default_read_timeout(budget),
+            poll=parse_bool(env, envnames.POLL),
         )
 
 
@@ -146,15 +90,11 @@ def default_read_timeout(budget: float) -> float:
     return min(60.0, max(1.0, budget / 3))
 
 
-def extra_headers(env: Mapping[str, str]) -> list[str]:
-    """IMPORTER_EXTRA_HEADER_<n> in numeric order, then the files of mounted header secrets."""
-    numbered = []
-    for name, value in env.items():
-        match = re.fullmatch(re.escape(envnames.EXTRA_HEADER_PREFIX) + r"(\d+)", name)
-        if match:
-            numbered.append((int(match.group(1)), value))
-    headers = [value for _, value in sorted(numbered)]
-    root = Path(env.get("IMPORTER_SECRET_EXTRA_HEADERS_DIR", str(SECRET_EXTRA_HEADERS_DIR)))
+def secret_extra_headers(env: Mapping[str, str]) -> list[str]:
+    """The header lines of the mounted header secrets (after IMPORTER_EXTRA_HEADER_<n>, which the request
+    holds), one per file, in path order."""
+    headers = []
+    root = Path(env.get(envnames.SECRET_EXTRA_HEADERS_DIR) or envnames.SECRET_EXTRA_HEADERS_DIR_DEFAULT)
     if root.is_dir():
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))

@@ -404,7 +404,7 @@ def ca_bundle(files: list[Path], system_bundle: Path) -> Path:
 
 
 def proxy_cert_dir() -> Path | None:
-    path = Path(os.environ.get("IMPORTER_PROXY_CERT_DIR", envnames.PROXY_CERT_DIR_DEFAULT))
+    path = Path(os.environ.get(envnames.PROXY_CERT_DIR, envnames.PROXY_CERT_DIR_DEFAULT))
     return path if path.is_dir() else None
 
 

@@ -33,10 +33,11 @@ from typing import Any
 
 from cryptography import x509
 
+from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.common import certconfig, pki
 from cdi.kube import AlreadyExists, KubeClient, NotFound
-from cdi.operator.resources import LABEL, MANAGED_BY
+from cdi.operator.resources import MANAGED_BY
 
 Obj = dict[str, Any]
 APISERVER_SIGNER = "cdi-apiserver-signer"
@@ -115,7 +116,8 @@ class Certificates:
 
     async def _write_secret(self, name: str, pair: pki.KeyPair, current: Obj | None) -> None:
         body: Obj = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                     "metadata": {"name": name, "namespace": self.namespace, "labels": {LABEL: "", **MANAGED_BY}},
+                     "metadata": {"name": name, "namespace": self.namespace,
+                                  "labels": {ann.LABEL_COMPONENT: "", **MANAGED_BY}},
                      "data": {"tls.crt": _b64(pair.cert_pem), "tls.key": _b64(pair.key_pem)}}
         if current is None:
             await self.client.create(groups.SECRETS, body, self.namespace)
@@ -130,7 +132,8 @@ class Certificates:
             current = None
         value = str(make(((current or {}).get("data") or {}).get(key, "")))
         body: Obj = {"apiVersion": "v1", "kind": "ConfigMap",
-                     "metadata": {"name": name, "namespace": self.namespace, "labels": {LABEL: "", **MANAGED_BY}},
+                     "metadata": {"name": name, "namespace": self.namespace,
+                                  "labels": {ann.LABEL_COMPONENT: "", **MANAGED_BY}},
                      "data": {key: value}}
         if current is None:
             try:

@@ -23,10 +23,10 @@ from typing import Any
 
 import jsonpatch
 
+from cdi.api import annotations as ann
 from cdi.common.patches import merge_patch, strategic_merge_patch
 
 Obj = dict[str, Any]
-HASH_ANNOTATION = "cdi.kubevirt.io/customizer-identifier"
 PATCHABLE = ("Deployment", "Service", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "APIService")
 FLAG_TARGETS = {"api": ("cdi-apiserver", "cdi-apiserver"), "controller": ("cdi-deployment", "cdi-deployment"),
                 "uploadProxy": ("cdi-uploadproxy", "cdi-uploadproxy")}  # flags key -> (Deployment, container)
@@ -132,6 +132,6 @@ def customize(objects: list[Obj], customize_spec: Mapping[str, Any]) -> list[Obj
                         container["args"] = [*(container.get("args") or []), *patch["args"]]
             else:
                 obj = _apply_one(obj, patch)
-        obj.setdefault("metadata", {}).setdefault("annotations", {})[HASH_ANNOTATION] = mark
+        obj.setdefault("metadata", {}).setdefault("annotations", {})[ann.CUSTOMIZER_IDENTIFIER] = mark
         out.append(obj)
     return out

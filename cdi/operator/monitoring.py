@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from cdi.api import annotations as ann
 from cdi.api.groups import GVR
-from cdi.operator.resources import LABEL, MANAGED_BY, PROMETHEUS_LABEL
+from cdi.operator.resources import MANAGED_BY
 
 Obj = dict[str, Any]
 
@@ -105,7 +106,7 @@ def alerts() -> list[Obj]:
 
 
 def _labels(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {LABEL: "", **MANAGED_BY, PROMETHEUS_LABEL: "true", **(extra or {})}
+    return {ann.LABEL_COMPONENT: "", **MANAGED_BY, ann.LABEL_PROMETHEUS: "true", **(extra or {})}
 
 
 def prometheus_rule(namespace: str) -> Obj:
@@ -121,7 +122,7 @@ def service_monitor(namespace: str) -> Obj:
     return {"apiVersion": f"{MONITORING_GROUP}/v1", "kind": "ServiceMonitor",
             "metadata": {"name": MONITOR_NAME, "namespace": namespace,
                          "labels": _labels({"openshift.io/cluster-monitoring": ""})},
-            "spec": {"selector": {"matchLabels": {PROMETHEUS_LABEL: "true"}},
+            "spec": {"selector": {"matchLabels": {ann.LABEL_PROMETHEUS: "true"}},
                      "namespaceSelector": {"matchNames": [namespace]},
                      "endpoints": [{"port": "metrics", "scheme": "http"}]}}
 

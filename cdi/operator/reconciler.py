@@ -19,6 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.groups import GVR
 from cdi.kube import ApiError, Conflict, Forbidden, Informer, KubeClient, NotFound
@@ -39,7 +40,6 @@ from cdi.operator.resources import (
     CLUSTERROLEBINDINGS,
     CLUSTERROLES,
     DEPLOYMENTS,
-    FINALIZER,
     PDBS,
     ROLEBINDINGS,
     ROLES,
@@ -164,11 +164,11 @@ class Operator:
         if (cr["metadata"]).get("deletionTimestamp"):
             await self.uninstall(cr)
             return self.resync
-        if FINALIZER not in (cr["metadata"].get("finalizers") or []):
+        if ann.OPERATOR_FINALIZER not in (cr["metadata"].get("finalizers") or []):
             cr = await self.client.patch(groups.CDIS, cr["metadata"]["name"], [
                 {"op": "test", "path": "/metadata/resourceVersion", "value": cr["metadata"]["resourceVersion"]},
                 {"op": "add", "path": "/metadata/finalizers",
-                 "value": [*(cr["metadata"].get("finalizers") or []), FINALIZER]}], patch_type="json")
+                 "value": [*(cr["metadata"].get("finalizers") or []), ann.OPERATOR_FINALIZER]}], patch_type="json")
         status = cr.get("status") or {}
         if not status.get("phase"):
             cr = await self._status(cr, "Deploying", available=False, progressing=True, degraded=False,
@@ -236,7 +236,7 @@ class Operator:
         except NotFound:
             await self.client.create(groups.CDICONFIGS, {
                 "apiVersion": groups.CDI_API_VERSION, "kind": "CDIConfig",
-                "metadata": {"name": groups.CDI_CONFIG_NAME, "labels": {resources.LABEL: ""}},
+                "metadata": {"name": groups.CDI_CONFIG_NAME, "labels": {ann.LABEL_COMPONENT: ""}},
                 "spec": dict(spec.get("config") or {})})
 
     async def _apply(self, obj: Obj) -> Obj:
@@ -280,7 +280,7 @@ class Operator:
         await self._delete(groups.CDICONFIGS, groups.CDI_CONFIG_NAME, None)
         for profile in (await self.client.list(groups.STORAGEPROFILES)).items:
             await self._delete(groups.STORAGEPROFILES, profile["metadata"]["name"], None)
-        finalizers = [f for f in cr["metadata"].get("finalizers") or [] if f != FINALIZER]
+        finalizers = [f for f in cr["metadata"].get("finalizers") or [] if f != ann.OPERATOR_FINALIZER]
         await self.client.patch(groups.CDIS, cr["metadata"]["name"], [
             {"op": "test", "path": "/metadata/resourceVersion", "value": cr["metadata"]["resourceVersion"]},
             {"op": "replace", "path": "/metadata/finalizers", "value": finalizers}], patch_type="json")

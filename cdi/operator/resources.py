@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi import __version__
+from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.crds import cdi_crds
 from cdi.api.groups import GVR
@@ -26,7 +27,6 @@ CLUSTERROLES = GVR("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRo
 CLUSTERROLEBINDINGS = GVR("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False)
 PDBS = GVR("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 
-LABEL = "cdi.kubevirt.io"  # CDI labels everything it installs with this key
 MANAGED_BY = {"app.kubernetes.io/managed-by": "cdi-operator", "app.kubernetes.io/component": "storage"}
 OPERATOR = "cdi-operator"
 CONTROLLER = "cdi-deployment"
@@ -35,15 +35,12 @@ APISERVER = "cdi-apiserver"
 UPLOADPROXY = "cdi-uploadproxy"
 API_SERVICE = "cdi-api"
 METRICS_SERVICE = "cdi-prometheus-metrics"
-PROMETHEUS_LABEL = "prometheus.cdi.kubevirt.io"  # on what Prometheus should scrape; value "true"
-FINALIZER = "operator.cdi.kubevirt.io"
 COMPONENTS = ("cdi-operator", "cdi-controller", "cdi-apiserver", "cdi-uploadproxy", "cdi-importer",
               "cdi-uploadserver", "cdi-cloner")
 DEFAULT_REGISTRY = "localhost/cdi"
 UPLOAD_APISERVICE = f"{groups.UPLOAD_VERSION}.{groups.UPLOAD_GROUP}"
 APISERVER_STATE_DIR = "/var/run/cdi-apiserver"
 UPLOADPROXY_CERT_DIR = "/var/run/cdi-uploadproxy/certs"
-CERTS_ANNOTATION = "cdi.kubevirt.io/certificates"  # hash of the mounted certificates: a rotation restarts pods
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class Images:
 
 
 def _meta(name: str, namespace: str | None = None, labels: Mapping[str, str] | None = None) -> Obj:
-    meta: Obj = {"name": name, "labels": {LABEL: "", **MANAGED_BY, **(labels or {})}}
+    meta: Obj = {"name": name, "labels": {ann.LABEL_COMPONENT: "", **MANAGED_BY, **(labels or {})}}
     if namespace:
         meta["namespace"] = namespace
     return meta
@@ -202,7 +199,7 @@ def _deployment(name: str, namespace: str, *, label: str, image: str, args: list
                 replicas: int, cr_spec: Mapping[str, Any], port: int, probe_path: str, probe_scheme: str,
                 volumes: list[Obj] | None = None, mounts: list[Obj] | None = None,
                 annotations: Mapping[str, str] | None = None, env: list[Obj] | None = None) -> Obj:
-    labels = {LABEL: label, "cdi.kubevirt.io/component": label}
+    labels = {ann.LABEL_COMPONENT: label, ann.LABEL_OPERATOR_COMPONENT: label}
     container: Obj = {
         "name": label, "image": image, "imagePullPolicy": cr_spec.get("imagePullPolicy") or "IfNotPresent",
         "args": args,
@@ -235,13 +232,13 @@ def _deployment(name: str, namespace: str, *, label: str, image: str, args: list
     if annotations:
         template_meta["annotations"] = dict(annotations)
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, namespace, labels),
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {LABEL: label}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {ann.LABEL_COMPONENT: label}},
                      "template": {"metadata": template_meta, "spec": pod}}}
 
 
 def _service(name: str, namespace: str, selector: str, port: int, target: int, port_name: str = "https") -> Obj:
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, namespace),
-            "spec": {"selector": {LABEL: selector}, "type": "ClusterIP",
+            "spec": {"selector": {ann.LABEL_COMPONENT: selector}, "type": "ClusterIP",
                      "ports": [{"name": port_name, "port": port, "targetPort": target, "protocol": "TCP"}]}}
 
 
@@ -303,13 +300,13 @@ def components(cr: Mapping[str, Any], namespace: str, images: Images, cert_hashe
               # worker pods pull as the CDI resource says (CDI's controller reads PULL_POLICY)
               "--pull-policy", spec.get("imagePullPolicy") or "IfNotPresent"],
         # the upload signers it issues per-pod certificates from: rotated by the operator, read at start
-        annotations={CERTS_ANNOTATION: cert_hashes.get(CONTROLLER, "")}))
+        annotations={ann.CERTIFICATES_HASH: cert_hashes.get(CONTROLLER, "")}))
     objects.append(_deployment(
         APISERVER, namespace, label=APISERVER, image=images.of("cdi-apiserver"), account=APISERVER,
         replicas=int(infra.get("apiServerReplicas") or 1), cr_spec=spec, port=8443, probe_path="/healthz",
         probe_scheme="HTTPS", args=["--namespace", namespace, "--listen", "0.0.0.0:8443",
                                     "--state-dir", APISERVER_STATE_DIR],
-        annotations={CERTS_ANNOTATION: cert_hashes.get(APISERVER, "")},
+        annotations={ann.CERTIFICATES_HASH: cert_hashes.get(APISERVER, "")},
         # the operator's CA for the apiserver, in the state directory where the apiserver looks for it
         volumes=[{"name": "state", "emptyDir": {}},
                  {"name": "signer", "secret": {"secretName": "cdi-apiserver-signer", "items": [
@@ -327,16 +324,16 @@ def components(cr: Mapping[str, Any], namespace: str, images: Images, cert_hashe
         probe_scheme="HTTPS",
         args=["--namespace", namespace, "--listen", "0.0.0.0:8443", "--tls-cert", f"{UPLOADPROXY_CERT_DIR}/tls.crt",
               "--tls-key", f"{UPLOADPROXY_CERT_DIR}/tls.key"],
-        annotations={CERTS_ANNOTATION: cert_hashes.get(UPLOADPROXY, "")},
+        annotations={ann.CERTIFICATES_HASH: cert_hashes.get(UPLOADPROXY, "")},
         volumes=[{"name": "server-cert", "secret": {"secretName": "cdi-uploadproxy-server-cert"}}],
         mounts=[{"name": "server-cert", "mountPath": UPLOADPROXY_CERT_DIR, "readOnly": True}]))
     objects.append(_service(API_SERVICE, namespace, APISERVER, 443, 8443))
     objects.append(_service(UPLOADPROXY, namespace, UPLOADPROXY, 443, 8443))
     metrics = _service(METRICS_SERVICE, namespace, CONTROLLER, 8080, 8080, "metrics")
-    metrics["metadata"]["labels"][PROMETHEUS_LABEL] = "true"  # what the ServiceMonitor selects
+    metrics["metadata"]["labels"][ann.LABEL_PROMETHEUS] = "true"  # what the ServiceMonitor selects
     objects.append(metrics)
     objects.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(CONTROLLER, namespace),
-                    "spec": {"minAvailable": 1, "selector": {"matchLabels": {LABEL: CONTROLLER}}}})
+                    "spec": {"minAvailable": 1, "selector": {"matchLabels": {ann.LABEL_COMPONENT: CONTROLLER}}}})
     return objects
 
 
@@ -388,7 +385,7 @@ def operator_install(namespace: str = groups.CDI_NAMESPACE, images: Images | Non
     """`cdi-operator.yaml`: the namespace, CDI's CRDs, the operator's account, RBAC and Deployment."""
     images = images or Images()
     objects: list[Obj] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
-        "name": namespace, "labels": {LABEL: "", "pod-security.kubernetes.io/enforce": "restricted"}}}]
+        "name": namespace, "labels": {ann.LABEL_COMPONENT: "", "pod-security.kubernetes.io/enforce": "restricted"}}}]
     objects += [dict(crd) for crd in cdi_crds()]
     objects += _account_rbac(OPERATOR, namespace, operator_cluster_rules(), operator_namespace_rules())
     # to bind the aggregation layer's reader Role for cdi-apiserver, the operator holds what it grants

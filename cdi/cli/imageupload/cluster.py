@@ -13,7 +13,6 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api import upload as names
 from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
@@ -47,7 +46,7 @@ class Request:
     archive: bool = False
     force_bind: bool = False
     no_create: bool = False
-    upload_format: str = ""  # the FORMAT_ANNOTATION value
+    upload_format: str = ""  # for the `storage.upload.format` annotation (`ann.UPLOAD_FORMAT`)
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -68,7 +67,7 @@ def datavolume_body(request: Request) -> Obj:
     mode = "Filesystem" if request.archive else _volume_mode(request)
     if mode:
         storage["volumeMode"] = mode
-    annotations = {names.FORMAT_ANNOTATION: request.upload_format} if request.upload_format else {}
+    annotations = {ann.UPLOAD_FORMAT: request.upload_format} if request.upload_format else {}
     if request.force_bind:
         annotations[ann.BIND_IMMEDIATE] = ""
     spec: Obj = {"source": {"upload": {}}, "storage": storage}
@@ -90,7 +89,7 @@ def pvc_body(request: Request) -> Obj:
         spec["volumeMode"] = mode
     annotations = {ann.UPLOAD_TARGET: "", ann.CONTENT_TYPE: "archive" if request.archive else "kubevirt"}
     if request.upload_format:
-        annotations[names.FORMAT_ANNOTATION] = request.upload_format
+        annotations[ann.UPLOAD_FORMAT] = request.upload_format
     if request.force_bind:
         annotations[ann.BIND_IMMEDIATE] = ""
     metadata: Obj = {"name": request.name, "namespace": request.namespace, "annotations": annotations}
@@ -203,7 +202,7 @@ class Cluster:
             return
         wanted = {ann.UPLOAD_TARGET: ""}
         if request.upload_format:
-            wanted[names.FORMAT_ANNOTATION] = request.upload_format
+            wanted[ann.UPLOAD_FORMAT] = request.upload_format
         await self.client.patch(groups.PVCS, request.name, {"metadata": {"annotations": wanted}}, request.namespace)
 
     async def wait_ready(self, request: Request, timeout: float, say: Any) -> None:

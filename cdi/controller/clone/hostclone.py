@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from cdi.api import annotations as ann
-from cdi.api import env, groups
+from cdi.api import clonesourcerequest, groups
+from cdi.api.clonesourcerequest import CloneSourceRequest
+from cdi.api.targetvolume import TargetVolume
 from cdi.api.upload import SYNC_PATHS, upload_service_name
 from cdi.api.views import ClaimView, ObjectView
 from cdi.common import pki
@@ -21,16 +23,13 @@ from cdi.controller.clone import sourceclaim
 from cdi.controller.clone.phase import STARTED, WAIT, Step
 from cdi.controller.clone.target import SOURCE_CONTAINER, CloneTarget, source_pod_name
 from cdi.controller.datavolume.uploadpki import cert_days, ensure_upload_pki
-from cdi.controller.datavolume.uploads import UPLOAD_CLIENT_NAME, UPLOAD_PORT
+from cdi.controller.datavolume.uploads import UPLOAD_PORT
 from cdi.controller.owners import owner_reference
 from cdi.controller.workerpod import pod_settings, worker_pod
 
 Obj = dict[str, Any]
 
 HOST_CLONE = "HostClone"
-# CDI's /var/run/cdi/clone/source, where /var/run is the usual symlink (the embedded node's sandbox
-# cannot make a mount point through that symlink)
-CLONER_MOUNT_PATH = "/run/cdi/clone/source"
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class HostClonePhase:
                 client_name = f"clone-source-{claim.uid}"
             body = target.temp_claim(claim.requested_storage, None)
             body["metadata"]["annotations"].update({
-                ann.UPLOAD_TARGET: "", UPLOAD_CLIENT_NAME: client_name, ann.CONTENT_TYPE: "kubevirt",
+                ann.UPLOAD_TARGET: "", ann.UPLOAD_CLIENT_NAME: client_name, ann.CONTENT_TYPE: "kubevirt",
                 ann.CLONE_REQUEST: f"{namespace}/{self.source_claim}"})
             await target.create(groups.PVCS, body)
             return Step()
@@ -86,7 +85,7 @@ async def create_source_pod(clone: CloneTarget, temp: Obj, source_name: str) -> 
         return
     pod_name = source_pod_name(temp)
     pki_ = await ensure_upload_pki(ctx.client, ctx.settings.namespace)
-    client_name = ClaimView(temp).annotations.get(UPLOAD_CLIENT_NAME, "")
+    client_name = ClaimView(temp).annotations.get(ann.UPLOAD_CLIENT_NAME, "")
     cdi = next(iter(ctx.cached_list(groups.CDIS)), None)
     pair = pki.issue(pki_.client_signer, client_name, None, server=False, client=True,
                      days=cert_days(cdi, "client"))
@@ -98,23 +97,16 @@ async def create_source_pod(clone: CloneTarget, temp: Obj, source_name: str) -> 
               "stringData": {"tls.crt": pair.cert_pem.decode(), "tls.key": pair.key_pem.decode()}}
     await clone.create(groups.SECRETS, secret)
     block = ClaimView(source).block
-    mount = "/dev/cdi-block-volume" if block else CLONER_MOUNT_PATH
     host = f"[{cluster_ip}]" if ":" in str(cluster_ip) else str(cluster_ip)
     owner_uid = ClaimView(target).annotations.get(ann.CREATED_FOR_DATAVOLUME) or \
         ClaimView(target).uid
-    environment: list[Obj] = [
-        {"name": "CLIENT_KEY", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.key"}}},
-        {"name": "CLIENT_CERT", "valueFrom": {"secretKeyRef": {"name": pod_name, "key": "tls.crt"}}},
-        {"name": "SERVER_CA_CERT", "value": pki_.server_signer.cert_pem.decode()},
-        {"name": "UPLOAD_URL", "value": f"https://{host}:{UPLOAD_PORT}{SYNC_PATHS[0]}"},
-        {"name": "UPLOAD_SERVER_NAME", "value": f"{upload_service_name(temp_name)}.{namespace}.svc"},
-        {"name": env.OWNER_UID, "value": owner_uid},
-        {"name": "VOLUME_MODE", "value": "block" if block else "filesystem"},
-        {"name": "MOUNT_POINT", "value": mount},
-        {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-    ]
+    request = CloneSourceRequest(
+        upload_url=f"https://{host}:{UPLOAD_PORT}{SYNC_PATHS[0]}", server_ca=pki_.server_signer.cert_pem.decode(),
+        server_name=f"{upload_service_name(temp_name)}.{namespace}.svc", client_secret=pod_name,
+        volume=TargetVolume(path=clonesourcerequest.source_path(block), owner_uid=owner_uid))
+    mount = request.mount_point
     container: Obj = {
-        "name": SOURCE_CONTAINER, "image": ctx.settings.cloner_image, "env": environment,
+        "name": SOURCE_CONTAINER, "image": ctx.settings.cloner_image, "env": request.to_env(),
         "ports": [{"name": "metrics", "containerPort": 8443, "protocol": "TCP"}],
     }
     if block:

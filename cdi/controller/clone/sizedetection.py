@@ -52,7 +52,7 @@ def size_detection_pod(source: Body, dv: Body, image: str, settings: PodSettings
     if owner_dv.namespace != namespace:  # no owner reference across namespaces
         del pod["metadata"]["ownerReferences"]
         pod["metadata"]["annotations"].update({
-            ann.OWNED_BY_DATAVOLUME: owner_dv.key, "cdi.kubevirt.io/ownerUID": owner_dv.uid})
+            ann.OWNED_BY_DATAVOLUME: owner_dv.key, ann.OWNER_UID: owner_dv.uid})
     return pod
 
 

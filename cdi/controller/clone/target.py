@@ -28,7 +28,6 @@ from cdi.kube import WARNING, AlreadyExists, NotFound
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
 
-CLONE_SOURCE_ANNOTATION = "cdi.kubevirt.io/storage.clone.source"  # ours: kind/namespace/name the target clones
 SOURCE_UNAUTHORIZED = "CloneSourceUnauthorized"  # ours: the recorded source is not one the clone may read
 MESSAGE_SOURCE_UNAUTHORIZED = "The clone does not go on"
 SOURCE_CONTAINER = "cdi-clone-source"  # the clone source pod's container, and its component label
@@ -54,7 +53,7 @@ def source_pod_name(temp: Body) -> str:
 
 def recorded_source(target: Body) -> tuple[str, str, str]:
     """(kind, namespace, name) of the source the target records; empty strings where it records none."""
-    kind, _, rest = ClaimView(target).annotations.get(CLONE_SOURCE_ANNOTATION, "").partition("/")
+    kind, _, rest = ClaimView(target).annotations.get(ann.CLONE_SOURCE, "").partition("/")
     namespace, _, name = rest.partition("/")
     return kind, namespace, name
 
@@ -63,7 +62,7 @@ def refuse(ctx: Context, target: Body, why: str) -> None:
     """The recorded source (an annotation on a claim its user may edit) is not one this clone may read:
     a Warning on the target says why, and the clone does not move."""
     ctx.recorder.record(target, WARNING, SOURCE_UNAUTHORIZED,
-                        f"{MESSAGE_SOURCE_UNAUTHORIZED}: {CLONE_SOURCE_ANNOTATION}: {why}")
+                        f"{MESSAGE_SOURCE_UNAUTHORIZED}: {ann.CLONE_SOURCE}: {why}")
 
 
 @dataclass(frozen=True)

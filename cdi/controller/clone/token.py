@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from cdi.api.annotations import CLONE_TOKEN, EXTENDED_CLONE_TOKEN
 from cdi.common import uploadtoken
 
-CLONE_TOKEN = "cdi.kubevirt.io/storage.clone.token"
-EXTENDED_CLONE_TOKEN = "cdi.kubevirt.io/storage.extended.clone.token"
 RESOURCES = {"pvc": "persistentvolumeclaims", "snapshot": "volumesnapshots"}
 INVALID = "CloneTokenInvalid"  # ours: CDI only logs the error and retries
 

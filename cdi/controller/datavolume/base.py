@@ -16,6 +16,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups
+from cdi.api.envvalues import format_bool
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import (
     NoStorageClass,
@@ -24,7 +25,6 @@ from cdi.api.rendering import (
     unrendered_claim_spec,
     webhook_rendering_enabled,
 )
-from cdi.api.upload import FORMAT_ANNOTATION
 from cdi.api.validation import Cause, unsupported_source
 from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PersistentVolumeView
 from cdi.controller import conditions
@@ -50,7 +50,7 @@ Event = tuple[EventType, str, str]
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
-                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, FORMAT_ANNOTATION)
+                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT)
 
 
 def _passes_label(key: str) -> bool:
@@ -263,7 +263,7 @@ class DataVolumeReconciler(Reconciler):
         annotations.setdefault(ann.CONTENT_TYPE, view.content_type)
         preallocation = view.spec.get("preallocation")
         if preallocation is not None:
-            annotations[ann.PREALLOCATION_REQUESTED] = "true" if preallocation else "false"
+            annotations[ann.PREALLOCATION_REQUESTED] = format_bool(bool(preallocation))
         if view.spec.get("priorityClassName"):
             annotations[ann.POD_PRIORITY_CLASS] = str(view.spec["priorityClassName"])
         if view.spec.get("serviceAccountName"):

@@ -40,7 +40,6 @@ from cdi.controller.clone.snapclone import SNAPSHOT_CLONE
 from cdi.controller.clone.snapshot import SNAPSHOT
 from cdi.controller.clone.sourceclaim import CLONE_WITHOUT_SOURCE
 from cdi.controller.clone.target import (
-    CLONE_SOURCE_ANNOTATION,
     recorded_source,
     refuse,
     source_pod_name,
@@ -66,7 +65,6 @@ PHASE_MAP = {"": "CloneScheduled", PENDING: "CloneScheduled", SUCCEEDED: "Succee
              SNAPSHOT_CLONE: "CloneFromSnapshotSourceInProgress", SNAPSHOT: "SnapshotForSmartCloneInProgress",
              ERROR: "Failed"}
 CLONE_SOURCE_KIND = "VolumeCloneSource"
-DATA_SOURCE_NAMESPACE = "cdi.kubevirt.io/dataSourceNamespace"
 SIGNING_KEY_SECRET = "cdi-api-signing-key"  # cdi-apiserver's, which signs and checks clone tokens
 
 
@@ -200,12 +198,12 @@ class CloneReconciler(Reconciler):
         annotations: dict[str, str] = {
             ann.CREATED_FOR_DATAVOLUME: view.uid, ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: PENDING,
             ann.CONTENT_TYPE: view.content_type, ann.POD_RESTARTS: "0",
-            CLONE_SOURCE_ANNOTATION: f"{source.kind}/{source.namespace}/{source.name}",
+            ann.CLONE_SOURCE: f"{source.kind}/{source.namespace}/{source.name}",
             ann.CLONE_REQUEST: f"{source.namespace}/{source.name}"}
         if plan.fallback_message:
             annotations[ann.CLONE_FALLBACK_REASON] = plan.fallback_message
         if source.namespace != view.namespace:
-            annotations[DATA_SOURCE_NAMESPACE] = source.namespace
+            annotations[ann.DATA_SOURCE_NAMESPACE] = source.namespace
         for key in (ann.PERMISSIVE_CLONE, ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION):
             if key in view.annotations:
                 annotations[key] = view.annotations[key]
@@ -252,7 +250,7 @@ class CloneReconciler(Reconciler):
         if extended is None:
             return None
         await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": {
-            clonetoken.EXTENDED_CLONE_TOKEN: extended}}}, view.namespace)
+            ann.EXTENDED_CLONE_TOKEN: extended}}}, view.namespace)
         return 0.2
 
     async def _signing_key_or_none(self) -> bytes | None:

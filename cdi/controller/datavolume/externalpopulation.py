@@ -6,13 +6,13 @@ what such population needs."""
 
 from __future__ import annotations
 
+from cdi.api import annotations as ann
 from cdi.api.validation import external_population
 from cdi.api.views import ClaimView, DataVolumeView
 from cdi.controller.datavolume.base import Body, DataVolumeReconciler, Event, Obj
 from cdi.controller.populators.datavolumes import csi_driver_exists
 from cdi.kube import NORMAL, WARNING
 
-EXTERNAL_POPULATION = "cdi.kubevirt.io/externalPopulation"  # CDI's AnnExternalPopulation
 NO_CSI_DRIVER, NO_ANY_VOLUME_DATA_SOURCE = "NoCSIDriverForExternalPopulation", "NoAnyVolumeDataSource"
 
 
@@ -24,7 +24,7 @@ class ExternalPopulationReconciler(DataVolumeReconciler):
         return view.source_kind is None and view.source_ref is None and external_population(view.spec) is not None
 
     def claim_annotations(self, view: DataVolumeView) -> dict[str, str]:
-        return {EXTERNAL_POPULATION: "true"}
+        return {ann.EXTERNAL_POPULATION: "true"}
 
     def worker_phase(self, view: DataVolumeView, pvc: Body, status: Obj) -> tuple[Event | None, float | None]:
         """CDI's checkPopulationRequirements once the populator bound the claim: population by anything but

@@ -15,8 +15,11 @@ from urllib.parse import urlparse
 
 from cdi.api import annotations as ann
 from cdi.api import env, groups, naming
+from cdi.api.envvalues import pod_ip_from_status
 from cdi.api.importrequest import ImportRequest
+from cdi.api.targetvolume import TargetVolume, default_path
 from cdi.api.views import ClaimView, PodView
+from cdi.controller.claims import progress_owner_uid
 from cdi.controller.datavolume.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
 from cdi.controller.owners import owner_reference
 from cdi.controller.workerpod import PodSettings, worker_pod
@@ -88,12 +91,6 @@ def _insecure_registry(endpoint: str, registries: Sequence[str]) -> bool:
     return host in registries
 
 
-def _owner_uid(pvc: Body) -> str:
-    claim = ClaimView(pvc)
-    owners = claim.owner_references
-    return str(owners[0]["uid"]) if len(owners) == 1 else claim.uid
-
-
 def _node_pull(importer: Obj, volumes: list[Obj], source: ImportRequest, settings: WorkerSettings) -> tuple[Obj, Obj]:
     """CDI's pod shape for registry pullMethod node: the importer reads the disk over HTTP from the
     user's image, which runs the server an init container copied into the shared emptyDir (see
@@ -133,14 +130,11 @@ def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, 
     name, namespace, block = claim.name, claim.namespace, claim.block
     insecure = source.insecure_skip_verify or (
         source.source == env.SOURCE_REGISTRY and _insecure_registry(source.endpoint, settings.insecure_registries))
-    environment: list[Obj] = [
-        *source.to_env(insecure_tls=insecure),
-        {"name": env.IMAGE_SIZE, "value": claim.requested_storage},
-        {"name": env.OWNER_UID, "value": _owner_uid(pvc)},
-        {"name": env.FILESYSTEM_OVERHEAD, "value": "0" if block else filesystem_overhead},
-        {"name": env.PREALLOCATION, "value": "true" if preallocation else "false"},
-        {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-    ]
+    target = TargetVolume(path=default_path(block), size=claim.requested_storage,
+                          filesystem_overhead="0" if block else filesystem_overhead, preallocation=preallocation,
+                          owner_uid=progress_owner_uid(pvc))
+    environment: list[Obj] = [*source.to_env(insecure_tls=insecure), *target.to_env(size_var=env.IMAGE_SIZE),
+                              pod_ip_from_status()]
     if settings.retry_budget is not None:
         environment.append({"name": env.RETRY_BUDGET, "value": f"{settings.retry_budget:g}"})
     proxy = settings.import_proxy or {}
@@ -171,7 +165,8 @@ def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, 
     for index, secret in enumerate(source.secret_extra_headers):
         volume = f"cdi-extra-headers-{index}"
         volumes.append({"name": volume, "secret": {"secretName": secret}})
-        mounts.append({"name": volume, "mountPath": f"/extraheaders/secret_{index}", "readOnly": True})
+        mounts.append({"name": volume, "mountPath": f"{env.SECRET_EXTRA_HEADERS_DIR_DEFAULT}/secret_{index}",
+                       "readOnly": True})
 
     container: Obj = {
         "name": IMPORTER_CONTAINER, "image": settings.importer_image, "env": environment,

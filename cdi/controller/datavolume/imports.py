@@ -55,7 +55,6 @@ from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, object_key, split
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
-RETRY_BUDGET_ANNOTATION = "cdi.kubevirt.io/storage.import.retryBudget"
 
 
 def is_import_claim(pvc: Body) -> bool:
@@ -314,7 +313,7 @@ class ImportReconciler(Reconciler):
             await self._delete_pod(pod)
             return None
         retryable = bool(result.get("retryable", terminated_reason in ("OOMKilled", "Error", "")))
-        budget = int(annotations.get(RETRY_BUDGET_ANNOTATION) or self.ctx.settings.retry_budget)
+        budget = int(annotations.get(ann.IMPORT_RETRY_BUDGET) or self.ctx.settings.retry_budget)
         changes.update({ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: reason,
                         ann.CONDITION_RUNNING_MESSAGE: message, ann.IMPORT_REASON: reason})
         dv = self._dv_of(pvc)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi.api import groups
+from cdi.api.upload import CLIENT_NAME
 from cdi.api.views import ObjectView
 from cdi.common import certconfig, pki
 from cdi.kube import AlreadyExists, KubeClient, NotFound
@@ -21,7 +22,6 @@ SERVER_SIGNER = "cdi-uploadserver-signer"
 CLIENT_SIGNER = "cdi-uploadserver-client-signer"
 CLIENT_CERT = "cdi-uploadserver-client-cert"
 SERVER_SIGNER_BUNDLE = "cdi-uploadserver-signer-bundle"
-CLIENT_NAME = "client.upload-server.cdi.kubevirt.io"
 
 
 def _b64(data: bytes) -> str:

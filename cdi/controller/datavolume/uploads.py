@@ -4,13 +4,11 @@ with its own TLS certificate and a `cdi-upload-<pvc>` Service; the pod's readine
 `storage.pod.ready` (DataVolume phase UploadReady), its successful exit `storage.pod.phase=Succeeded`,
 and then pod, Service, certificate and scratch are removed.
 
-Upload-server pod contract (env, as CDI's): TLS_CERT_FILE / TLS_KEY_FILE (its certificate),
-CLIENT_CERT_FILE (CA of the proxy's client certificate), CLIENT_NAME (the CN the client must have),
-UPLOAD_IMAGE_SIZE, FILESYSTEM_OVERHEAD, PREALLOCATION, DESTINATION (/data/disk.img or
-/dev/cdi-block-volume), CONTENT_TYPE, POD_IP, OWNER_UID, TLS_CIPHERS / TLS_MIN_VERSION (CDIConfig's TLS
-profile, `cdi.api.tlsprofile`); scratch at /scratch when mounted; HTTPS on
-$POD_IP:8443; readiness on GET /healthz. A Block volume without scratch also gets an emptyDir at
-UPLOAD_STATE_DIR (ours), where the server keeps the resume offset of a raw upload across its restarts.
+Upload-server pod contract: its environment is `cdi.api.uploadrequest.UploadServerRequest` (CDI's names:
+its certificate, the proxy's client CA and name, the target volume, CDIConfig's TLS profile, ...); the
+certificate Secret at /etc/tls, scratch at /scratch when mounted; HTTPS on $POD_IP:8443; readiness on
+GET /healthz. A Block volume without scratch also gets an emptyDir at UPLOAD_STATE_DIR (ours), where the
+server keeps the resume offset of a raw upload across its restarts.
 
 Failures: an upload the server refuses (too large, bad image) is answered to the client and leaves
 the server ready for another attempt, so the DataVolume stays `UploadReady`. A failure after an
@@ -29,13 +27,9 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import env, groups, tlsprofile
-from cdi.api.upload import (
-    ENV_STATE_DIR,
-    FORMAT_ANNOTATION,
-    STATE_DIR_DEFAULT,
-    upload_resource_name,
-    upload_service_name,
-)
+from cdi.api.targetvolume import TargetVolume, default_path
+from cdi.api.upload import CLIENT_NAME, upload_resource_name, upload_service_name
+from cdi.api.uploadrequest import UploadServerRequest
 from cdi.api.views import ClaimView, PodView
 from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller.claims import (
@@ -44,11 +38,12 @@ from cdi.controller.claims import (
     delete_if_present,
     ensure_scratch,
     preallocation_wanted,
+    progress_owner_uid,
     scratch_name,
     waits_for_first_consumer,
 )
 from cdi.controller.datavolume.imports import termination
-from cdi.controller.datavolume.uploadpki import CLIENT_NAME, UploadPki, cert_days, ensure_upload_pki
+from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Reconciler
 from cdi.controller.watches import Watch
@@ -60,10 +55,7 @@ Body = Mapping[str, Any]
 
 UPLOAD_PORT = 8443
 UPLOAD_CONTAINER = "cdi-upload-server"
-# our CLI knows the file it is about to send; `raw`, `qcow2+gz`, ... lets the controller skip scratch
-UPLOAD_FORMAT = FORMAT_ANNOTATION
 SERVICE_LABEL = "service"
-UPLOAD_CLIENT_NAME = "cdi.kubevirt.io/uploadClientName"  # a host-assisted clone target: its source pod's name
 
 
 def upload_name(pvc_name: str) -> str:
@@ -79,9 +71,9 @@ def upload_needs_scratch(pvc: Body) -> bool:
     for again with scratch added. A declared raw or qcow2 image, compressed or not, streams straight
     to the target."""
     annotations = ClaimView(pvc).annotations
-    if UPLOAD_CLIENT_NAME in annotations:
+    if ann.UPLOAD_CLIENT_NAME in annotations:
         return False  # a clone target receives extents, written in place (CDI: no scratch for clones)
-    declared = annotations.get(UPLOAD_FORMAT)
+    declared = annotations.get(ann.UPLOAD_FORMAT)  # what our CLI said it sends: `raw`, `qcow2+gz`, ...
     if not declared:
         return True
     fmt, _, compression = declared.partition("+")
@@ -170,24 +162,16 @@ class UploadReconciler(Reconciler):
              scratch: str | None) -> Obj:
         claim = ClaimView(pvc)
         name, annotations, block = claim.name, claim.annotations, claim.block
-        owners = claim.owner_references
-        owner_uid = owners[0]["uid"] if len(owners) == 1 else claim.uid
-        environment = [
-            {"name": "TLS_KEY_FILE", "value": "/etc/tls/tls.key"},
-            {"name": "TLS_CERT_FILE", "value": "/etc/tls/tls.crt"},
-            {"name": "CLIENT_CERT_FILE", "value": "/etc/tls/ca.crt"},
-            {"name": "CLIENT_NAME", "value": annotations.get(UPLOAD_CLIENT_NAME) or CLIENT_NAME},  # clone source's
-            {"name": env.UPLOAD_IMAGE_SIZE, "value": claim.requested_storage},
-            {"name": env.FILESYSTEM_OVERHEAD, "value": claim_overhead(self.ctx, pvc)},
-            {"name": env.PREALLOCATION, "value": "true" if preallocation_wanted(self.ctx, pvc) else "false"},
-            {"name": "DESTINATION", "value": env.BLOCK_PATH_DEFAULT if block
-             else f"{env.DATA_DIR_DEFAULT}/{env.DISK_IMAGE_NAME}"},
-            {"name": "CONTENT_TYPE", "value": annotations.get(ann.CONTENT_TYPE) or "kubevirt"},
-            {"name": env.OWNER_UID, "value": str(owner_uid)},
-            {"name": env.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            *tlsprofile.of_config(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).to_env(),
-        ]
-        mounts: list[Obj] = [{"name": "tls", "mountPath": "/etc/tls", "readOnly": True}]
+        request = UploadServerRequest(
+            volume=TargetVolume(path=default_path(block), size=claim.requested_storage,
+                                filesystem_overhead=claim_overhead(self.ctx, pvc),
+                                preallocation=preallocation_wanted(self.ctx, pvc), owner_uid=progress_owner_uid(pvc)),
+            content_type=annotations.get(ann.CONTENT_TYPE) or env.CONTENT_KUBEVIRT,
+            client_name=annotations.get(ann.UPLOAD_CLIENT_NAME) or CLIENT_NAME,  # a clone source's, or the proxy's
+            tls_profile=tlsprofile.of_config(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)),
+            # where the server keeps the resume offset of a raw upload across its restarts
+            state_dir=env.UPLOAD_STATE_DIR_DEFAULT if block and not scratch else "")
+        mounts: list[Obj] = [{"name": "tls", "mountPath": env.TLS_DIR_DEFAULT, "readOnly": True}]
         volumes: list[Obj] = [{"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": name}},
                               {"name": "tls", "secret": {"secretName": resource}}]
         devices: list[Obj] = []
@@ -198,12 +182,11 @@ class UploadReconciler(Reconciler):
         if scratch:
             volumes.append({"name": "cdi-scratch-vol", "persistentVolumeClaim": {"claimName": scratch}})
             mounts.append({"name": "cdi-scratch-vol", "mountPath": env.SCRATCH_DIR_DEFAULT})
-        elif block:  # where the server keeps the resume offset of a raw upload across its restarts
+        elif request.state_dir:
             volumes.append({"name": "cdi-upload-state", "emptyDir": {}})
-            mounts.append({"name": "cdi-upload-state", "mountPath": STATE_DIR_DEFAULT})
-            environment.append({"name": ENV_STATE_DIR, "value": STATE_DIR_DEFAULT})
+            mounts.append({"name": "cdi-upload-state", "mountPath": request.state_dir})
         container: Obj = {
-            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image, "env": environment,
+            "name": UPLOAD_CONTAINER, "image": self.ctx.settings.uploadserver_image, "env": request.to_env(),
             "volumeMounts": mounts,
             "ports": [{"name": "uploadserver", "containerPort": UPLOAD_PORT, "protocol": "TCP"}],
             "readinessProbe": {"httpGet": {"path": "/healthz", "port": UPLOAD_PORT, "scheme": "HTTPS"},

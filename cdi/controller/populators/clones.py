@@ -14,7 +14,7 @@ from cdi.api.views import ClaimView, ObjectView, SnapshotView
 from cdi.controller.claims import annotate
 from cdi.controller.clone import execute, planner
 from cdi.controller.clone.phase import ERROR, PENDING, SUCCEEDED
-from cdi.controller.clone.target import CLONE_SOURCE_ANNOTATION, recorded_source, refuse
+from cdi.controller.clone.target import recorded_source, refuse
 from cdi.controller.populators.base import (
     GRANT_POLL,
     Body,
@@ -59,7 +59,7 @@ class ClonePopulator(PopulatorReconciler):
         if any(r.get("kind") == "DataVolume" for r in ClaimView(pvc).owner_references):
             return None  # a clone DataVolume's target: the clone reconciler drives it
         annotations = ClaimView(pvc).annotations
-        if CLONE_SOURCE_ANNOTATION not in annotations:
+        if ann.CLONE_SOURCE not in annotations:
             return await self._plan(pvc)
         if annotations.get(ann.CLONE_PHASE) in (SUCCEEDED, ERROR):
             return None
@@ -109,7 +109,7 @@ class ClonePopulator(PopulatorReconciler):
             return None
         changes: dict[str, str | None] = {
             ann.CLONE_TYPE: plan.strategy, ann.CLONE_PHASE: PENDING,
-            CLONE_SOURCE_ANNOTATION: f"{kind}/{namespace}/{source_name}",
+            ann.CLONE_SOURCE: f"{kind}/{namespace}/{source_name}",
             ann.CLONE_REQUEST: f"{namespace}/{source_name}"}
         if plan.fallback_message:
             changes[ann.CLONE_FALLBACK_REASON] = plan.fallback_message

@@ -9,8 +9,10 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.envvalues import format_bool
 from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
+from cdi.api.targetvolume import preallocation_wanted
 from cdi.api.views import ClaimView, ObjectView, PodView
 from cdi.controller.claims import config_status
 from cdi.controller.populators.base import Body, PopulatorReconciler, is_bound, is_complete
@@ -45,10 +47,8 @@ class ImportPopulator(PopulatorReconciler):
             out.update(ImportRequest.from_source(sources, str(spec.get("contentType") or "kubevirt")).to_annotations())
         else:
             out.update({ann.IMPORT_SOURCE: "none", ann.CONTENT_TYPE: str(spec.get("contentType") or "kubevirt")})
-        preallocation = spec.get("preallocation")
-        if preallocation is None:
-            preallocation = bool(config_status(self.ctx).get("preallocation"))
-        out[ann.PREALLOCATION_REQUESTED] = "true" if preallocation else "false"
+        out[ann.PREALLOCATION_REQUESTED] = format_bool(preallocation_wanted(spec.get("preallocation"),
+                                                                            config_status(self.ctx)))
         return out
 
     async def reconcile_target(self, pvc: Body, prime: Body) -> float | None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.envvalues import format_bool
+from cdi.api.targetvolume import preallocation_wanted
 from cdi.api.views import ClaimView
 from cdi.controller.claims import config_status
 from cdi.controller.populators.base import Body, PopulatorReconciler, is_bound, is_complete
@@ -24,12 +26,9 @@ class UploadPopulator(PopulatorReconciler):
 
     def prime_annotations(self, pvc: Body, source: Body) -> dict[str, str]:
         spec: Body = source.get("spec") or {}
-        preallocation = spec.get("preallocation")
-        if preallocation is None:
-            preallocation = bool(config_status(self.ctx).get("preallocation"))
+        preallocation = preallocation_wanted(spec.get("preallocation"), config_status(self.ctx))
         return {ann.UPLOAD_TARGET: "", ann.CONTENT_TYPE: str(spec.get("contentType") or "kubevirt"),
-                ann.POPULATOR_KIND: VOLUME_UPLOAD_SOURCE,
-                ann.PREALLOCATION_REQUESTED: "true" if preallocation else "false"}
+                ann.POPULATOR_KIND: VOLUME_UPLOAD_SOURCE, ann.PREALLOCATION_REQUESTED: format_bool(preallocation)}
 
     async def reconcile_target(self, pvc: Body, prime: Body) -> float | None:
         theirs = ClaimView(prime).annotations

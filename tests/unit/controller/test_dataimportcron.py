@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import datetime
 
+from cdi.api.annotations import REFRESH_NOW, SOURCE_DESIRED_DIGEST
 from cdi.controller.dataimportcron import (
     LAST_CRON,
     NEXT_CRON,
-    REFRESH_NOW,
-    SOURCE_DESIRED_DIGEST,
     dv_name,
     next_run,
     pinned_registry_url,

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from cdi.api import annotations as ann
 from cdi.operator import resources
-from cdi.operator.customize import HASH_ANNOTATION, CustomizeError, customize
+from cdi.operator.customize import CustomizeError, customize
 from cdi.operator.resources import Images
 
 
@@ -24,7 +25,7 @@ def container(objects: dict, deployment: str) -> dict:
 
 def test_no_customizations_leave_everything_as_rendered() -> None:
     assert rendered({}) == rendered({"patches": [], "flags": {}})
-    assert all(HASH_ANNOTATION not in (o["metadata"].get("annotations") or {}) for o in rendered({}).values())
+    assert all(ann.CUSTOMIZER_IDENTIFIER not in (o["metadata"].get("annotations") or {}) for o in rendered({}).values())
 
 
 def test_strategic_merge_json_and_merge_patches_reach_their_resources_only() -> None:
@@ -48,9 +49,10 @@ def test_strategic_merge_json_and_merge_patches_reach_their_resources_only() -> 
     assert objects[("Deployment", "cdi-apiserver")]["spec"]["template"]["metadata"]["annotations"]["team"] == "storage"
     for name in ("cdi-api", "cdi-uploadproxy", "cdi-prometheus-metrics"):
         assert objects[("Service", name)]["metadata"]["labels"]["patched"] == "yes"
-        assert objects[("Service", name)]["metadata"]["annotations"][HASH_ANNOTATION]
+        assert objects[("Service", name)]["metadata"]["annotations"][ann.CUSTOMIZER_IDENTIFIER]
     assert "patched" not in objects[("ClusterRole", "cdi")]["metadata"]["labels"]
-    assert HASH_ANNOTATION not in (objects[("Deployment", "cdi-deployment")]["metadata"].get("annotations") or {})
+    controller = objects[("Deployment", "cdi-deployment")]
+    assert ann.CUSTOMIZER_IDENTIFIER not in (controller["metadata"].get("annotations") or {})
 
 
 def test_flags_reach_the_component_command_lines_and_change_the_identifier() -> None:
@@ -59,8 +61,8 @@ def test_flags_reach_the_component_command_lines_and_change_the_identifier() -> 
     assert container(objects, "cdi-deployment")["args"][-2:] == ["--import-retries", "2"]
     assert container(objects, "cdi-uploadproxy")["args"] == container(rendered({}), "cdi-uploadproxy")["args"]
     other = rendered({"flags": {"api": {"v": "4"}}})
-    assert (objects[("Deployment", "cdi-apiserver")]["metadata"]["annotations"][HASH_ANNOTATION]
-            != other[("Deployment", "cdi-apiserver")]["metadata"]["annotations"][HASH_ANNOTATION])
+    assert (objects[("Deployment", "cdi-apiserver")]["metadata"]["annotations"][ann.CUSTOMIZER_IDENTIFIER]
+            != other[("Deployment", "cdi-apiserver")]["metadata"]["annotations"][ann.CUSTOMIZER_IDENTIFIER])
 
 
 def test_a_patch_that_is_not_json_is_an_error() -> None:
