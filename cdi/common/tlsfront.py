@@ -153,9 +153,6 @@ class TLSConnection:
     def settimeout(self, timeout: float | None) -> None:
         self._timeout = timeout
 
-    def gettimeout(self) -> float | None:
-        return self._timeout
-
     def fill(self, buffer: bytearray | memoryview, first: float | None, pause: float) -> tuple[int, int, Any]:
         """(bytes read, why it stopped, detail) as the C module says."""
         return tuple(self._conn.fill(buffer, _ms(first), _ms(pause)))  # type: ignore[return-value]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from cdi.api.groups import GVR
@@ -273,9 +273,3 @@ class Controller:
                 if key in self._again:
                     self._again.discard(key)
                     self.enqueue(key)
-
-
-async def gather_stop(*parts: Awaitable[None]) -> None:
-    for part in parts:
-        with contextlib.suppress(Exception):
-            await part

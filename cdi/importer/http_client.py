@@ -32,7 +32,7 @@ from urllib.parse import urljoin, urlsplit
 
 from cdi.api import env as envnames
 
-from .errors import ImporterError, Reason, TransientError
+from .errors import ImporterError, Reason
 from .retry import transient
 
 log = logging.getLogger(__name__)
@@ -406,7 +406,3 @@ def ca_bundle(files: list[Path], system_bundle: Path) -> Path:
 def proxy_cert_dir() -> Path | None:
     path = Path(os.environ.get("IMPORTER_PROXY_CERT_DIR", envnames.PROXY_CERT_DIR_DEFAULT))
     return path if path.is_dir() else None
-
-
-def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, TransientError)
