@@ -49,15 +49,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cdi.api import env as envnames
 from cdi.common.imageprobe import ACCESS_RANGES, ACCESS_STREAM, needs_scratch
 
 from . import compression, formats, xz_blocks
-from .checksum import Checksum
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE, ImageInfo
+from .options import ImportOptions
 from .progress import RESIZE, Progress
 from .routes.archive import archive_route
 from .routes.blockmap import BLOCK_MAPS, block_map_ranges, fixed_vhd, qcow2_ranges, vmdk_ranges
@@ -80,22 +79,6 @@ log = logging.getLogger(__name__)
 Route = tuple[int, bool]  # (image size, preallocation applied)
 
 _PEEK_LIMIT = 8 << 20
-
-
-@dataclass
-class ImportOptions:
-    content_type: str = envnames.CONTENT_KUBEVIRT
-    requested_size: int | None = None  # IMPORTER_IMAGE_SIZE in bytes
-    filesystem_overhead: str = "0"
-    preallocation: bool = False
-    checksum: Checksum | None = None
-    scratch_dir: Path | None = None  # None: no scratch volume mounted
-    workers: int = 4  # parallel range requests
-    span_size: int = 4 << 20  # bytes per range request
-    window: int = 16  # span buffers in flight (memory = window x span_size)
-    checkpoint_bytes: int = 256 << 20  # fdatasync + resume checkpoint every ... bytes
-    checkpoint_seconds: float = 2.0  # ... or seconds, whichever comes first
-    resume: bool = True
 
 
 @dataclass
