@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from cdi.api.groups import GVR
+from cdi.common.backoff import backoff_delay
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.objects import DeleteOptions, Objects, RequestContext
 from cdi.embedded.kubeapi.resources import ResourceType
@@ -261,7 +262,7 @@ class Controller:
             except Exception as exc:
                 count = self._failures.get(key, 0) + 1
                 self._failures[key] = count
-                delay = min(0.05 * 2 ** count, 10.0)
+                delay = backoff_delay(count, 0.05, 10.0)
                 if isinstance(exc, StatusError) and exc.code == 409:
                     log.debug("%s: %s conflicted; retrying", self.name, key)
                 else:
