@@ -18,6 +18,7 @@ from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
 from cdi.api.views import dig
+from cdi.common import pki
 from cdi.kube import ApiError, KubeClient, NotFound
 from cdi.uploadproxy.serving import CA_CONFIGMAP, CA_FILE_NEXT_TO_KUBECONFIG, CA_KEY
 
@@ -392,11 +393,8 @@ def _conditions(dv: Mapping[str, Any]) -> str:
 def ssl_context(cas: list[str], *, insecure: bool, extra_ca: Path | None) -> ssl.SSLContext:
     """Trust the system store plus every CA found (or nothing at all, with --insecure)."""
     if insecure:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    context = ssl.create_default_context()
+        return pki.insecure_client_context()
+    context = pki.client_context()
     for pem in cas:
         context.load_verify_locations(cadata=pem)
     if extra_ca is not None:

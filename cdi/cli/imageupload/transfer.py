@@ -54,7 +54,7 @@ import h11
 
 from cdi.api import upload as names
 from cdi.cli.imageupload.progress import Progress, human
-from cdi.common import sockhttp
+from cdi.common import pki, sockhttp
 from cdi.common.backoff import backoff_delay
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class Transfer:
             plain = sockhttp.unwrap(sock)
         with plain:
             try:
-                context = ssl.create_default_context(cadata=base64.b64decode(ca).decode())
+                context = pki.client_context(base64.b64decode(ca).decode())
             except (ValueError, ssl.SSLError) as exc:
                 raise UploadFailed(f"the upload proxy gave an unusable upload-server CA: {exc}") from None
             try:
