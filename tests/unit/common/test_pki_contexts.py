@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,8 +48,8 @@ def ca() -> pki.KeyPair:
 
 
 @pytest.fixture
-def serving(ca: pki.KeyPair, tmp_path: Path) -> Iterator[ssl.SSLContext]:
-    yield pki.server_context(pki.issue(ca, "server", ["localhost"]), tmp_path / "server")
+def serving(ca: pki.KeyPair, tmp_path: Path) -> ssl.SSLContext:
+    return pki.server_context(pki.issue(ca, "server", ["localhost"]), tmp_path / "server")
 
 
 def test_client_trusts_the_ca_it_is_given(ca: pki.KeyPair, serving: ssl.SSLContext) -> None:
