@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -36,3 +37,11 @@ def test_mypy_strict(package: str) -> None:
         pytest.skip(f"{package} has no modules yet")
     result = _run("mypy", package)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_e2e_tests_do_not_import_the_integration_tests() -> None:
+    """What the end-to-end tests share with the integration tests (servers, images, credentials) lives in
+    `tests/support`: an integration test's module is free to change for its own tests."""
+    offenders = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests" / "e2e").rglob("*.py"))
+                 if re.search(r"^\s*(from|import)\s+tests\.integration\b", path.read_text(), re.MULTILINE)]
+    assert offenders == []
