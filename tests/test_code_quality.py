@@ -31,7 +31,7 @@ def test_layering_contracts_hold() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("package", ["cdi/api", "cdi/kube", "cdi/controller"])
+@pytest.mark.parametrize("package", ["cdi/api", "cdi/kube", "cdi/controller", "cdi/cloner", "cdi/common"])
 def test_mypy_strict(package: str) -> None:
     if not any((ROOT / package).glob("*.py")):
         pytest.skip(f"{package} has no modules yet")

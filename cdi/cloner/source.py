@@ -100,7 +100,7 @@ class Progress:
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)  # type: ignore[arg-type]
+        registry.register(self)
         pair = pki.issue(None, "cdi-clone-source", [pod_ip])
         directory = Path(tempfile.mkdtemp(prefix="cdi-cloner-metrics-"))
         pair.write(directory / "tls.crt", directory / "tls.key")

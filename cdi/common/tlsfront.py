@@ -150,7 +150,7 @@ class TLSConnection:
 
     def fill(self, buffer: bytearray | memoryview, first: float | None, pause: float) -> tuple[int, int, Any]:
         """(bytes read, why it stopped, detail) as the C module says."""
-        return tuple(self._conn.fill(buffer, _ms(first), _ms(pause)))  # type: ignore[return-value]
+        return tuple(self._conn.fill(buffer, _ms(first), _ms(pause)))
 
     def recv_into(self, buffer: bytearray | memoryview, nbytes: int = 0) -> int:
         view = memoryview(buffer)[:nbytes] if nbytes else buffer

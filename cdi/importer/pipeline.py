@@ -51,7 +51,7 @@ import threading
 from dataclasses import dataclass, field
 
 from cdi.api import env as envnames
-from cdi.common.imageprobe import ACCESS_RANGES, ACCESS_STREAM, needs_scratch
+from cdi.common.imageprobe import ACCESS_RANGES, ACCESS_STREAM, QCOW2, RAW, VMDK, needs_scratch
 
 from . import compression, formats, xz_blocks
 from .errors import ImporterError, Reason
@@ -167,7 +167,7 @@ def import_blank(target: Target, options: ImportOptions, progress: Progress | No
 
 
 def _extended_l2(info: ImageInfo) -> bool:
-    return info.format == formats.QCOW2 and bool(info.details["header"].extended_l2)
+    return info.format == QCOW2 and bool(info.details["header"].extended_l2)
 
 
 class _Import:
@@ -224,7 +224,7 @@ class _Import:
 def _kubevirt(ctx: ImportContext) -> Route:
     """The route for a disk image, from its first bytes and what the source can do."""
     if ctx.resume_offset:  # an upload continued: the rest of a raw stream
-        return stream_raw(ctx, ctx.wire(), ImageInfo(formats.RAW, None), start=ctx.resume_offset,
+        return stream_raw(ctx, ctx.wire(), ImageInfo(RAW, None), start=ctx.resume_offset,
                           pushed=ctx.wire_is_pushed)
     head = ctx.origin.head
     if not head:
@@ -250,9 +250,9 @@ def _kubevirt(ctx: ImportContext) -> Route:
     if ranges:
         # the formats whose map the importer reads itself (None: it cannot, qemu-img converts)
         done: Route | None = None
-        if info.format == formats.QCOW2:
+        if info.format == QCOW2:
             done = qcow2_ranges(ctx, info)
-        elif info.format == formats.VMDK:
+        elif info.format == VMDK:
             done = vmdk_ranges(ctx)
         elif info.format in BLOCK_MAPS:
             done = block_map_ranges(ctx, info)
