@@ -33,7 +33,7 @@ def test_layering_contracts_hold() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("package", ["cdi/api", "cdi/kube", "cdi/controller"])
+@pytest.mark.parametrize("package", ["cdi/api", "cdi/kube", "cdi/controller", "cdi/cloner", "cdi/common"])
 def test_mypy_strict(package: str) -> None:
     if not any((ROOT / package).glob("*.py")):
         pytest.skip(f"{package} has no modules yet")
@@ -79,3 +79,53 @@ def test_contract_names_are_spelled_only_in_cdi_api() -> None:
                 if value.startswith(CONTRACT_PREFIX) or value in names or value.startswith(prefixes):
                     offences.append(f"{relative}:{node.lineno}: {value!r}")
     assert not offences, "spell these with the constants of cdi/api:\n" + "\n".join(offences)
+
+
+def test_e2e_tests_do_not_import_the_integration_tests() -> None:
+    """What the end-to-end tests share with the integration tests (servers, images, credentials) lives in
+    `tests/support`: an integration test's module is free to change for its own tests."""
+    offenders = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests" / "e2e").rglob("*.py"))
+                 if re.search(r"^\s*(from|import)\s+tests\.integration\b", path.read_text(), re.MULTILINE)]
+    assert offenders == []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import cycle between cdi's modules (lazy imports inside functions count too): a circle means a
+    type or helper lives on the wrong side of it (`ImportOptions` once sat in the pipeline that imports the
+    routes reading it). Reported as the strongly connected groups of modules."""
+    import grimp
+
+    graph = grimp.build_graph("cdi")
+    modules = sorted(graph.modules)
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m) & graph.modules) for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in edges[module]:
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in modules:
+        if module not in index:
+            visit(module)
+    assert cycles == []

@@ -15,7 +15,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD, required_space
-from cdi.api.views import dig
+from cdi.api.views import DataVolumeView, ObjectView, StorageProfileView
 
 Body = Mapping[str, Any]
 MIB = 1024 * 1024
@@ -45,17 +45,16 @@ class ClusterStorage:
     cdi_config_status: Body
 
     def storage_class(self, name: str) -> Body | None:
-        return next((sc for sc in self.storage_classes if dig(sc, "metadata", "name") == name), None)
+        return next((sc for sc in self.storage_classes if ObjectView(sc).name == name), None)
 
     def default_class(self, content_type: str) -> Body | None:
         """The virt default for disk images, else the Kubernetes default; newest, then by name."""
         keys = ([ann.DEFAULT_VIRT_STORAGE_CLASS] if content_type != "archive" else []) + [ann.DEFAULT_STORAGE_CLASS]
         for key in keys:
-            defaults = [sc for sc in self.storage_classes
-                        if (dig(sc, "metadata", "annotations") or {}).get(key) == "true"]
+            defaults = [sc for sc in self.storage_classes if ObjectView(sc).annotations.get(key) == "true"]
             if defaults:
-                defaults.sort(key=lambda sc: str(dig(sc, "metadata", "name")))
-                defaults.sort(key=lambda sc: str(dig(sc, "metadata", "creationTimestamp") or ""), reverse=True)
+                defaults.sort(key=lambda sc: ObjectView(sc).name)
+                defaults.sort(key=lambda sc: ObjectView(sc).creation_timestamp, reverse=True)
                 return defaults[0]
         return None
 
@@ -67,12 +66,8 @@ class ClusterStorage:
         return str(overhead.get("global") or DEFAULT_FILESYSTEM_OVERHEAD)
 
 
-def _claim_property_sets(profile: Body | None) -> list[Body]:
-    return list(dig(profile, "status", "claimPropertySets") or [])
-
-
 def _modes_from_profile(spec: dict[str, Any], storage_class: str, profile: Body | None) -> None:
-    sets = _claim_property_sets(profile)
+    sets = StorageProfileView(profile).claim_property_sets if profile is not None else []
     volume_mode = spec.get("volumeMode")
     if not volume_mode and not spec.get("accessModes"):
         if not sets or not sets[0].get("accessModes"):
@@ -98,16 +93,14 @@ def _modes_from_profile(spec: dict[str, Any], storage_class: str, profile: Body 
 
 def render_claim_spec(dv: Body, cluster: ClusterStorage) -> dict[str, Any]:
     """The spec of the PVC for `dv`. Raises RenderError (event ErrClaimNotValid) or NoStorageClass."""
-    spec_in: Body = dv.get("spec") or {}
-    if spec_in.get("pvc") is not None:
-        return copy.deepcopy(dict(spec_in["pvc"]))
-    storage: Body = spec_in.get("storage") or {}
-    content_type = str(spec_in.get("contentType") or "kubevirt")
+    view = DataVolumeView(dv)
+    if view.pvc_spec is not None:
+        return copy.deepcopy(dict(view.pvc_spec))
+    storage: Body = view.storage_spec or {}
     spec: dict[str, Any] = {k: copy.deepcopy(storage[k]) for k in _STORAGE_FIELDS if storage.get(k) is not None}
-    _render_class_and_modes(spec, cluster, content_type)
-    source = spec_in.get("source") or {}
-    is_clone = source.get("pvc") is not None or source.get("snapshot") is not None or \
-        spec_in.get("sourceRef") is not None
+    _render_class_and_modes(spec, cluster, view.content_type)
+    source = view.source
+    is_clone = source.get("pvc") is not None or source.get("snapshot") is not None or view.source_ref is not None
     _render_size(spec, cluster, is_clone)
     return spec
 
@@ -121,7 +114,7 @@ def webhook_rendering_enabled(config_spec: Body) -> bool:
 def unrendered_claim_spec(dv: Body) -> dict[str, Any]:
     """The `storage` API copied as a PVC spec and left for the PVC mutating webhook to complete (a
     DataVolume labelled `cdi.kubevirt.io/applyStorageProfile` while the webhook is enabled, as CDI)."""
-    storage: Body = dig(dv, "spec", "storage") or {}
+    storage: Body = DataVolumeView(dv).storage_spec or {}
     spec: dict[str, Any] = {k: copy.deepcopy(storage[k]) for k in _STORAGE_FIELDS if storage.get(k) is not None}
     spec.setdefault("volumeMode", FROM_STORAGE_PROFILE)
     return spec
@@ -135,7 +128,7 @@ def render_pvc_spec(pvc: Body, cluster: ClusterStorage) -> dict[str, Any]:
     spec = copy.deepcopy(dict(pvc.get("spec") or {}))
     if spec.get("volumeMode") == FROM_STORAGE_PROFILE:
         del spec["volumeMode"]
-    archive = (dig(pvc, "metadata", "annotations") or {}).get(ann.CONTENT_TYPE) == "archive"
+    archive = ObjectView(pvc).annotations.get(ann.CONTENT_TYPE) == "archive"
     _render_class_and_modes(spec, cluster, "archive" if archive else "kubevirt")
     if any((spec.get(key) or {}).get("kind") == "VolumeSnapshot" and
            (spec.get(key) or {}).get("apiGroup") == "snapshot.storage.k8s.io"
@@ -159,7 +152,7 @@ def _render_class_and_modes(spec: dict[str, Any], cluster: ClusterStorage, conte
             raise NoStorageClass("DataVolume.storage spec is missing accessMode and no storageClass to choose "
                                  "profile", "ErrClaimNotValid")
     else:
-        class_name = str(dig(storage_class, "metadata", "name"))
+        class_name = ObjectView(storage_class).name
         spec["storageClassName"] = class_name
         _modes_from_profile(spec, class_name, cluster.storage_profiles.get(class_name))
 
@@ -185,7 +178,8 @@ def _render_size(spec: dict[str, Any], cluster: ClusterStorage, is_clone: bool) 
         # CDI raises the (inflated) request of either volume mode to the profile's minimum, and then asks for
         # the minimum as the annotation writes it ("4Gi"); an unparsable annotation is ignored.
         profile = cluster.storage_profiles.get(class_name)
-        minimum = str((dig(profile, "metadata", "annotations") or {}).get(ann.MINIMUM_PVC_SIZE) or "").strip()
+        annotations = ObjectView(profile).annotations if profile is not None else {}
+        minimum = str(annotations.get(ann.MINIMUM_PVC_SIZE) or "").strip()
         try:
             if minimum and size < parse_bytes(minimum):
                 requests["storage"] = minimum

@@ -67,6 +67,10 @@ class ObjectView:
         return int(self.metadata.get("generation") or 0)
 
     @property
+    def creation_timestamp(self) -> str:
+        return str(self.metadata.get("creationTimestamp") or "")
+
+    @property
     def spec(self) -> Body:
         spec = self.raw.get("spec")
         return spec if isinstance(spec, Mapping) else {}
@@ -356,6 +360,11 @@ class StorageProfileView(ObjectView):
     @property
     def snapshot_class(self) -> str:
         return str(self.status.get("snapshotClass") or "")
+
+    @property
+    def claim_property_sets(self) -> list[Body]:
+        """`status.claimPropertySets`: the access and volume modes its storage class works with, preferred first."""
+        return list(self.status.get("claimPropertySets") or [])
 
     @property
     def import_source_format(self) -> str:

@@ -13,7 +13,7 @@ import yaml
 
 from cdi.api import groups
 from cdi.api.rendering import ClusterStorage, RenderError
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, DataSourceView, DataVolumeView, ObjectView, SnapshotView
 from cdi.common import aioloop
 from cdi.controller.clone import planner
 from cdi.controller.clone import size as clonesize
@@ -44,7 +44,8 @@ async def _get(client: KubeClient, gvr: groups.GVR, name: str, namespace: str | 
 async def _fetch(client: KubeClient, dv: Obj) -> dict[tuple[str, str, str], Obj]:
     """The few named objects the planner may look up: DataSources, the source, its snapshot content."""
     store: dict[tuple[str, str, str], Obj] = {}
-    namespace = str(dig(dv, "metadata", "namespace"))
+    view = DataVolumeView(dv)
+    namespace = view.namespace
 
     async def put(gvr: groups.GVR, name: str, ns: str) -> Obj | None:
         obj = await _get(client, gvr, name, ns or None)
@@ -53,26 +54,26 @@ async def _fetch(client: KubeClient, dv: Obj) -> dict[tuple[str, str, str], Obj]
         return obj
 
     refs: list[tuple[str, str]] = []
-    ref = dig(dv, "spec", "sourceRef")
+    ref = view.source_ref
     if ref is not None:
         ds_ns = str(ref.get("namespace") or namespace)
         data_source = await put(groups.DATASOURCES, str(ref.get("name")), ds_ns)
-        chained = dig(data_source, "spec", "source", "dataSource")
+        chained = DataSourceView(data_source or {}).source_of("dataSource")
         if chained is not None:
             data_source = await put(groups.DATASOURCES, str(chained.get("name")),
                                     str(chained.get("namespace") or ds_ns))
         for kind in ("pvc", "snapshot"):
-            source = dig(data_source, "spec", "source", kind)
+            source = DataSourceView(data_source or {}).source_of(kind)
             if source is not None:
                 refs.append((kind, f"{source.get('namespace') or ds_ns}/{source.get('name')}"))
     for kind in ("pvc", "snapshot"):
-        source = dig(dv, "spec", "source", kind)
+        source = view.source.get(kind)
         if source is not None:
             refs.append((kind, f"{source.get('namespace') or namespace}/{source.get('name')}"))
     for kind, key in refs:
         ns, _, name = key.partition("/")
         obj = await put(groups.PVCS if kind == "pvc" else groups.VOLUMESNAPSHOTS, name, ns)
-        content = dig(obj, "status", "boundVolumeSnapshotContentName") if kind == "snapshot" else None
+        content = SnapshotView(obj).content_name if kind == "snapshot" and obj is not None else None
         if content:
             await put(groups.VOLUMESNAPSHOTCONTENTS, str(content), "")
     return store
@@ -81,14 +82,14 @@ async def _fetch(client: KubeClient, dv: Obj) -> dict[tuple[str, str, str], Obj]
 async def explain(client: KubeClient, dv: Obj) -> tuple[int, str]:
     store = await _fetch(client, dv)
     classes = (await client.list_all(groups.STORAGECLASSES)).items
-    profiles = {str(dig(p, "metadata", "name")): p for p in (await client.list_all(groups.STORAGEPROFILES)).items}
+    profiles = {ObjectView(p).name: p for p in (await client.list_all(groups.STORAGEPROFILES)).items}
     try:
         snapshot_classes = (await client.list_all(groups.VOLUMESNAPSHOTCLASSES)).items
     except NotFound:
         snapshot_classes = []
     cdi = next(iter((await client.list_all(groups.CDIS)).items), None)
     config = await _get(client, groups.CDICONFIGS, groups.CDI_CONFIG_NAME, None) or {}
-    override = dig(cdi, "spec", "cloneStrategyOverride")
+    override = ObjectView(cdi).spec.get("cloneStrategyOverride") if cdi is not None else None
     cluster = planner.Cluster(classes, profiles, snapshot_classes, str(override) if override else None)
     storage = ClusterStorage(classes, profiles, config.get("status") or {})
 
@@ -105,12 +106,12 @@ async def explain(client: KubeClient, dv: Obj) -> tuple[int, str]:
         return 0, f"size: not known yet: a size-detection pod will measure {exc} when the clone starts (the " \
                   "strategy depends on it)"
     source, plan = decided.source, decided.plan
-    name = f"{dig(dv, 'metadata', 'namespace')}/{dig(dv, 'metadata', 'name')}"
+    name = DataVolumeView(dv).key
     lines = [f"Cloning from {source.namespace}/{source.name} into {name} scheduled: {plan.why}",
              f"strategy: {plan.strategy}"]
     if plan.fallback_reason:
         lines.append(f"fallback: {plan.fallback_reason}: {plan.fallback_message}")
-    lines.append(f"size: {dig(decided.spec, 'resources', 'requests', 'storage')}")
+    lines.append(f"size: {ClaimView({'spec': decided.spec}).requested_storage or None}")
     return 0, "\n".join(lines)
 
 
@@ -120,7 +121,7 @@ async def _run(args: argparse.Namespace, text: str) -> int:
         print("error: the manifest is not a DataVolume", file=sys.stderr)
         return 2
     async with await KubeClient.connect(args.kubeconfig) as client:
-        dv.setdefault("metadata", {})["namespace"] = args.namespace or dig(dv, "metadata", "namespace") or \
+        dv.setdefault("metadata", {})["namespace"] = args.namespace or DataVolumeView(dv).namespace or \
             client.namespace or "default"
         try:
             code, text = await explain(client, dv)

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from cdi.api.clonesourcerequest import CloneSourceRequest
 from cdi.api.envvalues import EnvError
-from cdi.common import clonestream
+from cdi.common import clonestream, pki
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
@@ -98,10 +98,8 @@ class Progress:
         import prometheus_client
         from prometheus_client import CollectorRegistry
 
-        from cdi.common import pki
-
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)  # type: ignore[arg-type]
+        registry.register(self)
         pair = pki.issue(None, "cdi-clone-source", [pod_ip])
         directory = Path(tempfile.mkdtemp(prefix="cdi-cloner-metrics-"))
         pair.write(directory / "tls.crt", directory / "tls.key")
@@ -114,15 +112,8 @@ class Progress:
 
 
 def tls_context(config: SourceConfig) -> ssl.SSLContext:
-    context = ssl.create_default_context(cadata=config.server_ca)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    with tempfile.TemporaryDirectory() as tmp:  # load_cert_chain reads files; they live only for the call
-        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-        cert.write_text(config.client_cert)
-        key.write_text(config.client_key)
-        key.chmod(0o600)
-        context.load_cert_chain(str(cert), str(key))
-    return context
+    return pki.client_context(config.server_ca,
+                              identity=pki.KeyPair(config.client_cert.encode(), config.client_key.encode()))
 
 
 def send(config: SourceConfig, progress: Progress) -> int:

@@ -1,7 +1,14 @@
-"""Certificates for cdi's TLS endpoints: a CA, leaf certificates it signs, and self-signed ones.
+"""Certificates for cdi's TLS endpoints (a CA, leaf certificates it signs, self-signed ones), the SSL
+contexts that serve them and the ones that connect to them, and the TLS policy of cdi's servers.
 
 Every server cdi runs speaks TLS (API server, metrics, upload proxy and servers), and they all need
-the same three things, so they are made here once, with `cryptography`."""
+the same three things, so they are made here once, with `cryptography`. Every connection cdi makes
+is TLS too; its context comes from `client_context` (verifying: a CA bundle, or the system store) or
+`insecure_client_context` (endpoints that are self-signed by design), so that the floor (TLS 1.2),
+what is trusted and how a client certificate is loaded are decided in one place.
+
+`cryptography` is imported by the functions that make certificates, not with the module: a worker
+pod that only connects should not pay its ~100 ms import."""
 
 from __future__ import annotations
 
@@ -16,11 +23,11 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,8 @@ class KeyPair:
         return cls(cert_path.read_bytes(), key_path.read_bytes())
 
     def certificate(self) -> x509.Certificate:
+        from cryptography import x509
+
         return x509.load_pem_x509_certificate(self.cert_pem)
 
 
@@ -65,19 +74,28 @@ def _now() -> datetime.datetime:
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     return ec.generate_private_key(ec.SECP256R1())
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
 
 
 def _name(common_name: str) -> x509.Name:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
 def _sans(hosts: list[str]) -> x509.SubjectAlternativeName:
+    from cryptography import x509
+
     names: list[x509.GeneralName] = []
     for host in hosts:
         try:
@@ -88,6 +106,9 @@ def _sans(hosts: list[str]) -> x509.SubjectAlternativeName:
 
 
 def make_ca(common_name: str, days: float = 3650) -> KeyPair:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
     key = _key()
     now = _now()
     cert = (
@@ -109,6 +130,11 @@ def make_ca(common_name: str, days: float = 3650) -> KeyPair:
 def issue(ca: KeyPair | None, common_name: str, hosts: list[str] | None = None, *, server: bool = True,
           client: bool = False, days: float = 365) -> KeyPair:
     """A leaf certificate signed by `ca`, or self-signed when `ca` is None."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
     key = _key()
     now = _now()
     usages = []
@@ -138,21 +164,77 @@ def issue(ca: KeyPair | None, common_name: str, hosts: list[str] | None = None, 
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
+# -- SSL contexts ---------------------------------------------------------------------------------------
+
+Identity = KeyPair | tuple[Path, Path]  # a client certificate: PEMs in memory, or (certificate file, key file)
+
+
 def server_context(pair: KeyPair, directory: Path, client_ca: bytes | None = None,
                    policy: TLSPolicy | None = None) -> ssl.SSLContext:
-    """An SSL context serving `pair`; with `client_ca`, clients must present a certificate it signed; with
-    `policy` (cdi's servers: CDIConfig's TLS profile), its versions and suites, else Python's defaults."""
+    """An SSL context serving `pair`, written to `directory` (where a renewal can load it again); with
+    `client_ca`, clients must present a certificate it signed; with `policy` (cdi's servers: CDIConfig's
+    TLS profile), its versions and suites, else Python's defaults."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the private key
     cert_path, key_path = directory / "tls.crt", directory / "tls.key"
     pair.write(cert_path, key_path)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert_path, key_path)
+    return server_context_from_files(cert_path, key_path, client_ca=None if client_ca is None else client_ca.decode(),
+                                     policy=policy)
+
+
+def server_context_from_files(cert_file: Path, key_file: Path, *, client_ca: str | Path | None = None,
+                              client_required: bool = True, policy: TLSPolicy | None = None) -> ssl.SSLContext:
+    """An SSL context serving the certificate and key in these files. With `client_ca` (PEM, or a file
+    holding it) it asks clients for a certificate that CA signed (and trusts only that CA for them),
+    refusing those without one when `client_required` (else the server decides per request)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
     if client_ca is not None:
-        context.verify_mode = ssl.CERT_REQUIRED
-        context.load_verify_locations(cadata=client_ca.decode())
+        context.verify_mode = ssl.CERT_REQUIRED if client_required else ssl.CERT_OPTIONAL
+        if isinstance(client_ca, Path):
+            context.load_verify_locations(cafile=str(client_ca))
+        else:
+            context.load_verify_locations(cadata=client_ca)
     if policy is not None:
         policy.apply(context)
     return context
+
+
+def client_context(ca: str | None = None, *, also_system: bool = False,
+                   identity: Identity | None = None) -> ssl.SSLContext:
+    """A context that verifies the server it connects to (its chain and its name), TLS 1.2 at least:
+    against `ca` (PEM, one or more certificates), or the system store when there is no `ca` (both with
+    `also_system`). With `identity` it presents that client certificate."""
+    context = ssl.create_default_context(cadata=ca)  # no `ca`: the system store
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if ca is not None and also_system:
+        context.load_default_certs()
+    if identity is not None:
+        _load_identity(context, identity)
+    return context
+
+
+def insecure_client_context(identity: Identity | None = None) -> ssl.SSLContext:
+    """A context that verifies nothing, TLS 1.2 at least: for endpoints self-signed by design (a worker
+    pod's metrics, kubelet's probes) and where a user said not to verify (`--insecure`, INSECURE_TLS, an
+    APIService's `insecureSkipTLSVerify`). It loads no CA store: that costs ~70 ms of CPU, for nothing."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if identity is not None:
+        _load_identity(context, identity)
+    return context
+
+
+def _load_identity(context: ssl.SSLContext, identity: Identity) -> None:
+    if isinstance(identity, KeyPair):
+        # ssl loads certificates only from files: these live in a private directory for this call only
+        with tempfile.TemporaryDirectory(prefix="cdi-tls-") as tmp:
+            cert_path, key_path = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+            identity.write(cert_path, key_path)
+            context.load_cert_chain(cert_path, key_path)
+    else:
+        context.load_cert_chain(*identity)
 
 
 # -- the TLS policy of cdi's servers -------------------------------------------------------------------

@@ -130,7 +130,7 @@ def _pipe() -> tuple[int, int]:
 
 
 def send(conn: h11.Connection, event: h11.Event) -> bytes:
-    return cast(bytes, conn.send(event) or b"")
+    return conn.send(event) or b""
 
 
 def text_answer(sock: Conn, conn: h11.Connection, status: int, text: str,

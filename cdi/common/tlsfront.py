@@ -77,13 +77,8 @@ class ServerTLS:
 
     def context(self, policy: pki.TLSPolicy | None = None) -> ssl.SSLContext:
         """The `ssl` module's server context for these files under `policy` (default: this one's)."""
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.cert_file, self.key_file)
-        if self.client_ca_file is not None:
-            context.verify_mode = ssl.CERT_OPTIONAL
-            context.load_verify_locations(cafile=str(self.client_ca_file))
-        (policy or self.policy).apply(context)
-        return context
+        return pki.server_context_from_files(self.cert_file, self.key_file, client_ca=self.client_ca_file,
+                                             client_required=False, policy=policy or self.policy)
 
     def acceptor(self) -> Acceptor:
         """What a front accepts connections with: native when enabled (decided now, for its lifetime)."""
@@ -153,12 +148,9 @@ class TLSConnection:
     def settimeout(self, timeout: float | None) -> None:
         self._timeout = timeout
 
-    def gettimeout(self) -> float | None:
-        return self._timeout
-
     def fill(self, buffer: bytearray | memoryview, first: float | None, pause: float) -> tuple[int, int, Any]:
         """(bytes read, why it stopped, detail) as the C module says."""
-        return tuple(self._conn.fill(buffer, _ms(first), _ms(pause)))  # type: ignore[return-value]
+        return tuple(self._conn.fill(buffer, _ms(first), _ms(pause)))
 
     def recv_into(self, buffer: bytearray | memoryview, nbytes: int = 0) -> int:
         view = memoryview(buffer)[:nbytes] if nbytes else buffer

@@ -9,14 +9,13 @@ reads it through the one `ProgressScraper` of the controller's `Context`."""
 from __future__ import annotations
 
 import re
-import ssl
 from dataclasses import dataclass
 
 import aiohttp
 
-_CONTEXT = ssl.create_default_context()
-_CONTEXT.check_hostname = False
-_CONTEXT.verify_mode = ssl.CERT_NONE
+from cdi.common import pki
+
+_CONTEXT = pki.insecure_client_context()
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from cdi.api.groups import GVR
+from cdi.common.backoff import backoff_delay
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.objects import DeleteOptions, Objects, RequestContext
 from cdi.embedded.kubeapi.resources import ResourceType
@@ -261,7 +262,7 @@ class Controller:
             except Exception as exc:
                 count = self._failures.get(key, 0) + 1
                 self._failures[key] = count
-                delay = min(0.05 * 2 ** count, 10.0)
+                delay = backoff_delay(count, 0.05, 10.0)
                 if isinstance(exc, StatusError) and exc.code == 409:
                     log.debug("%s: %s conflicted; retrying", self.name, key)
                 else:
@@ -273,9 +274,3 @@ class Controller:
                 if key in self._again:
                     self._again.discard(key)
                     self.enqueue(key)
-
-
-async def gather_stop(*parts: Awaitable[None]) -> None:
-    for part in parts:
-        with contextlib.suppress(Exception):
-            await part

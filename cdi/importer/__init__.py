@@ -42,7 +42,8 @@ otherwise); `content_type="archive"` extracts a tar onto a Filesystem volume.
 
 from .checksum import Checksum
 from .errors import REASONS, ImporterError, Reason
-from .pipeline import ImportOptions, ImportResult, import_blank, import_stream, run_import
+from .options import ImportOptions
+from .pipeline import ImportResult, import_blank, import_stream, run_import
 from .progress import Progress
 from .streams import Stream
 from .target import BlockTarget, FileTarget, Paths, Target, detect_target

@@ -96,19 +96,27 @@ def wait_ready(env: Mapping[str, str], stop: threading.Event, timeout: float = R
 
 
 def info_labels(endpoint: str) -> dict[str, str]:
-    """The labels CDI derives from the containerDisk image's environment (its server's `/info`)."""
+    """The labels CDI derives from the containerDisk image's environment (its server's `/info`), read with
+    the importer's own HTTP client (no credentials or extra headers: they are the source's, not this
+    local server's)."""
     from urllib.parse import urlsplit
-    from urllib.request import urlopen
 
+    from .http_client import HttpClient, HttpSettings
     from .source_registry import env_labels
 
     parts = urlsplit(endpoint)
+    client = HttpClient(HttpSettings(timeout=10))
     try:
-        with urlopen(f"{parts.scheme}://{parts.netloc}/info", timeout=10) as resp:
-            info = json.loads(resp.read(1 << 20))
-    except (OSError, ValueError) as exc:
+        resp = client.request("GET", f"{parts.scheme}://{parts.netloc}/info")
+        body = resp.read_all(1 << 20)
+        if not 200 <= resp.status < 300:
+            raise ValueError(f"it answered {resp.status}")
+        info = json.loads(body)
+    except (ImporterError, ValueError) as exc:
         log.warning("no /info from the image's server: %s", exc)
         return {}
+    finally:
+        client.close()
     return env_labels([str(e) for e in info.get("Env") or []])
 
 

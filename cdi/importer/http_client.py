@@ -31,8 +31,9 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 from cdi.api import env as envnames
+from cdi.common import pki
 
-from .errors import ImporterError, Reason, TransientError
+from .errors import ImporterError, Reason
 from .retry import transient
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,9 @@ def make_ssl_context(
     cert_dir: Path | None, insecure: bool, proxy_cert_dir: Path | None = None
 ) -> ssl.SSLContext:
     """System trust plus every (non-dot) file of the cert dirs, each read as a PEM bundle."""
-    context = ssl.create_default_context()
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
+        return pki.insecure_client_context()
+    context = pki.client_context()
     for directory in (proxy_cert_dir, cert_dir):
         for path in ca_files(directory):
             try:
@@ -406,7 +404,3 @@ def ca_bundle(files: list[Path], system_bundle: Path) -> Path:
 def proxy_cert_dir() -> Path | None:
     path = Path(os.environ.get(envnames.PROXY_CERT_DIR, envnames.PROXY_CERT_DIR_DEFAULT))
     return path if path.is_dir() else None
-
-
-def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, TransientError)

@@ -22,66 +22,14 @@ from cdi.common import podprogram, verbosity
 from . import containerimage, termination
 from .config import ImporterConfig
 from .errors import ImporterError, Reason
-from .http_client import (
-    HttpClient,
-    HttpSettings,
-    ca_files,
-    origin_of,
-    parse_header_lines,
-)
-from .pipeline import ImportOptions, ImportResult, import_blank, run_import
+from .options import ImportOptions
+from .origins import open_origin
+from .pipeline import ImportResult, import_blank, run_import
 from .progress import Progress
 from .retry import Terminated
-from .source import NbdSpec, Origin
-from .source_http import HttpOrigin
 from .target import FILESYSTEM, Paths, detect_target
 
 log = logging.getLogger("cdi.importer")
-
-
-def http_client(config: ImporterConfig, auth_url: str | None) -> HttpClient:
-    auth = (config.access_key, config.secret_key) if config.access_key and config.secret_key else None
-    settings = HttpSettings(
-        cert_dir=config.cert_dir,
-        insecure=config.insecure_tls,
-        timeout=config.read_timeout,
-        extra_headers=parse_header_lines(config.extra_headers),
-        basic_auth=auth,
-        auth_origin=origin_of(auth_url) if auth_url else None,
-    )
-    return HttpClient(settings)
-
-
-def open_origin(config: ImporterConfig, stop: threading.Event) -> Origin:
-    if config.source == envnames.SOURCE_HTTP:
-        endpoint = config.endpoint
-        if origin_of(endpoint)[0] not in ("http", "https"):
-            raise ImporterError(
-                Reason.INVALID_CONFIGURATION,
-                f"{envnames.ENDPOINT} must be an http or https URL, not {endpoint!r}",
-            )
-        nbd = NbdSpec(
-            url=endpoint,
-            headers=parse_header_lines(config.extra_headers),
-            user=config.access_key or None,
-            password=config.secret_key or None,
-            cainfo=[str(p) for p in ca_files(config.cert_dir)],
-            insecure=config.insecure_tls,
-        )
-        return HttpOrigin(http_client(config, endpoint), endpoint, config.retry, stop, nbd=nbd).open()
-    if config.source == envnames.SOURCE_S3:
-        from .source_s3 import open_s3
-
-        return open_s3(config, stop)
-    if config.source == envnames.SOURCE_GCS:
-        from .source_gcs import open_gcs
-
-        return open_gcs(config, stop)
-    if config.source == envnames.SOURCE_REGISTRY:
-        from .source_registry import open_registry
-
-        return open_registry(config, stop)
-    raise ImporterError(Reason.INVALID_CONFIGURATION, f"unknown source {config.source!r}")
 
 
 def run(config: ImporterConfig, progress: Progress, stop: threading.Event) -> ImportResult:

@@ -49,15 +49,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cdi.api import env as envnames
-from cdi.common.imageprobe import ACCESS_RANGES, ACCESS_STREAM, needs_scratch
+from cdi.common.imageprobe import ACCESS_RANGES, ACCESS_STREAM, QCOW2, RAW, VMDK, needs_scratch
 
 from . import compression, formats, xz_blocks
-from .checksum import Checksum
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE, ImageInfo
+from .options import ImportOptions
 from .progress import RESIZE, Progress
 from .routes.archive import archive_route
 from .routes.blockmap import BLOCK_MAPS, block_map_ranges, fixed_vhd, qcow2_ranges, vmdk_ranges
@@ -80,22 +79,6 @@ log = logging.getLogger(__name__)
 Route = tuple[int, bool]  # (image size, preallocation applied)
 
 _PEEK_LIMIT = 8 << 20
-
-
-@dataclass
-class ImportOptions:
-    content_type: str = envnames.CONTENT_KUBEVIRT
-    requested_size: int | None = None  # IMPORTER_IMAGE_SIZE in bytes
-    filesystem_overhead: str = "0"
-    preallocation: bool = False
-    checksum: Checksum | None = None
-    scratch_dir: Path | None = None  # None: no scratch volume mounted
-    workers: int = 4  # parallel range requests
-    span_size: int = 4 << 20  # bytes per range request
-    window: int = 16  # span buffers in flight (memory = window x span_size)
-    checkpoint_bytes: int = 256 << 20  # fdatasync + resume checkpoint every ... bytes
-    checkpoint_seconds: float = 2.0  # ... or seconds, whichever comes first
-    resume: bool = True
 
 
 @dataclass
@@ -184,7 +167,7 @@ def import_blank(target: Target, options: ImportOptions, progress: Progress | No
 
 
 def _extended_l2(info: ImageInfo) -> bool:
-    return info.format == formats.QCOW2 and bool(info.details["header"].extended_l2)
+    return info.format == QCOW2 and bool(info.details["header"].extended_l2)
 
 
 class _Import:
@@ -241,7 +224,7 @@ class _Import:
 def _kubevirt(ctx: ImportContext) -> Route:
     """The route for a disk image, from its first bytes and what the source can do."""
     if ctx.resume_offset:  # an upload continued: the rest of a raw stream
-        return stream_raw(ctx, ctx.wire(), ImageInfo(formats.RAW, None), start=ctx.resume_offset,
+        return stream_raw(ctx, ctx.wire(), ImageInfo(RAW, None), start=ctx.resume_offset,
                           pushed=ctx.wire_is_pushed)
     head = ctx.origin.head
     if not head:
@@ -267,9 +250,9 @@ def _kubevirt(ctx: ImportContext) -> Route:
     if ranges:
         # the formats whose map the importer reads itself (None: it cannot, qemu-img converts)
         done: Route | None = None
-        if info.format == formats.QCOW2:
+        if info.format == QCOW2:
             done = qcow2_ranges(ctx, info)
-        elif info.format == formats.VMDK:
+        elif info.format == VMDK:
             done = vmdk_ranges(ctx)
         elif info.format in BLOCK_MAPS:
             done = block_map_ranges(ctx, info)

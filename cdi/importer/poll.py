@@ -25,6 +25,7 @@ from cdi.api import env as envnames
 
 from .config import ImporterConfig
 from .errors import ImporterError, Reason
+from .origins import http_client, open_origin
 
 
 def registry_digest(config: ImporterConfig, stop: threading.Event) -> str:
@@ -59,8 +60,6 @@ def sha256_in(text: str, name: str) -> str | None:
 
 def checksum_file_digest(config: ImporterConfig) -> str | None:
     """`sha256:<hex>` from a checksum file next to an HTTP image, or None when there is none."""
-    from .main import http_client
-
     client = http_client(config, config.endpoint)
     directory, _, name = config.endpoint.split("?", 1)[0].rpartition("/")
     try:
@@ -83,8 +82,6 @@ def checksum_file_digest(config: ImporterConfig) -> str | None:
 
 
 def object_digest(config: ImporterConfig, stop: threading.Event) -> str:
-    from .main import open_origin
-
     origin = open_origin(config, stop)
     try:
         validators = {k.lower(): v for k, v in (getattr(origin, "validators", None) or {}).items()}

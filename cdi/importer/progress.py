@@ -79,11 +79,6 @@ class Progress:
             self._update_percent()
         log.info("phase %s%s", phase, f" ({total} bytes)" if total else "")
 
-    def set_total(self, total: int) -> None:
-        with self._lock:
-            self._current_total = total
-            self._phases[self.current][1] = total
-
     def update(self, done: int) -> None:
         with self._lock:
             self._current_done = done

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from cdi.common.backoff import backoff_delay
+
 from .errors import ImporterError, Reason, TransientError
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,6 @@ class RetryPolicy:
         on_retry: Callable[[ImporterError], None] | None = None,
     ) -> T:
         started: float | None = None
-        delay = self.initial_delay
         attempt = 0
         while True:
             if stop is not None and stop.is_set():
@@ -59,7 +60,7 @@ class RetryPolicy:
             except TransientError as exc:
                 now = time.monotonic()
                 if getattr(exc, "partial", 0):  # bytes arrived before it failed: count afresh from here
-                    started, delay, attempt = now, self.initial_delay, 0
+                    started, attempt = now, 0
                 # from the start of the first failed attempt: a server that never answers spends
                 # the budget in read timeouts, not only in pauses
                 started = began if started is None else started
@@ -71,7 +72,7 @@ class RetryPolicy:
                         # a source that changed is worth a fresh start; one that stays silent is not
                         retryable=exc.reason == Reason.SOURCE_CHANGED,
                     ) from exc
-                pause = min(delay, self.max_delay) * (0.75 + random.random() / 2)
+                pause = backoff_delay(attempt - 1, self.initial_delay, self.max_delay) * (0.75 + random.random() / 2)
                 pause = min(pause, max(0.0, self.budget - (now - started)))
                 log.warning(
                     "%s failed (%s), attempt %d, retrying in %.1fs", what, exc.message, attempt, pause
@@ -85,7 +86,6 @@ class RetryPolicy:
                         raise Terminated() from None
                 else:
                     time.sleep(pause)
-                delay *= 2
             else:
                 if attempt:
                     for callback in self.recovered:

@@ -122,7 +122,7 @@ class GcsClients:
         if credentials_file:
             import google.auth
 
-            self.credentials, self.project = google.auth.load_credentials_from_file(
+            self.credentials, self.project = google.auth.load_credentials_from_file(  # type: ignore[no-untyped-call]
                 credentials_file, scopes=[READ_ONLY_SCOPE]
             )
         self._local = threading.local()
@@ -136,8 +136,8 @@ class GcsClients:
             from google.cloud import storage
 
             options = ClientOptions(api_endpoint=self.location.api_endpoint) if self.location.api_endpoint else None
-            credentials = self.credentials if self.credentials is not None else AnonymousCredentials()
-            session = AuthorizedSession(credentials)
+            credentials = self.credentials if self.credentials is not None else AnonymousCredentials()  # type: ignore[no-untyped-call]
+            session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
             session.verify = self.verify  # the proxy's CA (trustedCAProxy), or off for insecureSkipVerify
             # an anonymous client needs no project; "<none>" is what the library's own anonymous client uses
             client = storage.Client(project=self.project or "<none>", credentials=credentials,

@@ -117,17 +117,6 @@ def _address(buf: bytes | bytearray | mmap.mmap) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
-def is_zero(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> bool:
-    """Whether buf[start:end] is all zeros, without copying."""
-    end = len(buf) if end is None else end
-    while start < end:
-        n = min(end - start, len(ZEROS))
-        if not buf.startswith(_ZERO_VIEW[:n], start):
-            return False
-        start += n
-    return True
-
-
 class SparseWriter:
     """Writes image bytes at target offsets, keeping the target sparse and the page cache bounded.
 

@@ -42,14 +42,14 @@ def _invalid(message: str) -> Exception:
 def footer_checksum_ok(footer: bytes) -> bool:
     (stored,) = struct.unpack_from(">I", footer, 64)
     total = sum(footer[:64]) + sum(footer[68:FOOTER])
-    return (~total & 0xFFFFFFFF) == stored
+    return (~total & 0xFFFFFFFF) == int(stored)
 
 
 def disk_size(footer: bytes) -> int:
     """The virtual size qemu gives this footer (see the module docstring)."""
     (current_size,) = struct.unpack_from(">Q", footer, 48)
     cylinders, heads, sectors = struct.unpack_from(">HBB", footer, 56)
-    chs = cylinders * heads * sectors
+    chs: int = cylinders * heads * sectors
     if footer[28:32] in _CURRENT_SIZE_CREATORS or chs == _MAX_GEOMETRY:
         return int(current_size)
     return chs * 512

@@ -69,7 +69,7 @@ def crc32c(data: bytes | bytearray) -> int:
 
 def _checksum_ok(block: bytes) -> bool:
     (stored,) = struct.unpack_from("<I", block, 4)
-    return crc32c(block[:4] + b"\x00\x00\x00\x00" + block[8:]) == stored
+    return crc32c(block[:4] + b"\x00\x00\x00\x00" + block[8:]) == int(stored)
 
 
 def _read(reader: RangeReader, head: bytes, offset: int, length: int) -> bytes:
@@ -192,7 +192,7 @@ def read_map(reader: RangeReader, head: bytes, *, max_piece: int = 4 << 20) -> Q
         if state != _FULLY_PRESENT:
             raise _invalid(f"block {index} has the undefined state {state}")
         blocks.append((entry >> 20 << 20, index * block_size))
-    reserved = ((meta_offset, meta_length), (bat_offset, bat_length))
+    reserved: tuple[tuple[int, int], ...] = ((meta_offset, meta_length), (bat_offset, bat_length))
     if log_length:
         reserved += ((log_offset, log_length),)
     header = BlockHeader(size, block_size)

@@ -54,22 +54,6 @@ def with_resource_version(patch: Mapping[str, Any], resource_version: str) -> Ob
     return out
 
 
-def metadata_patch(labels: Mapping[str, str | None] | None = None,
-                   annotations: Mapping[str, str | None] | None = None) -> Obj:
-    """A merge patch setting (or, with None, removing) labels and annotations."""
-    meta: Obj = {}
-    if labels:
-        meta["labels"] = dict(labels)
-    if annotations:
-        meta["annotations"] = dict(annotations)
-    return {"metadata": meta}
-
-
-def escape_pointer(segment: str) -> str:
-    """One JSON-pointer path segment (RFC 6901): `~` and `/` escaped, as in annotation keys."""
-    return segment.replace("~", "~0").replace("/", "~1")
-
-
 def add_finalizer_patch(obj: Mapping[str, Any], finalizer: str) -> JsonPatch:
     """JSON patch adding `finalizer` if missing, applied only if `obj` is unchanged ([] if present)."""
     meta = obj.get("metadata") or {}

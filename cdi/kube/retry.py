@@ -10,13 +10,14 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from cdi.common.backoff import backoff_delay
 from cdi.kube.errors import Conflict
 
 T = TypeVar("T")
 
 
 class Backoff:
-    """Delays `initial * factor**n`, capped at `maximum`, each stretched by up to `jitter` (a fraction)."""
+    """Delays on the shared curve (`backoff_delay`), each stretched by up to `jitter` (a fraction)."""
 
     def __init__(self, initial: float = 0.5, maximum: float = 30.0, factor: float = 2.0, jitter: float = 0.2,
                  rng: random.Random | None = None) -> None:
@@ -31,7 +32,7 @@ class Backoff:
 
     def next(self) -> float:
         """The delay before the next attempt (and count this attempt)."""
-        base = min(self.maximum, self.initial * self.factor ** min(self.attempts, 64))
+        base = backoff_delay(self.attempts, self.initial, self.maximum, self.factor)
         self.attempts += 1
         return base * (1 + self.jitter * self._rng.random())
 

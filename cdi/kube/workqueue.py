@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Generic, Protocol, TypeVar
 
+from cdi.common.backoff import backoff_delay
+
 T = TypeVar("T", bound=Hashable)
 K_contra = TypeVar("K_contra", bound=Hashable, contravariant=True)
 
@@ -45,7 +47,7 @@ class RateLimiter(Protocol[K_contra]):
 
 
 class ItemExponentialLimiter(Generic[T]):
-    """`base * 2**failures` per item, capped at `maximum` (client-go: 5 ms to 1000 s)."""
+    """`base * 2**failures` per item, capped at `maximum` (client-go: 5 ms to 1000 s; `backoff_delay`)."""
 
     def __init__(self, base: float = 0.005, maximum: float = 1000.0) -> None:
         self.base = base
@@ -55,7 +57,7 @@ class ItemExponentialLimiter(Generic[T]):
     def when(self, item: T) -> float:
         failures = self._failures.get(item, 0)
         self._failures[item] = failures + 1
-        return min(self.maximum, self.base * 2.0 ** min(failures, 64))
+        return backoff_delay(failures, self.base, self.maximum)
 
     def forget(self, item: T) -> None:
         self._failures.pop(item, None)

@@ -23,18 +23,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import shutil
 import ssl
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api import upload as names
+from cdi.common import pki
 from cdi.kube import ApiError, KubeClient, NotFound
 
 log = logging.getLogger(__name__)
@@ -190,7 +188,6 @@ class UpstreamTls:
         self._context: ssl.SSLContext | None = None
         self._material: tuple[bytes, bytes, bytes] | None = None
         self._checked = 0.0
-        self._dir = Path(tempfile.mkdtemp(prefix="cdi-uploadproxy-"))
         self._lock = asyncio.Lock()
 
     async def context(self, *, refresh: bool = False) -> ssl.SSLContext:
@@ -218,16 +215,5 @@ class UpstreamTls:
             raise NotReady("the upload proxy's client certificate or the upload-server CA bundle is empty")
         return base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"]), ca.encode()
 
-    def close(self) -> None:
-        """Remove the private copy of the client key (ssl loads certificates only from files)."""
-        shutil.rmtree(self._dir, ignore_errors=True)
-
     def _build(self, cert: bytes, key: bytes, ca_bundle: bytes) -> ssl.SSLContext:
-        context = ssl.create_default_context(cadata=ca_bundle.decode())
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        cert_path, key_path = self._dir / "tls.crt", self._dir / "tls.key"
-        key_path.touch(mode=0o600)
-        cert_path.write_bytes(cert)
-        key_path.write_bytes(key)
-        context.load_cert_chain(cert_path, key_path)
-        return context
+        return pki.client_context(ca_bundle.decode(), identity=pki.KeyPair(cert, key))

@@ -81,7 +81,6 @@ class UploadProxy:
             await self.tls_profile.stop()
         if self._front is not None:
             await self._front.closed()
-        self.tls.close()
 
     async def plan(self, path: str, authorization: str | None, target: str | None) -> Forward | Answer:
         """Where a request for `path` goes (its token checked, the upload server ready), or the refusal."""

@@ -1,6 +1,7 @@
-"""Fixtures of the end-to-end tests: the importer tests' real servers and image set are shared here
-(session-scoped, built once per run), and the cluster under test (`tests/e2e/target.py`): `cdi up`, or
-the cluster of `CDI_E2E_KUBECONFIG`, where only the `anycluster` scenarios run."""
+"""Fixtures of the end-to-end tests: the real source servers and the image set of the importer's tests
+(`tests.support.sourceservers`, session-scoped, built once per run), and the cluster under test
+(`tests/e2e/target.py`): `cdi up`, or the cluster of `CDI_E2E_KUBECONFIG`, where only the `anycluster`
+scenarios run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.target import TARGET, External, own_cluster
-from tests.integration.importer.conftest import (  # noqa: F401 - re-exported fixtures
+from tests.support.cluster import CdiUp, Kubectl
+from tests.support.sourceservers import (  # noqa: F401 - re-exported fixtures
     ca,
     ca_dir,
     gcs,
@@ -21,7 +23,6 @@ from tests.integration.importer.conftest import (  # noqa: F401 - re-exported fi
     served_dir,
     server_pair,
 )
-from tests.support.cluster import CdiUp, Kubectl
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

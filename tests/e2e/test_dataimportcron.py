@@ -21,10 +21,10 @@ from tests.e2e.target import External, own_cluster
 from tests.e2e.test_clone import clone_dv
 from tests.e2e.test_controller_metrics import metrics, value
 from tests.e2e.workloads import pod
-from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
 from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.servers import FileServer
+from tests.support.sourceservers import PASSWORD, S3_KEY, S3_SECRET, USER
 
 NEVER = "0 0 1 1 *"  # midnight on 1 January: not during this test
 DISK_SIZE = 1 << 20

@@ -16,11 +16,11 @@ from cdi.common import pki
 from tests.e2e.importing import condition, datavolume, phase, read_back, set_import_proxy, wait_phase
 from tests.e2e.target import TARGET, External, own_cluster
 from tests.e2e.workloads import pod
-from tests.integration.importer.harness import PASSWORD, S3_KEY, S3_SECRET, USER
 from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.servers import Fault, FileServer
+from tests.support.sourceservers import PASSWORD, S3_KEY, S3_SECRET, USER
 
 
 @pytest.fixture(scope="module")

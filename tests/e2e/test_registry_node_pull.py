@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.importing import condition, datavolume, read_back, wait_phase
-from tests.integration.importer.harness import PASSWORD, USER
 from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
+from tests.support.sourceservers import PASSWORD, USER
 
 # the legacy path: these tests look at the importer pod named after the DataVolume's claim
 LEGACY = {"cdi.kubevirt.io/storage.usePopulator": "false"}

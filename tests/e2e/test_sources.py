@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.importing import condition, datavolume, phase, read_back, wait_phase
-from tests.integration.importer.conftest import S3, Gcs
-from tests.integration.importer.harness import S3_KEY, S3_SECRET
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.servers import FileServer, OAuthTokenServer
+from tests.support.sourceservers import S3, S3_KEY, S3_SECRET, Gcs
 
 PHASE_DEADLINE = 10.0  # seconds from creation to a phase, for every kind
 

@@ -24,14 +24,13 @@ from cdi.common import uploadtoken
 from tests.e2e.importing import condition, phase, read_back, wait_phase
 from tests.e2e.target import TARGET, External, own_cluster
 from tests.e2e.uploading import curl, image_upload, proxy_url, token, upload_dv, wait_ready
-from tests.integration.upload.conftest import upload_image_set
 from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
-from tests.support.images import Image, file_name
+from tests.support.images import Image, file_name, upload_image_set
 
 
 @pytest.fixture(scope="session")
 def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
-    """The importer tests' image set, in a directory of its own (see tests/integration/upload/conftest.py)."""
+    """The importer tests' image set, in a directory of its own (`upload_image_set`)."""
     return upload_image_set(tmp_path_factory)
 
 

@@ -16,11 +16,11 @@ from cdi.common import pki
 from tests.e2e.importing import condition, datavolume, read_back, set_import_proxy, wait_phase
 from tests.e2e.uploading import upload_dv
 from tests.e2e.workloads import new_namespace
-from tests.integration.importer.harness import PASSWORD, USER
 from tests.support.cluster import Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.interceptproxy import InterceptingProxy
 from tests.support.servers import FileServer
+from tests.support.sourceservers import PASSWORD, USER
 
 CDI_NAMESPACE = "cdi"
 

@@ -19,8 +19,12 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zstandard
+
+if TYPE_CHECKING:
+    import pytest
 
 VIRTUAL_SIZE = 12 << 20
 BUILDER_VERSION = "5"
@@ -140,6 +144,12 @@ def build_image_set(directory: Path) -> dict[str, Image]:
             _build(directory, manifest)
     data = json.loads(manifest.read_text())
     return {name: Image(name=name, path=directory / name, **fields) for name, fields in data.items()}
+
+
+def upload_image_set(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
+    """The image set of the upload tests (integration and end-to-end), in a directory of its own per builder
+    version, so that worktrees with another version of the image builder never rebuild it under our feet."""
+    return build_image_set(tmp_path_factory.getbasetemp().parent / f"cdi-upload-images-v{BUILDER_VERSION}")
 
 
 def _build(directory: Path, manifest: Path) -> None:

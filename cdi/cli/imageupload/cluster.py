@@ -16,7 +16,8 @@ from cdi.api import groups
 from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
-from cdi.api.views import dig
+from cdi.api.views import ClaimView, DataVolumeView, ObjectView, condition
+from cdi.common import pki
 from cdi.kube import ApiError, KubeClient, NotFound
 from cdi.uploadproxy.serving import CA_CONFIGMAP, CA_FILE_NEXT_TO_KUBECONFIG, CA_KEY
 
@@ -115,7 +116,7 @@ class Cluster:
     async def storage(self) -> ClusterStorage:
         """Storage classes, profiles and CDIConfig status, as far as the user may read them."""
         classes = await self._list(groups.STORAGECLASSES)
-        profiles = {str(dig(p, "metadata", "name")): p for p in await self._list(groups.STORAGEPROFILES)}
+        profiles = {ObjectView(p).name: p for p in await self._list(groups.STORAGEPROFILES)}
         status: Obj = {}
         try:
             status = (await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).get("status") or {}
@@ -142,22 +143,18 @@ class Cluster:
             if not spec.get("storageClassName"):
                 default = storage.default_class("kubevirt")
                 if default is not None:
-                    spec["storageClassName"] = dig(default, "metadata", "name")
-        return self._claim_numbers(spec, storage)
+                    spec["storageClassName"] = ObjectView(default).name
+        return self._claim_numbers(ClaimView({"spec": spec}), storage)
 
-    def _claim_numbers(self, spec: Mapping[str, Any], storage: ClusterStorage) -> tuple[int, str, str]:
-        size = parse_bytes(dig(spec, "resources", "requests", "storage") or 0)
-        mode = str(spec.get("volumeMode") or "Filesystem")
-        overhead = storage.filesystem_overhead(spec.get("storageClassName")) if mode == "Filesystem" else "0"
+    def _claim_numbers(self, claim: ClaimView, storage: ClusterStorage) -> tuple[int, str, str]:
+        """Its size (the capacity once bound, else the request), volume mode and filesystem overhead."""
+        size = parse_bytes(claim.capacity or claim.requested_storage or 0)
+        mode = claim.volume_mode
+        overhead = storage.filesystem_overhead(claim.storage_class) if mode == "Filesystem" else "0"
         return size, mode, str(overhead or DEFAULT_FILESYSTEM_OVERHEAD)
 
     async def existing_claim(self, pvc: Mapping[str, Any]) -> tuple[int, str, str]:
-        storage = await self.storage()
-        spec = dict(pvc.get("spec") or {})
-        capacity = dig(pvc, "status", "capacity", "storage")
-        if capacity:
-            spec = {**spec, "resources": {"requests": {"storage": capacity}}}
-        return self._claim_numbers(spec, storage)
+        return self._claim_numbers(ClaimView(pvc), await self.storage())
 
     # -- the volume -----------------------------------------------------------------------------------
     async def find(self, request: Request) -> Obj | None:
@@ -179,10 +176,10 @@ class Cluster:
                 await self.client.get(groups.DATAVOLUMES, request.name, request.namespace)
             except NotFound:
                 raise ClusterError(f"No DataVolume is associated with the existing PVC {request.key}") from None
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        annotations = ClaimView(pvc).annotations
         if annotations.get(ann.POD_PHASE) == "Succeeded":
             raise ClusterError(f"PVC {request.name} already successfully imported/cloned/updated")
-        populated = (dig(pvc, "spec", "dataSourceRef") or {}).get("kind") == "VolumeUploadSource"  # its prime takes it
+        populated = ClaimView(pvc).populator_ref.get("kind") == "VolumeUploadSource"  # its prime takes it
         if not request.no_create and ann.UPLOAD_TARGET not in annotations and not populated:
             raise ClusterError(f"PVC {request.name} not available for upload")
         return pvc
@@ -196,9 +193,8 @@ class Cluster:
 
     async def mark_upload_target(self, pvc: Obj, request: Request) -> None:
         """An existing PVC becomes an upload target (virtctl's ensurePVCSupportsUpload)."""
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
-        if ann.UPLOAD_TARGET in annotations or \
-                (dig(pvc, "spec", "dataSourceRef") or {}).get("kind") == "VolumeUploadSource":
+        if ann.UPLOAD_TARGET in ClaimView(pvc).annotations or \
+                ClaimView(pvc).populator_ref.get("kind") == "VolumeUploadSource":
             return
         wanted = {ann.UPLOAD_TARGET: ""}
         if request.upload_format:
@@ -231,7 +227,7 @@ class Cluster:
                 dv = await self.client.get(groups.DATAVOLUMES, request.name, request.namespace)
             except NotFound:
                 return False, ""
-            phase = dig(dv, "status", "phase")
+            phase = DataVolumeView(dv).phase
             if phase in ("WaitForFirstConsumer", "PendingPopulation"):
                 return False, (f"cannot upload to DataVolume in {phase} state, make sure the PVC is Bound "
                                "(or use --force-bind)")
@@ -244,13 +240,14 @@ class Cluster:
             pvc = await self.client.get(groups.PVCS, request.name, request.namespace)
         except NotFound:
             return False, ""
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        claim = ClaimView(pvc)
+        annotations = claim.annotations
         if annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             return False, (f"the upload into PVC {request.key} failed: {annotations.get(ann.CONDITION_RUNNING_REASON)}"
                            f": {annotations.get(ann.CONDITION_RUNNING_MESSAGE)}")
-        if dig(pvc, "status", "phase") == "Pending" and ann.BIND_IMMEDIATE not in annotations:
+        if claim.phase == "Pending" and ann.BIND_IMMEDIATE not in annotations:
             storage = await self.storage()
-            sc = storage.storage_class(str(dig(pvc, "spec", "storageClassName") or ""))
+            sc = storage.storage_class(claim.storage_class)
             if (sc or {}).get("volumeBindingMode") == "WaitForFirstConsumer":
                 return False, (f"cannot upload to PVC {request.key}: its storage class binds on first consumer; "
                                "make sure the PVC is Bound (or use --force-bind)")
@@ -264,7 +261,8 @@ class Cluster:
         except ApiError as exc:
             raise ClusterError(f"cannot read CDIConfig {groups.CDI_CONFIG_NAME} for the upload proxy URL ({exc}); "
                                "give it with --uploadproxy-url") from None
-        url = dig(config, "spec", "uploadProxyURLOverride") or dig(config, "status", "uploadProxyURL") or ""
+        view = ObjectView(config)
+        url = view.spec.get("uploadProxyURLOverride") or view.status.get("uploadProxyURL") or ""
         if not url:
             raise ClusterError("uploadproxy URL not found")
         return str(url) if "://" in str(url) else f"https://{url}"
@@ -294,7 +292,7 @@ class Cluster:
             response = await self.client.create(groups.UPLOADTOKENREQUESTS, body, request.namespace)
         except ApiError as exc:
             raise ClusterError(f"cannot get an upload token for {request.key}: {exc}") from None
-        token = dig(response, "status", "token")
+        token = ObjectView(response).status.get("token")
         if not token:
             raise ClusterError("the UploadTokenRequest came back without a token")
         return str(token)
@@ -328,7 +326,7 @@ class Cluster:
                 return f"DataVolume {request.key} was deleted during the upload"
             except ApiError:
                 return None
-            if dig(dv, "metadata", "deletionTimestamp"):
+            if DataVolumeView(dv).deleting:
                 return f"DataVolume {request.key} was deleted during the upload (it is being removed)"
         try:
             pvc = await self.client.get(groups.PVCS, request.name, request.namespace)
@@ -338,9 +336,9 @@ class Cluster:
                 else None
         except ApiError:
             return None
-        if request.kind == "pvc" and dig(pvc, "metadata", "deletionTimestamp"):
+        if request.kind == "pvc" and ClaimView(pvc).deleting:
             return f"PersistentVolumeClaim {request.key} was deleted during the upload (it is being removed)"
-        annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+        annotations = ClaimView(pvc).annotations
         if annotations.get(ann.IMPORT_FATAL_ERROR) == "true":
             return (f"the upload into {request.key} failed: {annotations.get(ann.CONDITION_RUNNING_REASON)}: "
                     f"{annotations.get(ann.CONDITION_RUNNING_MESSAGE)}")
@@ -357,13 +355,13 @@ class Cluster:
                 pvc = await self.client.get(groups.PVCS, request.name, request.namespace)
             except NotFound:
                 pvc = {}
-            annotations: Mapping[str, str] = dig(pvc, "metadata", "annotations") or {}
+            annotations = ClaimView(pvc).annotations
             if request.kind == "dv":
                 try:
                     dv = await self.client.get(groups.DATAVOLUMES, request.name, request.namespace)
                 except NotFound:
                     raise ClusterError(f"DataVolume {request.key} was deleted") from None
-                phase = str(dig(dv, "status", "phase") or "")
+                phase = DataVolumeView(dv).phase
                 if phase == "Succeeded":
                     return phase
                 if phase == "Failed":
@@ -384,18 +382,15 @@ FAST_POLL_SECONDS = 5.0
 
 
 def _conditions(dv: Mapping[str, Any]) -> str:
-    running: dict[str, Any] = next((c for c in dig(dv, "status", "conditions") or [] if c.get("type") == "Running"), {})
+    running = condition(dv, "Running") or {}
     return f"{running.get('reason', '')}: {running.get('message', '')}".strip(": ") or "no reason given"
 
 
 def ssl_context(cas: list[str], *, insecure: bool, extra_ca: Path | None) -> ssl.SSLContext:
     """Trust the system store plus every CA found (or nothing at all, with --insecure)."""
     if insecure:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    context = ssl.create_default_context()
+        return pki.insecure_client_context()
+    context = pki.client_context()
     for pem in cas:
         context.load_verify_locations(cadata=pem)
     if extra_ca is not None:

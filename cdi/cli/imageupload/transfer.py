@@ -54,7 +54,8 @@ import h11
 
 from cdi.api import upload as names
 from cdi.cli.imageupload.progress import Progress, human
-from cdi.common import sockhttp
+from cdi.common import pki, sockhttp
+from cdi.common.backoff import backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ class Transfer:
             plain = sockhttp.unwrap(sock)
         with plain:
             try:
-                context = ssl.create_default_context(cadata=base64.b64decode(ca).decode())
+                context = pki.client_context(base64.b64decode(ca).decode())
             except (ValueError, ssl.SSLError) as exc:
                 raise UploadFailed(f"the upload proxy gave an unusable upload-server CA: {exc}") from None
             try:
@@ -283,7 +284,7 @@ class Transfer:
         nothing about resuming (a proxy without the extension, a refused token) is 0 too: the POST gets the
         real verdict."""
         deadline = time.monotonic() + SETTLE_TIMEOUT
-        delay = 0.2
+        waits = 0
         while True:
             why = ""
             if not vouched:  # after a break: a volume deleted meanwhile takes its upload server along for good
@@ -326,8 +327,8 @@ class Transfer:
             if time.monotonic() > deadline:
                 raise UploadFailed(f"the upload server did not become ready for a resumed upload within "
                                    f"{SETTLE_TIMEOUT:.0f}s: {why}")
-            time.sleep(delay)
-            delay = min(2.0, delay * 1.5)
+            time.sleep(backoff_delay(waits, 0.2, 2.0, factor=1.5))
+            waits += 1
 
     def _holds_this_file(self, offset: int, kept: str | None) -> bool:
         """Whether the regions the server vouches for hold this file's bytes, up to the offset."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +26,7 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.importrequest import ImportRequest
 from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PodView
+from cdi.common.backoff import backoff_delay
 from cdi.controller import conditions
 from cdi.controller.claims import (
     annotate,
@@ -318,7 +318,7 @@ class ImportReconciler(Reconciler):
                         ann.CONDITION_RUNNING_MESSAGE: message, ann.IMPORT_REASON: reason})
         dv = self._dv_of(pvc)
         if retryable and attempt < budget:
-            delay = min(self.ctx.settings.retry_max, self.ctx.settings.retry_base * math.pow(2, attempt))
+            delay = backoff_delay(attempt, self.ctx.settings.retry_base, self.ctx.settings.retry_max)
             changes.update({ann.POD_RESTARTS: str(attempt + 1), ann.IMPORT_NEXT_RETRY: _time(delay),
                             ann.IMPORT_POD_NAME: pod_name(name, attempt + 1), ann.POD_PHASE: "Pending"})
             await annotate(self.ctx, pvc, changes)

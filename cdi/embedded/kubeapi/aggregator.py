@@ -103,16 +103,11 @@ class Aggregator:
 
     def _ssl(self, spec: Mapping[str, Any]) -> ssl.SSLContext:
         assert self.client is not None
+        identity = (self.dir / "front-proxy-client.crt", self.dir / "front-proxy-client.key")
         if spec.get("insecureSkipTLSVerify"):
-            context = ssl.create_default_context()
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        elif spec.get("caBundle"):
-            context = ssl.create_default_context(cadata=base64.b64decode(spec["caBundle"]).decode())
-        else:
-            context = ssl.create_default_context()
-        context.load_cert_chain(self.dir / "front-proxy-client.crt", self.dir / "front-proxy-client.key")
-        return context
+            return pki.insecure_client_context(identity)
+        ca = base64.b64decode(spec["caBundle"]).decode() if spec.get("caBundle") else None
+        return pki.client_context(ca, identity=identity)
 
     async def proxy(self, request: web.Request, apiservice: Mapping[str, Any], user: UserInfo) -> web.StreamResponse:
         spec = apiservice.get("spec") or {}

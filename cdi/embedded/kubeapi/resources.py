@@ -109,12 +109,12 @@ BUILTINS: tuple[ResourceType, ...] = (
     _g("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, verbs=("create",)),
 )
 
+
 class Registry:
-    """Lookup of served types by path, by kind, and by storage key."""
+    """Lookup of served types by path and by storage key."""
 
     def __init__(self) -> None:
         self._by_path: dict[tuple[str, str, str], ResourceType] = {}
-        self._by_kind: dict[tuple[str, str], list[ResourceType]] = {}
         self._crd_types: dict[str, list[ResourceType]] = {}
         self._storage_cache: dict[str, ResourceType | None] = {}
         for rtype in BUILTINS:
@@ -123,25 +123,13 @@ class Registry:
     def _add(self, rtype: ResourceType) -> None:
         self._storage_cache.clear()
         self._by_path[(rtype.group, rtype.version, rtype.plural)] = rtype
-        self._by_kind.setdefault((rtype.group, rtype.kind), []).append(rtype)
 
     def _remove(self, rtype: ResourceType) -> None:
         self._storage_cache.clear()
         self._by_path.pop((rtype.group, rtype.version, rtype.plural), None)
-        kinds = self._by_kind.get((rtype.group, rtype.kind), [])
-        if rtype in kinds:
-            kinds.remove(rtype)
 
     def lookup(self, group: str, version: str, plural: str) -> ResourceType | None:
         return self._by_path.get((group, version, plural))
-
-    def by_kind(self, api_version: str, kind: str) -> ResourceType | None:
-        group, _, version = api_version.rpartition("/")
-        for rtype in self._by_kind.get((group, kind), []):
-            if rtype.version == version:
-                return rtype
-        candidates = self._by_kind.get((group, kind))
-        return candidates[0] if candidates else None
 
     def storage_type(self, key: str) -> ResourceType | None:
         """The preferred type stored under `key` (the storage version of a CRD, core events)."""
@@ -213,9 +201,6 @@ class Registry:
         for rtype in types:
             self._remove(rtype)
         return types
-
-    def crd_types(self, name: str) -> list[ResourceType]:
-        return list(self._crd_types.get(name, []))
 
 
 def _version_priority(version: str) -> tuple[int, int, int]:

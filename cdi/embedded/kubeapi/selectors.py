@@ -106,14 +106,6 @@ def label_selector_from_object(selector: Mapping[str, Any] | None) -> LabelSelec
     return LabelSelector(tuple(requirements))
 
 
-def selector_matches_map(selector: Mapping[str, str] | None, labels: Labels | None) -> bool:
-    """Service-style selectors: a plain map, all pairs equal. An empty selector matches nothing."""
-    if not selector:
-        return False
-    labels = labels or {}
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
 @dataclass(frozen=True)
 class FieldRequirement:
     path: tuple[str, ...]

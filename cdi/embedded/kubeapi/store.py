@@ -166,9 +166,6 @@ class Store:
     def count(self, key: str) -> int:
         return len(self._objects.get(key, {}))
 
-    def namespaces_in_use(self, key: str) -> set[str]:
-        return {ns for ns, _ in self._objects.get(key, {})}
-
     def stored_keys(self) -> list[str]:
         return [k for k, bucket in self._objects.items() if bucket]
 
@@ -179,9 +176,6 @@ class Store:
         return set(self._dependents.get(owner_uid, ()))
 
     # -- writes ------------------------------------------------------------------------------------
-
-    def next_rv(self) -> int:
-        return self._rv + 1
 
     def put(self, key: str, namespace: str, name: str, obj: dict[str, Any]) -> Entry:
         """Store `obj` at the next revision (written into its metadata) and notify watchers."""

@@ -156,9 +156,8 @@ class WebhookAdmission:
         if context is None:
             if len(self._contexts) >= 64:
                 self._contexts.pop(next(iter(self._contexts)))
-            context = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode() if ca_bundle else None)
-            if self._identity is not None:
-                context.load_cert_chain(*self._identity)
+            context = pki.client_context(base64.b64decode(ca_bundle).decode() if ca_bundle else None,
+                                         identity=self._identity)
             self._contexts[ca_bundle] = context
         return context
 

@@ -34,7 +34,3 @@ def expand(text: str, lookup: Callable[[str], str | None]) -> str:
         out.append("$" + nxt)
         i += 2
     return "".join(out)
-
-
-def mapping_lookup(values: dict[str, str]) -> Callable[[str], str | None]:
-    return values.get

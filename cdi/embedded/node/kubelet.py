@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api.groups import CONFIGMAPS, PODS, PVCS, PVS, SECRETS
+from cdi.common.backoff import backoff_delay
 from cdi.common.tlsfront import NO_EXTENSIONS_ENV
 from cdi.embedded.control import LocalApi
 from cdi.embedded.kubeapi.errors import StatusError
@@ -191,7 +192,13 @@ class ContainerRunner:
         config = self.worker.kubelet.config
         if self._crashes <= 1:
             return 0.0
-        return float(min(config.restart_backoff * 2 ** (self._crashes - 2), config.max_backoff))
+        return backoff_delay(self._crashes - 2, config.restart_backoff, config.max_backoff)
+
+    def _pull_backoff(self) -> float:
+        """base, 2*base, ... up to the maximum after each failed pull (kubelet's ImagePullBackOff doubles
+        as its CrashLoopBackOff does)."""
+        config = self.worker.kubelet.config
+        return backoff_delay(self._pull_failures - 1, config.restart_backoff, config.max_backoff)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep unless woken (pod update) or stopping."""
@@ -237,8 +244,7 @@ class ContainerRunner:
                 message = str(exc) if reason == "ErrImagePull" else \
                     f'Back-off pulling image "{self.spec.get("image", "")}"'
                 await self._wait_state(reason, message, "Failed" if reason == "ErrImagePull" else "BackOff",
-                                       min(self.worker.kubelet.config.restart_backoff * self._pull_failures,
-                                           self.worker.kubelet.config.max_backoff))
+                                       self._pull_backoff())
                 continue
             except (ConfigError, VolumeError, RuntimeRefused) as exc:
                 reason = "CreateContainerConfigError" if isinstance(exc, ConfigError) else "CreateContainerError"

@@ -199,9 +199,6 @@ class LocalVolumes:
     def handles(self) -> list[str]:
         return [r.handle for r in self.volumes.records()]
 
-    def snapshot_handles(self) -> list[str]:
-        return [r.handle for r in self.snapshots.records()]
-
     # -- create ------------------------------------------------------------------------------------
 
     def create(self, handle: str, size: int, block: bool) -> VolumeRecord:

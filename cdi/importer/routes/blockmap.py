@@ -11,7 +11,9 @@ import logging
 import os
 from collections.abc import Callable
 
-from .. import formats, qcow2, vdi, vhd, vhdx, vmdk
+from cdi.common.imageprobe import RAW, VDI, VHD, VHDX
+
+from .. import qcow2, vdi, vhd, vhdx, vmdk
 from ..formats import ImageInfo
 from ..progress import RESIZE, SYNC, TRANSFER_DATA_FILE
 from ..ranges import Process
@@ -24,9 +26,9 @@ ClusterWriter = Callable[[qcow2.Qcow2Map, SparseWriter], Process]
 
 # formats whose block map the importer reads itself (besides qcow2 and vmdk): route and map reader
 BLOCK_MAPS: dict[str, tuple[str, Callable[..., qcow2.Qcow2Map]]] = {
-    formats.VDI: (ROUTE_VDI, vdi.read_map),
-    formats.VHD: (ROUTE_VHD, vhd.read_map),
-    formats.VHDX: (ROUTE_VHDX, vhdx.read_map),
+    VDI: (ROUTE_VDI, vdi.read_map),
+    VHD: (ROUTE_VHD, vhd.read_map),
+    VHDX: (ROUTE_VHDX, vhdx.read_map),
 }
 
 
@@ -77,7 +79,7 @@ def fixed_vhd(ctx: ImportContext, info: ImageInfo) -> tuple[int, bool] | None:
     Neither CDI's qemu-img nor a magic at the start recognises it, so CDI writes the footer into
     the disk; its checksummed footer at the end is what tells it from a raw disk."""
     ranges = ctx.origin.ranges
-    if info.format != formats.RAW or ranges is None or ranges.size < 2 * vhd.FOOTER:
+    if info.format != RAW or ranges is None or ranges.size < 2 * vhd.FOOTER:
         return None
     if ranges.size % (1 << 20) == 0:
         # raw disks are whole MiBs; a fixed vhd is its data and 512 bytes more (whole MiBs only
@@ -88,7 +90,7 @@ def fixed_vhd(ctx: ImportContext, info: ImageInfo) -> tuple[int, bool] | None:
     size = vhd.fixed_footer(bytes(tail), ranges.size)
     if size is None:
         return None
-    ctx.format = formats.VHD
+    ctx.format = VHD
     log.info("%s is a fixed vhd of %d bytes: importing it without its footer", ctx.origin.name, size)
     return mapped(ctx, ROUTE_VHD, vhd.fixed_map(size, ranges.size, max_piece=ctx.options.span_size),
                   qcow2.ClusterWriter)

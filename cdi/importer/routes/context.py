@@ -14,12 +14,12 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from .. import resume
 from ..checksum import Hasher
 from ..errors import ImporterError, Reason
 from ..formats import ImageInfo
+from ..options import ImportOptions
 from ..progress import CONVERT, RESIZE, SYNC, Progress
 from ..ranges import RangeFetcher, RangeReader, Span
 from ..retry import Terminated
@@ -27,9 +27,6 @@ from ..source import Origin
 from ..sparse_writer import SparseWriter, WriteBehind
 from ..streams import Chunk, Stream, TapStream, as_bytes
 from ..target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target
-
-if TYPE_CHECKING:
-    from ..pipeline import ImportOptions
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,6 @@ OVERHEAD = "0.055"
 USABLE = usable_space(OVERHEAD, REQUESTED)
 USABLE_BIG = usable_space(OVERHEAD, 256 << 20)  # the 256 MiB volume of the tests with the 48 MiB disk
 BLOCK_SIZE = 16 << 20
-USER, PASSWORD = "cdi", "s3cr3t-pw"
-S3_KEY, S3_SECRET = "AKIDCDITEST", "cdi-secret-key"
 GARBAGE = b"\xaa"
 GARBAGE_STRIPE = GARBAGE * 4096
 

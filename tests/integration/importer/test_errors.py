@@ -11,8 +11,9 @@ import pytest
 
 from tests.support.images import Image, file_name
 from tests.support.servers import Fault, FileServer, free_port
+from tests.support.sourceservers import PASSWORD, USER
 
-from .harness import PASSWORD, USER, Volume, assert_failed, assert_imported, run_importer
+from .harness import Volume, assert_failed, assert_imported, run_importer
 
 CHECKSUM_CASES = [  # (image, route) covering every way the bytes can travel
     (file_name("raw"), "ranges"),

@@ -11,8 +11,8 @@ import pytest
 
 from tests.support.images import Image
 from tests.support.servers import OAuthTokenServer
+from tests.support.sourceservers import Gcs
 
-from .conftest import Gcs
 from .harness import Volume, assert_failed, assert_imported, assert_transferred, run_importer
 
 

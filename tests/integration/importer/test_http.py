@@ -11,13 +11,11 @@ import pytest
 from cdi.common.imageprobe import ACCESS_NBD, ACCESS_STREAM
 from tests.support.images import Image, file_name
 from tests.support.servers import Fault, FileServer
+from tests.support.sourceservers import PASSWORD, USER, Big
 
-from .conftest import Big
 from .harness import (
     CASES,
-    PASSWORD,
     USABLE_BIG,
-    USER,
     Case,
     Volume,
     assert_failed,

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from cdi.controller.progress import Retry, parse_retry
 from cdi.importer.progress import COMPLETE, CONVERT, RESIZE, SYNC, TRANSFER_DATA_FILE, Progress
 from tests.support.servers import FileServer, MuteServer, wait_for
+from tests.support.sourceservers import Big
 
-from .conftest import Big
 from .harness import Volume, base_env, importer_command, metric, pod_ip, read_message, scrape
 
 OWNER = "0b1d6e1c-4f1e-4d5e-9a57-1f3c0f2b7e11"

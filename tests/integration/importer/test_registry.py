@@ -12,12 +12,10 @@ import pytest
 from cdi.common.imageprobe import ACCESS_STREAM
 from tests.support import oci
 from tests.support.images import Image, file_name
+from tests.support.sourceservers import PASSWORD, USER, Registries
 
-from .conftest import Registries
 from .harness import (
     CHECKERBOARD,
-    PASSWORD,
-    USER,
     Case,
     Volume,
     assert_failed,

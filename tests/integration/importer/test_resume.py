@@ -18,8 +18,8 @@ import pytest
 
 from tests.support.images import Image
 from tests.support.servers import FileServer, wait_for
+from tests.support.sourceservers import BIG, Big
 
-from .conftest import BIG, Big
 from .harness import (
     USABLE_BIG,
     Volume,

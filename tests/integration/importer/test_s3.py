@@ -10,12 +10,10 @@ import pytest
 
 from cdi.common.imageprobe import ACCESS_NBD
 from tests.support.images import Image, file_name
+from tests.support.sourceservers import S3, S3_KEY, S3_SECRET
 
-from .conftest import S3
 from .harness import (
     CHECKERBOARD,
-    S3_KEY,
-    S3_SECRET,
     Case,
     Volume,
     assert_failed,

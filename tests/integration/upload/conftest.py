@@ -19,7 +19,7 @@ from cdi.api import upload as names
 from cdi.common import pki, tlsfront
 from cdi.uploadserver.config import UploadServerConfig
 from cdi.uploadserver.server import UploadServer
-from tests.support.images import BUILDER_VERSION, Image, build_image_set
+from tests.support.images import Image, upload_image_set
 
 VOLUME = 32 << 20
 OVERHEAD = "0.055"
@@ -54,10 +54,6 @@ class UploadPki:
             chosen.write(path / "tls.crt", path / "tls.key")
             context.load_cert_chain(path / "tls.crt", path / "tls.key")
         return context
-
-
-def upload_image_set(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
-    return build_image_set(tmp_path_factory.getbasetemp().parent / f"cdi-upload-images-v{BUILDER_VERSION}")
 
 
 @pytest.fixture(scope="session")
