@@ -13,7 +13,6 @@ Usage: python bench/bench_receive_buffers.py [--gib 4] [--runs 5]"""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 import threading
@@ -54,9 +53,8 @@ class FreshBuffers(ReceiveBuffers):
 
 
 def run(pool_factory: Callable[[], ReceiveBuffers | RefcountBuffers], chunks: int) -> tuple[float, float, int]:
-    loop = asyncio.new_event_loop()
     pool = pool_factory()
-    queue = FedStream(loop, 32 << 20)
+    queue = FedStream(32 << 20)
     queue.recycle_with(pool.give_back)
     source = bytes(range(256)) * (CHUNK // 256)
     produced: list[float] = []
@@ -67,7 +65,7 @@ def run(pool_factory: Callable[[], ReceiveBuffers | RefcountBuffers], chunks: in
         for _ in range(chunks):
             buffer = pool.get(CHUNK)
             buffer[:] = source  # the socket read
-            queue.put_blocking(buffer, stopped)
+            queue.put(buffer, stopped)
             del buffer
         queue.finish()
         produced.append(time.thread_time() - started)
@@ -81,7 +79,6 @@ def run(pool_factory: Callable[[], ReceiveBuffers | RefcountBuffers], chunks: in
         queue.give_back(chunk)
         del chunk
     producer.join()
-    loop.close()
     return produced[0], time.perf_counter() - wall, pool.fresh
 
 

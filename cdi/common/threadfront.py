@@ -4,24 +4,25 @@ server of the upload proxy and of the upload server.
 Why: every byte of an upload crosses TLS several times, and on a small machine the chain is CPU-bound.
 Through asyncio (uvloop) streams a TLS byte costs 1.5 to 2.5 CPU-seconds per GiB received; a blocking
 `ssl` socket reads and writes with the GIL released and almost no Python per byte (about 1.2 to receive
-and 0.6 to send), so the threads barely compete with the event loop either.
+and 0.6 to send), so the threads barely compete with anything else either.
 
-The listening socket is watched by the event loop; each accepted connection gets a thread that does
-the TLS handshake and parses the request head with h11; `serve(sock, conn, request)` then answers it
+No event loop is involved: a thread accepts, and each accepted connection gets a thread that does the
+TLS handshake and parses the request head with h11; `serve(sock, conn, request)` then answers it
 (every request: this is the component's only HTTP server), and the connection is closed afterwards. A
-request h11 cannot parse is answered 400 here.
+request h11 cannot parse is answered 400 here. (The upload server has no event loop at all; the proxy
+asks its own, from the connection thread, only where a request needs its Kubernetes client.)
 
 `stop` stops accepting and cuts the connections being served (their threads end); callers stop once
-their last answer went out (the upload server waits until no request is in flight). `closed` waits,
-briefly, until the threads have ended."""
+their last answer went out (the upload server waits until no request is in flight). `close` also
+waits, briefly, until the threads have ended."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import h11
@@ -34,14 +35,14 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 256  # a thread each: beyond this, new connections are closed at once (not queued)
 RCVBUF = 4 << 20  # fewer wake-ups per byte received (measured: -15 % CPU in the receiving threads)
 CLOSE_SECONDS = 5.0  # for the threads to end when stopping
+ACCEPT_RETRY_SECONDS = 0.1  # after a failed accept (out of descriptors): not a busy loop
 Conn = tlsfront.Conn
 Serve = Callable[[Conn, h11.Connection, h11.Request], None]
 
 
 class ThreadFront:
-    def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS | None, serve: Serve, *,
-                 name: str = "front", server: bytes = b"cdi") -> None:
-        self.loop = loop
+    def __init__(self, tls: tlsfront.ServerTLS | None, serve: Serve, *, name: str = "front",
+                 server: bytes = b"cdi") -> None:
         self.acceptor = tls.acceptor() if tls is not None else None
         self.serve = serve
         self.server = server  # the Server header of the answers given here
@@ -50,7 +51,8 @@ class ThreadFront:
         self._open: set[Conn] = set()
         self._lock = threading.Lock()
         self._threads = 0
-        self._ended = asyncio.Event()  # set (from a thread) when the last connection thread ends
+        self._ended = threading.Condition(self._lock)  # notified when the last connection thread ends
+        self._stopping = False
 
     def set_policy(self, policy: pki.TLSPolicy) -> None:
         """New versions and suites for the connections accepted from now on (`tlsfront.Acceptor`)."""
@@ -65,15 +67,16 @@ class ThreadFront:
     def start(self, host: str, port: int, backlog: int = 128) -> int:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.create_server((host, port), family=family, backlog=backlog)
-        listener.setblocking(False)
-        self.loop.add_reader(listener.fileno(), self._accept)
         self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), name=f"{self.name}-accept", daemon=True).start()
         return int(listener.getsockname()[1])
 
     def stop(self) -> None:
         """Stop accepting and cut the connections being served (their threads end)."""
+        self._stopping = True
         if self._listener is not None:
-            self.loop.remove_reader(self._listener.fileno())
+            with contextlib.suppress(OSError):  # wakes the accepting thread (Linux: accept fails at once)
+                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
             self._listener = None
         with self._lock:
@@ -84,25 +87,25 @@ class ThreadFront:
                     else:
                         sock.shutdown(socket.SHUT_RDWR)
 
-    async def closed(self, timeout: float = CLOSE_SECONDS) -> None:
+    def close(self, timeout: float = CLOSE_SECONDS) -> None:
         """Stop, and wait (up to `timeout`) until the connection threads ended."""
         self.stop()
-        deadline = self.loop.time() + timeout
-        while self._threads and self.loop.time() < deadline:
-            self._ended.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ended.wait(), deadline - self.loop.time())
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._threads and (left := deadline - time.monotonic()) > 0:
+                self._ended.wait(left)
 
-    def _accept(self) -> None:
-        assert self._listener is not None
+    def _accept(self, listener: socket.socket) -> None:
+        """The accepting thread: a thread per connection, until `stop`."""
         while True:
             try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
+                sock, _ = listener.accept()
             except OSError as exc:
+                if self._stopping:
+                    return
                 log.warning("accepting a connection failed: %s", exc)
-                return
+                time.sleep(ACCEPT_RETRY_SECONDS)
+                continue
             with self._lock:
                 crowded = self._threads >= MAX_CONNECTIONS
                 if not crowded:
@@ -142,11 +145,9 @@ class ThreadFront:
                 if sock is not raw:
                     self._open.discard(sock)
                 self._threads -= 1
-                last = not self._threads
+                if not self._threads:
+                    self._ended.notify_all()
             raw.close()
-            if last:
-                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                    self.loop.call_soon_threadsafe(self._ended.set)
 
     def _request(self, sock: Conn) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)

@@ -6,7 +6,9 @@ the upload server with the proxy's client certificate): about 2.7 CPU-seconds pe
 streams here, about 1.8 with blocking `ssl` sockets in a thread.
 
 A request to an upload path (a `POST` carries an image; a `HEAD` is the capability probe) is authorised
-and routed by the proxy's coroutine on the event loop (`plan`), and then handled here: a refusal is
+and routed by the proxy's coroutine on its event loop (`plan`: the one place where a connection's thread
+waits for asyncio, because the answer needs the proxy's Kubernetes client, which lives there), and then
+handled here: a refusal is
 answered (`text/plain`, CORS headers for a browser) and the connection lingers briefly, as aiohttp's
 does; otherwise the thread connects to the upload server over mutual TLS, sends the request head, pumps
 the body (a reusable buffer filled by `sockfill`, then one `sendall`; chunked bodies are re-chunked), and
@@ -30,9 +32,9 @@ import secrets
 import select
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import h11
@@ -73,16 +75,17 @@ class Answer:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-Plan = Callable[[str, "str | None", "str | None"], Awaitable["Forward | Answer"]]  # path, authorization, target
+# path, authorization, target -> where the request goes: a coroutine of the proxy's event loop
+Plan = Callable[[str, "str | None", "str | None"], Coroutine[Any, Any, "Forward | Answer"]]
 
 
 class Front:
     """The proxy's listening socket (`cdi.common.threadfront`): POSTs to upload paths served here."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS | None, plan: Plan) -> None:
-        self.loop = loop
+        self.loop = loop  # the proxy's: where `plan` runs
         self.plan = plan
-        self._front = threadfront.ThreadFront(loop, tls, self._serve, name="uploadproxy", server=_SERVER)
+        self._front = threadfront.ThreadFront(tls, self._serve, name="uploadproxy", server=_SERVER)
 
     def start(self, host: str, port: int) -> int:
         return self._front.start(host, port)
@@ -97,7 +100,16 @@ class Front:
         self._front.stop()
 
     async def closed(self) -> None:
-        await self._front.closed()
+        """Stop, and wait (briefly) until the connection threads ended; in a thread, since one of them may
+        be waiting for `plan` on this loop."""
+        await asyncio.to_thread(self._front.close)
+
+    def where(self, path: str, authorization: str | None, target: str | None) -> Forward | Answer:
+        """Where a request goes, asked from a connection's thread. THE BOUNDARY between the threaded front
+        and asyncio: `plan` needs the proxy's Kubernetes client (the token's key, the PVC, the upload
+        server's Service, the client certificate), which is async and lives on the proxy's loop; the
+        thread waits for it here, and nowhere else."""
+        return asyncio.run_coroutine_threadsafe(self.plan(path, authorization, target), self.loop).result()
 
     def _serve(self, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> None:
         path = request.target.decode("latin-1").partition("?")[0]
@@ -143,9 +155,7 @@ class _Upload:
             self.answer(400, "a request with both Transfer-Encoding and Content-Length is ambiguous")
             self._linger()
             return
-        plan = asyncio.run_coroutine_threadsafe(
-            self.front.plan(path, self.headers.get("authorization"), self.headers.get(names.TARGET_HEADER.lower())),
-            self.front.loop).result()
+        plan = self.front.where(path, self.headers.get("authorization"), self.headers.get(names.TARGET_HEADER.lower()))
         try:
             if isinstance(plan, Answer):
                 self.answer(plan.status, plan.text, [(k.encode(), v.encode()) for k, v in plan.headers])
@@ -311,7 +321,8 @@ class _Upload:
         return False
 
     def _send_up(self, upstream: socket.socket, up: h11.Connection, data: memoryview) -> None:
-        for piece in up.send_with_data_passthrough(h11.Data(data=data)):
+        # h11 passes the data through untouched (a view of the buffer, never copied); its types say bytes
+        for piece in up.send_with_data_passthrough(h11.Data(data=cast(bytes, data))) or ():
             upstream.sendall(piece)
 
     def _pump_chunked(self, upstream: socket.socket, up: h11.Connection) -> bool:

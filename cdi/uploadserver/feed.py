@@ -1,18 +1,15 @@
-"""The queue from a request body (the event loop, or a reading thread) to the importer's thread (the
+"""The queue from a request body (the connection's reading thread) to the importer's thread (the
 pipeline).
 
-The importer reads a blocking `Stream` (`read(n)`); the body arrives in an asyncio handler. A plain
-thread queue makes the producer block when full, which an event loop can only do through a worker
-thread per chunk. This queue is the same idea with an asyncio producer side: a
-full queue makes `put` await a future that the consumer completes (once, when it frees space), so
-backpressure costs no thread hand-off per chunk. A producer that is a thread (the upload server's
-reading thread, `front.BodyBridge`) uses `put_blocking` and skips the event loop altogether. Memory
-stays bounded by `max_bytes` (plus one chunk). Chunks are handed to the pipeline whole when they fit its
-read, without copying.
+The importer reads a blocking `Stream` (`read(n)`); the reading thread puts each chunk it read
+(`put`), waiting while the queue is full, so a client faster than the disk waits (TCP
+backpressure) and memory stays bounded by `max_bytes` (plus one chunk). Chunks are handed to the
+pipeline whole when they fit its read, without copying.
 
 The end of the body is said only by `finish` (or `fail`), never by a chunk: an empty chunk is dropped,
-since `read` returning `b""` is how the pipeline learns that the body ended (aiohttp's `iter_chunks`
-yields one at every chunk boundary of a chunked body; taken as the end, it truncated piped uploads).
+since `read` returning `b""` is how the pipeline learns that the body ended (a reader that yields an
+empty piece at every chunk boundary of a chunked body, as aiohttp's `iter_chunks` does, once truncated
+piped uploads).
 
 A failure (`fail`, the client went away) is raised to the pipeline only after the chunks that
 arrived before it: every byte received is good, and written, so a resumed upload needs to resend as
@@ -25,7 +22,6 @@ recycled."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -42,28 +38,14 @@ class FedStream:
         self._closed = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
-        self._space: asyncio.Future[None] | None = None  # the producer waits on it while the queue is full
         self._current = memoryview(b"")
         self._lent: Chunk | None = None  # the chunk `read` last returned whole: the one `give_back` takes
         self._recycle: Callable[[Chunk], None] | None = None
 
-    # -- producer (event loop) ------------------------------------------------------------------------
-    async def put(self, chunk: Chunk) -> bool:
-        """Queue a chunk, waiting while the queue is full; False once the consumer has gone."""
-        while True:
-            with self._cond:
-                if self._closed:
-                    return False
-                if self._size < self._max:
-                    self._append(chunk)
-                    return True
-                self._space = asyncio.get_running_loop().create_future()
-                space = self._space
-            await space
-
-    def put_blocking(self, chunk: Chunk, stopped: threading.Event, poll: float = 1.0) -> bool:
-        """`put` for a producing thread: queue a chunk, blocking while the queue is full; False once the
-        consumer has gone or `stopped` is set."""
+    # -- producer (the reading thread) ------------------------------------------------------------------
+    def put(self, chunk: Chunk, stopped: threading.Event, poll: float = 1.0) -> bool:
+        """Queue a chunk, blocking while the queue is full; False once the consumer has gone or `stopped` is
+        set (looked at every `poll` seconds while waiting)."""
         with self._cond:
             while not self._closed and self._size >= self._max:
                 if stopped.is_set():
@@ -79,7 +61,7 @@ class FedStream:
             return
         self._chunks.append(chunk)
         self._size += len(chunk)
-        self._cond.notify_all()  # the consumer (a producing thread re-checks the queue and waits on)
+        self._cond.notify_all()  # the consumer (the producer re-checks the queue and waits on)
 
     def finish(self) -> None:
         with self._cond:
@@ -134,12 +116,4 @@ class FedStream:
 
     def _wake_producer(self) -> None:  # with the lock held
         if self._size < self._max or self._closed:
-            self._cond.notify_all()  # a producing thread in put_blocking
-            if self._space is not None:
-                space, self._space = self._space, None
-                space.get_loop().call_soon_threadsafe(_set, space)
-
-
-def _set(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+            self._cond.notify_all()  # the producer in put

@@ -1,5 +1,7 @@
 """The upload server's one HTTP server (`cdi.common.threadfront`): every request is read and answered
-in a thread per connection, on a blocking TLS socket.
+in a thread per connection, on a blocking TLS socket, and that thread calls the upload server directly
+(`Server`, the front's view of `cdi.uploadserver.server.UploadServer`): no event loop anywhere, as CDI's
+server, which serves each request in a goroutine of its own.
 
 Receiving through asyncio (uvloop) streams costs about 1.5 CPU-seconds per GiB in TLS and transport
 code before the importer sees a byte; a blocking TLS connection read into 1 MiB buffers about 1.2, with
@@ -10,26 +12,28 @@ less again, and no wait for the GIL between records.
 Host-assisted clone streams (`x-cdi-content-type: filesystem-clone` / `blockdevice-clone`, with a
 `Content-Length`) are read here too, in 4 MiB buffers, and written in place (`cdi.uploadserver.clonesink`).
 
-An upload `POST` is checked and admitted by the server (`UploadServer.admit`, on the event loop); its
-body is read by the connection's thread and put straight into the importer's queue of the session
-(`UploadSession.receive`; `BodyBridge`), and the session's answer is written back. A body with a
-`Content-Length` is read in 1 MiB buffers; a chunked one (trailers allowed) through h11; a form
-(multipart, `multipart.PushMultipartParser`, streaming) has its part `file` fed, the parts before it
-skipped, as CDI does. `GET /healthz`, the `HEAD` probe and the 404s of other methods are answered here
-too. The client's certificate is checked on every upload request (`getpeercert`). A connection is
-closed after its answer; when the answer comes before the whole body (a refusal, the importer gave up),
-the rest is drained briefly first, as Go's server does."""
+An upload `POST` is checked here (the client certificate, the headers) and admitted by the server's
+session (`admit`); its body is read by the connection's thread and put straight into the importer's
+queue (`receive` gives the `session.Upload` to feed), and the session's answer is written back. A
+body with a `Content-Length` is read in 1 MiB buffers (`ReceiveBuffers`, filled again once the importer
+gave them back); a chunked one (trailers allowed) through h11; a form (multipart,
+`multipart.PushMultipartParser`, streaming) has its part `file` fed, the parts before it skipped, as
+CDI does. While the client is quiet the reading thread asks the upload whether to go on waiting
+(`Upload.quiet`: no, once the importer gave up, or after `UPLOAD_IDLE_TIMEOUT`). `GET /healthz`, the
+`HEAD` probe and the 404s of other methods are answered here too. The client's certificate is checked
+on every upload request (`getpeercert`): its CN must be `CLIENT_NAME`. A connection is closed after its
+answer; when the answer comes before the whole body (a refusal, the importer gave up), the rest is
+drained briefly first, as Go's server does."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import h11
 import multipart
@@ -38,15 +42,15 @@ from cdi.api import upload as names
 from cdi.common import clonestream, sockfill, sockhttp, threadfront, tlsfront
 from cdi.common.threadfront import Conn
 from cdi.uploadserver import clonesink
-from cdi.uploadserver.feed import Chunk, FedStream
-from cdi.uploadserver.session import Outcome
+from cdi.uploadserver.config import UploadServerConfig
+from cdi.uploadserver.feed import Chunk
+from cdi.uploadserver.session import Outcome, Upload
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
-POLL_SECONDS = 1.0  # a quiet client: look whether the session still wants the body
+POLL_SECONDS = 1.0  # a quiet client: ask the upload whether it still wants the body
 PAUSE_SECONDS = 0.05  # a client that pauses in the middle of a chunk: what arrived is handed on
-_END = object()
 _SERVER = b"cdi-uploadserver"
 _RAW = {**{p: (False, True) for p in names.SYNC_PATHS}, **{p: (False, False) for p in names.ASYNC_PATHS},
         **{p: (True, True) for p in names.ARCHIVE_PATHS}}  # path -> (archive, wait for durable)
@@ -54,82 +58,56 @@ _ALL = {*_RAW, *names.FORM_SYNC_PATHS, *names.FORM_ASYNC_PATHS}  # a clone strea
 CLONE_IDLE_SECONDS = 60.0  # a clone source that sends nothing for this long is gone
 
 
-class BodyBridge:
-    """A body read by a thread and fed straight into the importer's queue, its end seen by the event loop.
+class Server(Protocol):
+    """What the front asks of the upload server, from a connection's thread: the front speaks HTTP, the
+    server decides."""
 
-    The session attaches its queue before it waits for the body (`attach`); the reading thread then puts
-    every chunk into that queue itself, blocking while it is full, with the session's `arrived` and `fed`
-    around each (its counters, the head it sniffs, the clock of its idle watchdog). The event loop sees
-    no chunk, only the end of the body or the client's error, through this async iterator. Handing each
-    MiB through the event loop cost 0.7-1 CPU-s per 4 GiB there; without that hop, A/B through `cdi up`:
-    +7 % throughput (4 pairs of 5), -5 % upload-server CPU."""
+    @property
+    def config(self) -> UploadServerConfig: ...
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.ends: asyncio.Queue[BaseException | object] = asyncio.Queue()
-        self.stopped = threading.Event()  # the consumer is gone (done, failed, cancelled)
-        self._attached = threading.Event()
-        self._feed: tuple[FedStream, Callable[[Chunk], None], Callable[[], None]] | None = None
-        self.buffers = ReceiveBuffers(CHUNK)  # the reading thread's; the importer gives them back through the queue
+    def answering(self) -> AbstractContextManager[None]:
+        """Around a request from its admission to its answer: the server exits only after the answer."""
+        ...
 
-    def attach(self, queue: FedStream, arrived: Callable[[Chunk], None], fed: Callable[[], None]) -> None:
-        queue.recycle_with(self.buffers.give_back)
-        self._feed = queue, arrived, fed
-        self._attached.set()
+    def describe(self) -> dict[str, str]:
+        """The headers answering the `HEAD` probe of an upload path (`Upload-Offset`, `Upload-State`)."""
+        ...
 
-    # -- the reading thread -----------------------------------------------------------------------------
-    def put(self, chunk: Chunk) -> bool:
-        """Hand a chunk to the importer, waiting while its queue is full; False once the consumer stopped."""
-        while not self._attached.wait(POLL_SECONDS):
-            if self.stopped.is_set():
-                return False
-        assert self._feed is not None
-        queue, arrived, fed = self._feed
-        arrived(chunk)
-        if self.stopped.is_set() or not queue.put_blocking(chunk, self.stopped, POLL_SECONDS):
-            return False
-        fed()
-        return True
+    def admit(self, offset: int) -> Outcome | None:
+        """Take an upload starting at byte `offset` (None), or refuse it (busy, done, another offset)."""
+        ...
 
-    def close(self) -> None:
-        """The consumer is done with the body (the reading thread stops)."""
-        self.stopped.set()
+    def receive(self, *, archive: bool, wait_for_durable: bool, offset: int, length: int | None,
+                recycle: Callable[[Chunk], None] | None) -> Upload:
+        """The admitted upload's body, to be fed (`session.UploadSession.receive`)."""
+        ...
 
-    def end(self, error: BaseException | None = None) -> None:
-        """The body is complete (after its last `put`), or broke with `error`."""
-        self.loop.call_soon_threadsafe(self.ends.put_nowait, _END if error is None else error)
+    def abandon(self) -> None:
+        """An admitted upload whose body turned out unusable (a form without its part `file`)."""
+        ...
 
-    # -- the event loop ---------------------------------------------------------------------------------
-    def __aiter__(self) -> BodyBridge:
-        return self
+    def admit_clone(self) -> Outcome | None:
+        """Take a host-assisted clone stream (None), or refuse it (one at a time, or already complete)."""
+        ...
 
-    async def __anext__(self) -> Chunk:
-        try:
-            item = await self.ends.get()
-        finally:
-            self.stopped.set()
-        if isinstance(item, BaseException):
-            raise item
-        raise StopAsyncIteration
+    def clone_finished(self, result: clonesink.CloneResult | BaseException) -> Outcome:
+        """The answer to a clone stream that was read (complete, refused, or cut)."""
+        ...
 
 
 class Front:
-    def __init__(self, loop: asyncio.AbstractEventLoop, tls: tlsfront.ServerTLS, server: Any,
-                 end_to_end: tlsfront.ServerTLS | None = None) -> None:
-        self.loop = loop
-        self.server = server  # UploadServer: admit_raw, receive_raw, authorized_peer, request_done
+    def __init__(self, tls: tlsfront.ServerTLS, server: Server, end_to_end: tlsfront.ServerTLS | None = None) -> None:
+        self.server = server
         # the server side of end-to-end TLS with a client (no client certificate)
         self.end_to_end = end_to_end.acceptor() if end_to_end is not None else None
-        self._front = threadfront.ThreadFront(loop, tls, self._serve, name="uploadserver", server=_SERVER)
+        self._front = threadfront.ThreadFront(tls, self._serve, name="uploadserver", server=_SERVER)
 
     def start(self, host: str, port: int) -> int:
         return self._front.start(host, port, backlog=16)
 
-    def stop(self) -> None:
-        self._front.stop()
-
-    async def closed(self) -> None:
-        await self._front.closed()
+    def close(self) -> None:
+        """Stop serving, and wait (briefly) until the connection threads ended."""
+        self._front.close()
 
     def _serve(self, sock: Conn, conn: h11.Connection, request: h11.Request) -> None:
         path = request.target.decode("latin-1").partition("?")[0]
@@ -145,8 +123,8 @@ class Front:
             _answer(sock, conn, 404, "404: Not Found", head=method == b"HEAD")
             return
         if method == b"HEAD":
-            authorized = self.server.authorized_peer(tlsfront.peer_cert(sock))
-            described = self._call(self.server.describe) if authorized else {}
+            authorized = self._authorized(sock)
+            described = self.server.describe() if authorized else {}
             _answer(sock, conn, 200 if authorized else 401, "", _encoded(described), head=True)
             return
         if method != b"POST":
@@ -166,20 +144,36 @@ class Front:
                 _answer(sock, conn, 400, "a clone stream is a POST with a Content-Length")
                 sockhttp.linger(sock)
             return
-        authorized = self.server.authorized_peer(tlsfront.peer_cert(sock))
+        authorized = self._authorized(sock)
         if path in _RAW:
             self._serve_raw(sock, conn, path, headers, authorized)
         else:
             self._serve_form(sock, conn, path in names.FORM_SYNC_PATHS, headers, authorized)
 
+    def _authorized(self, sock: Conn) -> bool:
+        """Whether the client presented the certificate of `CLIENT_NAME` (the proxy's, or the clone source's);
+        the TLS layer checked that it chains to `CLIENT_CERT_FILE`."""
+        peer = tlsfront.peer_cert(sock)
+        if not peer:
+            return False
+        subject = dict(item[0] for item in peer.get("subject", ()))
+        return bool(subject.get("commonName") == self.server.config.client_name)
+
+    def _unauthorized(self) -> Outcome:
+        return Outcome(401, f"a client certificate for {self.server.config.client_name} is required")
+
     def _serve_clone(self, sock: Conn, conn: h11.Connection, headers: dict[str, str]) -> None:
         """A host-assisted clone stream (`cdi.uploadserver.clonesink`), read and written in this thread."""
         if conn.they_are_waiting_for_100_continue:
             sock.sendall(sockhttp.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
-        authorized = self.server.authorized_peer(tlsfront.peer_cert(sock))
+        authorized = self._authorized(sock)
         body_done = False
-        try:
-            outcome = self._call(lambda: self.server.admit_clone(authorized))
+        with self.server.answering():
+            if authorized:
+                outcome = self.server.admit_clone()
+            else:
+                log.warning("refused a clone stream without the clone source's client certificate")
+                outcome = self._unauthorized()
             if outcome is None:
                 head = bytearray()
                 while isinstance(event := conn.next_event(), h11.Data):  # what h11 already holds of the body
@@ -193,20 +187,17 @@ class Front:
                     body_done = reader.received == int(headers["content-length"])
                 except (clonesink.CloneRefused, clonesink.StreamCut, OSError) as exc:
                     result = exc
-                outcome = self._call(lambda: self.server.clone_finished(result))
+                outcome = self.server.clone_finished(result)
             _answer(sock, conn, outcome.status, outcome.message)
-        finally:
-            self.loop.call_soon_threadsafe(self.server.request_done)
         if not body_done:
             sockhttp.linger(sock)
 
     def _end_to_end(self, sock: Conn, conn: h11.Connection, path: str, headers: dict[str, str]) -> None:
         """The proxy's upgrade: answer 101, end its TLS session, and serve the one upload of the client's new
         TLS session that carries the nonce the proxy gave (`cdi.api.upload`)."""
-        peer = tlsfront.peer_cert(sock)
         nonce = headers.get(names.NONCE_HEADER.lower(), "")
         refusal = None
-        if not self.server.authorized_peer(peer):
+        if not self._authorized(sock):
             refusal = 401, f"a client certificate for {self.server.config.client_name} is required"
         elif self.end_to_end is None:
             refusal = 400, f"this upload server does not offer {names.TLS_UPGRADE}"
@@ -249,30 +240,45 @@ class Front:
                 return
             self._serve_raw(client, inner, path, inner_headers, True)  # at the path the proxy named
 
+    def _admit(self, authorized: bool, headers: dict[str, str], *, form: bool, archive: bool) -> Outcome | int:
+        """The refusal of an upload request, or the offset it starts at once the session took it (`uploading`)."""
+        if not authorized:
+            log.warning("refused an upload without the proxy's client certificate")
+            return self._unauthorized()
+        if clone_type := headers.get(names.CONTENT_TYPE_HEADER):
+            return Outcome(400, f"{names.CONTENT_TYPE_HEADER} {clone_type!r} (a clone stream) is not supported by "
+                                "this upload server")
+        try:
+            offset = int(headers.get(names.OFFSET_HEADER.lower()) or 0)
+        except ValueError:
+            return Outcome(400, f"{names.OFFSET_HEADER} must be a number of bytes")
+        if offset < 0 or (offset and (form or archive)):
+            return Outcome(400, f"{names.OFFSET_HEADER} {offset} cannot be used here: only raw uploads to the "
+                                "upload and upload-async paths resume")
+        refusal = self.server.admit(offset)
+        return offset if refusal is None else refusal
+
     def _serve_raw(self, sock: Conn, conn: h11.Connection, path: str, headers: dict[str, str],
                    authorized: bool) -> None:
         archive, wait = _RAW[path]
         if conn.they_are_waiting_for_100_continue:  # before the request is checked, as aiohttp and Go do
             sock.sendall(sockhttp.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
         body_done = False
-        try:
-            admitted = self._call(lambda: self.server.admit(authorized, headers, form=False, archive=archive))
+        with self.server.answering():
+            admitted = self._admit(authorized, headers, form=False, archive=archive)
             if isinstance(admitted, Outcome):
                 outcome = admitted
             else:
                 length = int(headers["content-length"]) if "content-length" in headers else None
-                bridge = BodyBridge(self.loop)
-                future = asyncio.run_coroutine_threadsafe(
-                    self.server.receive_raw(bridge, archive=archive, wait_for_durable=wait, offset=admitted,
-                                            length=length), self.loop)
-                if length is None:
-                    body_done = _read_chunked(sock, conn, bridge)
-                else:
-                    body_done = _read_body(sock, conn, bridge, length)
-                outcome = future.result()
+                buffers = ReceiveBuffers(CHUNK)  # this thread's; the importer gives them back through its queue
+                with self.server.receive(archive=archive, wait_for_durable=wait, offset=admitted, length=length,
+                                         recycle=buffers.give_back) as upload:
+                    if length is None:
+                        body_done = _read_chunked(sock, conn, upload)
+                    else:
+                        body_done = _read_body(sock, conn, upload, buffers, length)
+                outcome = upload.answer()
             _answer(sock, conn, outcome.status, outcome.message, _encoded(outcome.headers))
-        finally:
-            self.loop.call_soon_threadsafe(self.server.request_done)
         if not body_done:
             sockhttp.linger(sock)
 
@@ -283,15 +289,10 @@ class Front:
             sock.sendall(sockhttp.send(conn, h11.InformationalResponse(status_code=100, headers=[])))
         # until its part `file` begins, no importer watches the form: a client silent that long is gone
         body = _Pieces(sock, conn, silence=self.server.config.idle_timeout)
-        try:
-            admitted = self._call(lambda: self.server.admit(authorized, headers, form=True, archive=False))
-            if isinstance(admitted, Outcome):
-                outcome = admitted
-            else:
-                outcome = self._receive_form(body, headers, wait)
+        with self.server.answering():
+            admitted = self._admit(authorized, headers, form=True, archive=False)
+            outcome = admitted if isinstance(admitted, Outcome) else self._receive_form(body, headers, wait)
             _answer(sock, conn, outcome.status, outcome.message, _encoded(outcome.headers))
-        finally:
-            self.loop.call_soon_threadsafe(self.server.request_done)
         if not body.done:
             sockhttp.linger(sock)
 
@@ -304,37 +305,28 @@ class Front:
                 raise ValueError(f"the request is not a multipart form: {headers.get('content-type')!r}")
             parts.find(names.FORM_FIELD)
         except TimeoutError as exc:
-            self._call(self.server.upload_abandoned)
+            self.server.abandon()
             return Outcome(408, f"the form stalled before its part {names.FORM_FIELD!r}: {exc}")
         except (ValueError, multipart.MultipartError, OSError) as exc:
-            self._call(self.server.upload_abandoned)
+            self.server.abandon()
             message = str(exc) if isinstance(exc, ValueError) and not isinstance(exc, multipart.MultipartError) \
                 else f"the request is not a multipart form: {exc}"
             return Outcome(400, message)
-        bridge = BodyBridge(self.loop)
-        # from here the session watches the form as a raw body (its idle timeout says the upload stalled)
-        body.silence = None
-        body.stopped = bridge.stopped  # a quiet client: the reading thread looks whether the importer gave up
-        future = asyncio.run_coroutine_threadsafe(
-            self.server.receive_raw(bridge, archive=False, wait_for_durable=wait, offset=0, length=None),
-            self.loop)
-        try:
-            for piece in parts.contents():
-                if not bridge.put(piece):
-                    break
-            else:
-                if bridge.stopped.is_set():  # the importer gave up while the client was quiet
-                    return _result(future)
-                bridge.end()
-                parts.rest()
-        except (multipart.MultipartError, OSError) as exc:
-            bridge.end(ConnectionResetError(f"the form broke: {exc}"))
-        return _result(future)
-
-    def _call(self, make: Callable[[], Any]) -> Any:
-        async def call() -> Any:
-            return make()
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+        with self.server.receive(archive=False, wait_for_durable=wait, offset=0, length=None, recycle=None) as upload:
+            # from here the upload watches the form as a raw body (its idle timeout says the upload stalled)
+            body.silence = None
+            body.quiet = upload.quiet
+            try:
+                for piece in parts.contents():
+                    if not upload.put(piece):
+                        break
+                else:
+                    if not upload.stopped.is_set():  # else the importer gave up while the client was quiet
+                        upload.end()
+                        parts.rest()
+            except (multipart.MultipartError, OSError) as exc:
+                upload.end(ConnectionResetError(f"the form broke: {exc}"))
+        return upload.answer()
 
 
 class ReceiveBuffers:
@@ -370,64 +362,64 @@ class ReceiveBuffers:
             self._free.append(chunk)
 
 
-def _read_body(sock: Conn, conn: h11.Connection, bridge: BodyBridge, length: int) -> bool:
-    """The body into the bridge; True when all of it was read."""
+def _read_body(sock: Conn, conn: h11.Connection, upload: Upload, buffers: ReceiveBuffers, length: int) -> bool:
+    """The body into the upload; True when all of it was read."""
     remaining = length
     while True:  # what h11 already holds of the body
         event = conn.next_event()
         if isinstance(event, h11.Data):
             remaining -= len(event.data)
-            if not bridge.put(event.data):
+            if not upload.put(event.data):
                 return False
         elif isinstance(event, h11.EndOfMessage):
-            bridge.end()
+            upload.end()
             return True
         else:
             break
-    buffers = bridge.buffers
     filler = sockfill.Filler(sock)
     while remaining > 0:
         buffer = buffers.get(min(CHUNK, remaining))  # handed on whole, no copy on the way to the importer's writer
         try:
             n = filler.fill(buffer, POLL_SECONDS, PAUSE_SECONDS)
         except TimeoutError:
-            if bridge.stopped.is_set():
+            buffers.give_back(buffer)  # never handed on: still ours
+            if not upload.quiet():
                 return False
             continue
         except OSError as exc:
-            bridge.end(ConnectionResetError(f"the connection broke: {exc}"))
+            upload.end(ConnectionResetError(f"the connection broke: {exc}"))
             return False
         if not n:
-            bridge.end(ConnectionResetError(f"the connection closed with {remaining} bytes of the body still to come"))
+            upload.end(ConnectionResetError(f"the connection closed with {remaining} bytes of the body still to come"))
             return False
         remaining -= n
         if n < len(buffer):  # a pause or the end of the connection: what arrived, in a buffer of its own
             whole, buffer = buffer, buffer[:n]
             buffers.give_back(whole)  # never handed on: still ours
-        if not bridge.put(buffer):
+        if not upload.put(buffer):
             return False
-    bridge.end()
+    upload.end()
     sock.settimeout(None)
     return True
 
 
-def _read_chunked(sock: Conn, conn: h11.Connection, bridge: BodyBridge) -> bool:
-    """A chunked body (its trailers dropped) into the bridge; True when all of it was read. A chunk's
+def _read_chunked(sock: Conn, conn: h11.Connection, upload: Upload) -> bool:
+    """A chunked body (its trailers dropped) into the upload; True when all of it was read. A chunk's
     boundary is no piece of the body's meaning: the data goes on as it arrives."""
-    pieces = _Pieces(sock, conn, bridge.stopped)
+    pieces = _Pieces(sock, conn, quiet=upload.quiet)
     try:
         for piece in pieces:
-            if not bridge.put(piece):
+            if not upload.put(piece):
                 return False
     except h11.RemoteProtocolError as exc:
-        bridge.end(ConnectionResetError(f"a broken chunked body: {exc}"))
+        upload.end(ConnectionResetError(f"a broken chunked body: {exc}"))
         return False
     except OSError as exc:
-        bridge.end(ConnectionResetError(f"the connection broke: {exc}"))
+        upload.end(ConnectionResetError(f"the connection broke: {exc}"))
         return False
-    if not pieces.done:  # the consumer stopped
+    if not pieces.done:  # the upload stopped wanting it
         return False
-    bridge.end()
+    upload.end()
     return True
 
 
@@ -435,14 +427,14 @@ class _Pieces:
     """A request body as h11 gives it (`Content-Length` or chunked), in the pieces the socket delivered.
     Raises `ConnectionResetError` when the connection ends before the body, `h11.RemoteProtocolError`
     on broken framing, `TimeoutError` when the client sent nothing for `silence` seconds (if given); ends
-    quietly when `stopped` is set (the consumer is gone). Time spent by the consumer between pieces is not
-    the client's silence."""
+    quietly when `quiet`, asked after every poll without data, says not to wait any more (the consumer is
+    gone). Time spent by the consumer between pieces is not the client's silence."""
 
-    def __init__(self, sock: Conn, conn: h11.Connection, stopped: threading.Event | None = None,
+    def __init__(self, sock: Conn, conn: h11.Connection, quiet: Callable[[], bool] | None = None,
                  silence: float | None = None) -> None:
         self.sock = sock
         self.conn = conn
-        self.stopped = stopped
+        self.quiet = quiet
         self.silence = silence
         self.done = False  # the whole body was read
 
@@ -457,7 +449,7 @@ class _Pieces:
                 try:
                     data = self.sock.recv(CHUNK)
                 except TimeoutError:
-                    if self.stopped is not None and self.stopped.is_set():
+                    if self.quiet is not None and not self.quiet():
                         return
                     if self.silence is not None and time.monotonic() - silent_since >= self.silence:
                         raise TimeoutError(f"nothing arrived for {self.silence:g}s") from None
@@ -513,11 +505,6 @@ class _FormParts:
         """The parts after it, read and dropped."""
         for _ in self.events:
             pass
-
-
-def _result(future: Any) -> Outcome:
-    outcome: Outcome = future.result()
-    return outcome
 
 
 def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -8,16 +8,16 @@ outside a pod). SIGTERM stops the server; an upload in progress is abandoned (ex
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
 import sys
+import types
 from pathlib import Path
 from typing import NoReturn
 
 from cdi.api import env as envnames
-from cdi.common import aioloop, podprogram, verbosity
+from cdi.common import podprogram, verbosity
 from cdi.importer import ImporterError, Reason
 from cdi.importer import termination as term
 from cdi.uploadserver.config import UploadServerConfig
@@ -25,26 +25,36 @@ from cdi.uploadserver.server import UploadServer
 
 log = logging.getLogger("cdi.uploadserver")
 COMPLETE_MESSAGE = "Upload Complete"
+SIGNAL_POLL_SECONDS = 0.25  # how soon the main thread sees a SIGTERM while it waits for the end
 
 
-async def serve(config: UploadServerConfig) -> term.TerminationMessage:
+class _StopSignals:
+    """SIGTERM and SIGINT, noted by a handler that takes no lock (the main thread may hold one when the
+    handler runs in it), and looked at by the waiting main thread every `SIGNAL_POLL_SECONDS`."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._before = {sig: signal.signal(sig, self._note) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _note(self, signum: int, frame: types.FrameType | None) -> None:
+        self.received = True
+
+    def restore(self) -> None:
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
+
+
+def serve(config: UploadServerConfig) -> term.TerminationMessage:
+    stop = _StopSignals()
     server = UploadServer(config)
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    finished = asyncio.ensure_future(server.session.finished.wait())
-    stopped = asyncio.ensure_future(stop.wait())
-    cloned = asyncio.ensure_future(server.clone_done.wait())
     try:
-        await asyncio.wait([finished, stopped, cloned], return_when=asyncio.FIRST_COMPLETED)
-        await server.wait_idle(1.0 if stop.is_set() else 10.0)
+        server.start()
+        while not server.ended.wait(SIGNAL_POLL_SECONDS) and not stop.received:
+            pass
+        server.wait_idle(1.0 if stop.received else 10.0)
     finally:
-        finished.cancel()
-        stopped.cancel()
-        cloned.cancel()
-        await server.stop()
+        stop.restore()
+        server.stop()
     if server.clone_result is not None:
         return term.TerminationMessage(message="Clone Complete", reason=Reason.COMPLETE, retryable=False,
                                        virtual_size=server.clone_result.virtual_size,
@@ -70,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = Path(os.environ.get(envnames.TERMINATION_LOG) or envnames.TERMINATION_LOG_DEFAULT)
     try:
         config = UploadServerConfig.from_env()
-        message = aioloop.run(serve(config))
+        message = serve(config)
     except ImporterError as exc:
         log.error("the upload server cannot run: %s", exc)
         message = term.TerminationMessage(message=exc.message, reason=exc.reason, retryable=exc.retryable)

@@ -25,7 +25,8 @@ at the TLS layer (the kubelet's readiness probe has none) and, when presented, m
 `VerifyClientCertIfGiven` plus its CN check).
 
 Every request is read and answered by the threaded front (`cdi.uploadserver.front`), the server's only
-HTTP stack; this class holds what it asks on the event loop (admission, the session, the answers).
+HTTP stack, in a thread per connection; this class answers what the front asks (`front.Server`) in that
+thread, under its lock or the session's: nothing runs on an event loop.
 Form uploads read the multipart body part by part as it arrives and stream the part named `file`;
 nothing is buffered whole. A `POST` with `x-cdi-content-type: filesystem-clone` or
 `blockdevice-clone` is a host-assisted clone stream (`cdi.uploadserver.clonesink`) from the clone
@@ -34,23 +35,22 @@ bytes are durable, and the server then exits as after an upload; 500 when the st
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import ssl
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from cdi.api import upload as names
 from cdi.common import pki, tlsfront
 from cdi.uploadserver import clonesink
 from cdi.uploadserver.config import UploadServerConfig
-from cdi.uploadserver.front import BodyBridge, Front
-from cdi.uploadserver.session import Outcome, Refusal, UploadSession
+from cdi.uploadserver.feed import Chunk
+from cdi.uploadserver.front import Front
+from cdi.uploadserver.session import Outcome, Upload, UploadSession
 
 log = logging.getLogger(__name__)
-
 
 
 def server_tls(config: UploadServerConfig) -> tlsfront.ServerTLS:
@@ -69,80 +69,83 @@ def end_to_end_tls(config: UploadServerConfig) -> tlsfront.ServerTLS:
 
 
 class UploadServer:
-    def __init__(self, config: UploadServerConfig, session: UploadSession | None = None) -> None:
+    """The program's server: the front, the one upload session, and the host-assisted clone it may
+    receive instead of an upload. `ended` says when it is time to exit."""
+
+    def __init__(self, config: UploadServerConfig) -> None:
         self.config = config
-        self.session = session or UploadSession(config)
+        # time to exit: the upload is done, or failed after it was answered, or a clone completed
+        self.ended = threading.Event()
+        self.session = UploadSession(config, finished=self.ended)
+        self._lock = threading.Condition()  # the requests in flight, the clone's state
         self.in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._front: Front | None = None
         self.port = 0
         self.clone_result: clonesink.CloneResult | None = None
-        self.clone_done = asyncio.Event()
+        self.clone_done = threading.Event()
         self._cloning = False
 
-    def _request_started(self) -> None:
-        self.in_flight += 1
-        self._idle.clear()
-
-    def request_done(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._idle.set()
-
-    async def wait_idle(self, timeout: float = 10.0) -> None:
-        """Until no request is being answered (so the last answer goes out before the server exits)."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            log.warning("requests still in flight after %.0fs; exiting anyway", timeout)
-
-    async def start(self) -> None:
-        self._front = Front(asyncio.get_running_loop(), server_tls(self.config), self, end_to_end_tls(self.config))
+    def start(self) -> None:
+        self._front = Front(server_tls(self.config), self, end_to_end_tls(self.config))
         self.port = self._front.start(self.config.listen_host, self.config.listen_port)
         log.info("upload server listening on https://%s:%d (TLS bodies read %s)", self.config.listen_host, self.port,
                  tlsfront.how())
 
-    async def stop(self) -> None:
-        """Stop serving (callers wait until no request is in flight first: `wait_idle`)."""
-        if self._front is not None:
-            await self._front.closed()
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no request is being answered (so the last answer goes out before the server exits)."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: not self.in_flight, timeout):
+                log.warning("requests still in flight after %.0fs; exiting anyway", timeout)
 
-    # -- what the front asks (on the event loop) --------------------------------------------------------
+    def stop(self) -> None:
+        """Stop serving (callers wait until no request is in flight first: `wait_idle`); an import still
+        running is told to stop first, so that no connection thread waits for it."""
+        self.session.stop()
+        if self._front is not None:
+            self._front.close()
+
+    # -- what the front asks (`front.Server`), in a connection's thread -----------------------------------
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        with self._lock:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+                self._lock.notify_all()
+
     def describe(self) -> dict[str, str]:
-        """The answer's headers to the `HEAD` probe of an upload path (`Upload-Offset`, `Upload-State`)."""
         return self.session.describe()
 
-    def upload_abandoned(self) -> None:
-        """An admitted upload whose body turned out unusable (a form without its part): the session is
-        free again."""
-        if self.session.state == "uploading":
-            self.session.state = "idle"
+    def admit(self, offset: int) -> Outcome | None:
+        return self.session.admit(offset)
 
-    def authorized_peer(self, peer: Mapping[str, Any] | None) -> bool:
-        if not peer:
-            return False
-        subject = dict(item[0] for item in peer.get("subject", ()))
-        return bool(subject.get("commonName") == self.config.client_name)
+    def receive(self, *, archive: bool, wait_for_durable: bool, offset: int, length: int | None,
+                recycle: Callable[[Chunk], None] | None) -> Upload:
+        return self.session.receive(archive=archive, wait_for_durable=wait_for_durable, offset=offset, length=length,
+                                    recycle=recycle)
 
-    def admit_clone(self, authorized: bool) -> Outcome | None:
-        """Whether the front may read a host-assisted clone stream (None), or its refusal: one at a time;
-        a failed one may be sent again from the start. The request counts as in flight until the front
-        calls `request_done`. Called on the event loop."""
-        self._request_started()
-        if not authorized:
-            log.warning("refused a clone stream without the clone source's client certificate")
-            return Outcome(401, f"a client certificate for {self.config.client_name} is required")
-        if self.clone_result is not None:
-            return Outcome(409, "the clone already completed")
-        if self._cloning:
-            return Outcome(503, "a clone stream is being received")
-        self._cloning = True
-        return None
+    def abandon(self) -> None:
+        self.session.abandon()
+
+    def admit_clone(self) -> Outcome | None:
+        """One clone stream at a time; a failed one may be sent again from the start."""
+        with self._lock:
+            if self.clone_result is not None:
+                return Outcome(409, "the clone already completed")
+            if self._cloning:
+                return Outcome(503, "a clone stream is being received")
+            self._cloning = True
+            return None
 
     def clone_finished(self, result: clonesink.CloneResult | BaseException) -> Outcome:
-        """The answer to a clone stream the front read; a complete one ends the server. On the event loop."""
-        self._cloning = False
+        """A complete clone ends the server."""
+        with self._lock:
+            self._cloning = False
+            if isinstance(result, clonesink.CloneResult):
+                self.clone_result = result
         if isinstance(result, clonesink.CloneRefused):
             log.warning("refused a clone stream: %s", result)
             return Outcome(400, f"Saving stream failed: {result}")
@@ -150,57 +153,6 @@ class UploadServer:
             log.error("clone stream failed: %s", result)
             return Outcome(500, f"Saving stream failed: {result}")
         log.info("clone complete: %d bytes virtual, %d bytes of data", result.virtual_size, result.data_bytes)
-        self.clone_result = result
         self.clone_done.set()
+        self.ended.set()
         return Outcome(200, "Clone Complete")
-
-    def _admit(self, authorized: bool, headers: Mapping[str, str], *, form: bool, archive: bool) -> Outcome | int:
-        """The refusal of an upload request, or its offset once the session took it (state `uploading`)."""
-        if not authorized:
-            log.warning("refused an upload without the proxy's client certificate")
-            return Outcome(401, f"a client certificate for {self.config.client_name} is required")
-        if headers.get(names.CONTENT_TYPE_HEADER):
-            return Outcome(400, f"{names.CONTENT_TYPE_HEADER} {headers[names.CONTENT_TYPE_HEADER]!r} (a clone "
-                                "stream) is not supported by this upload server")
-        try:
-            offset = int(headers.get(names.OFFSET_HEADER) or 0)
-        except ValueError:
-            return Outcome(400, f"{names.OFFSET_HEADER} must be a number of bytes")
-        if offset < 0 or (offset and (form or archive)):
-            return Outcome(400, f"{names.OFFSET_HEADER} {offset} cannot be used here: only raw uploads to the "
-                                "upload and upload-async paths resume")
-        try:
-            self.session.admit(offset)
-        except Refusal as refusal:
-            log.warning("refused an upload request: %s", refusal.message)
-            return Outcome(refusal.status, refusal.message, refusal.headers)
-        return offset
-
-    # -- the front's uploads (called on the event loop; the answer is written by the front) --------------
-    def admit(self, authorized: bool, headers: Mapping[str, str], *, form: bool, archive: bool) -> Outcome | int:
-        """As `_admit`; the request counts as in flight until the front calls `request_done`."""
-        self._request_started()
-        lowered = {k.lower(): v for k, v in headers.items()}
-        return self._admit(authorized, _Lower(lowered), form=form, archive=archive)
-
-    async def receive_raw(self, chunks: BodyBridge, *, archive: bool, wait_for_durable: bool, offset: int,
-                          length: int | None) -> Outcome:
-        try:
-            return await self.session.receive(chunks, archive=archive, wait_for_durable=wait_for_durable,
-                                              offset=offset, length=length)
-        except BaseException:
-            if self.session.state == "uploading":
-                self.session.state = "idle"
-            raise
-        finally:
-            chunks.close()
-
-
-class _Lower(dict[str, str]):
-    """Headers looked up without regard to case (as aiohttp's)."""
-
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return super().get(key.lower(), default)
-
-    def __getitem__(self, key: str) -> str:
-        return super().__getitem__(key.lower())

@@ -1,15 +1,24 @@
-"""One upload into one volume: the upload server's state machine, and the bridge from an HTTP request
-body (asyncio) to the importer's pipeline (a thread).
+"""One upload into one volume: the upload server's state machine, driven by the connection threads of its
+front, and the way of one request body into the importer's pipeline (a thread of its own).
 
 States, as CDI's server keeps them: `idle` (ready for an upload), `uploading` (a request body is
 being received), `processing` (an async upload was answered and is being converted or flushed),
 `done` (the image is durable on the volume; the server exits). A request while `uploading` or
 `processing` gets 503, one after `done` gets 409.
 
+Threads and the one lock: no event loop is involved (CDI's server is synchronous too: a goroutine per
+request, a mutex around its state). Whatever the session decides is decided under its lock
+(`UploadSession._lock`): admission and the answer to a body (the connection's thread, which calls the
+session directly: `admit`, `receive`, then `Upload.put`/`end`/`answer`), the end of an import (the
+importer's thread; an async upload that was answered already ends there), and the resume record
+(checkpoint threads write it, a new upload or a completed one removes it).
+
 The body goes through the importer (`cdi.importer.import_stream`): one implementation of formats,
 validation, conversion, sizing, preallocation and checksums for imports and uploads. It is fed
-through a bounded queue (`feed.FedStream`, `QUEUE_BYTES`), so a client faster than the disk waits
-instead of filling memory (TCP backpressure reaches the client through the proxy).
+through a bounded queue (`feed.FedStream`, `QUEUE_BYTES`) that the connection's thread fills as it
+reads, so a client faster than the disk waits instead of filling memory (TCP backpressure reaches the
+client through the proxy). A connection that goes silent without closing is given up after
+`idle_timeout` (`Upload.quiet`), as a cut one.
 
 Sync uploads are answered once the import finished (data converted, resized and fdatasync'ed). Async
 uploads are answered when the importer leaves its transfer phase, that is once the whole body was
@@ -39,14 +48,13 @@ are not where they will end up."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from cdi.api import env as envnames
 from cdi.api import upload as names
@@ -71,16 +79,7 @@ _TRANSFER_PHASES = frozenset({"Info", "TransferDataFile", "TransferScratch", "Tr
 _SPACE_REASONS = frozenset({Reason.IMAGE_TOO_LARGE, Reason.NO_SPACE_LEFT})
 TOO_LARGE_PREFIX = "effective image size is larger than the reported available storage"
 CHECKPOINT_SECONDS = 5.0  # the longest time between two checkpoints while bytes keep arriving (slowly)
-
-
-class Refusal(Exception):
-    """A request this upload server will not take now (status, message, extra headers)."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+PUT_POLL_SECONDS = 1.0  # a reading thread waiting for room in the importer's queue looks whether it is still wanted
 
 
 @dataclass
@@ -93,12 +92,11 @@ class Outcome:
 
 
 class _Progress(Progress):
-    """The importer's progress, also telling the event loop when the body has been validated (the
-    importer left its transfer phases) and which transfer route it took."""
+    """The importer's progress, also telling the upload when the body has been validated (the importer
+    left its transfer phases) and which transfer route it took."""
 
-    def __init__(self, owner_uid: str, loop: asyncio.AbstractEventLoop, validated: asyncio.Event) -> None:
+    def __init__(self, owner_uid: str, validated: Callable[[], None]) -> None:
         super().__init__(owner_uid)
-        self._loop = loop
         self._validated = validated
         self.phases_seen: list[str] = []
 
@@ -106,7 +104,7 @@ class _Progress(Progress):
         super().begin(phase, total)
         self.phases_seen.append(phase)
         if phase not in _TRANSFER_PHASES:
-            self._loop.call_soon_threadsafe(self._validated.set)
+            self._validated()
 
 
 class _Counted:
@@ -218,219 +216,118 @@ class _Checkpoints:
 
 
 class UploadSession:
-    def __init__(self, config: UploadServerConfig, *, queue_bytes: int = QUEUE_BYTES) -> None:
+    """The upload server's one upload: its state, the resumable offset and its record on the volume, the
+    result. Every change happens under `_lock`; the attributes are read without it (each one whole)."""
+
+    def __init__(self, config: UploadServerConfig, *, queue_bytes: int = QUEUE_BYTES,
+                 finished: threading.Event | None = None) -> None:
         self.config = config
         self.queue_bytes = queue_bytes
+        # the state machine's lock; a condition, for a connection thread waiting for the importer's verdict
+        self._lock = threading.Condition(threading.RLock())
         self.state = IDLE
         self.kept_path = config.state_dir / kept.FILE_NAME if config.state_dir is not None else None
         self.kept = kept.load(self.kept_path, config.destination)  # an earlier server's, checked against the volume
         self.offset = self.kept.offset if self.kept else 0  # durable, resumable bytes of a raw upload that was cut off
-        self._kept_lock = threading.Lock()  # the record is written by checkpoint threads, removed on the event loop
         self._kept_generation = 0  # bumped whenever the record must go: a checkpoint of an older one is dropped
         self.result: ImportResult | None = None
         self.fatal: ImporterError | None = None  # a failure after an async answer: the server must exit
-        self.finished = asyncio.Event()  # done, or fatal: time to exit
+        self.finished = finished or threading.Event()  # done, or fatal: time to exit
         self.bytes_received = 0
-        self._background: asyncio.Task[None] | None = None
+        self._upload: Upload | None = None  # the last body taken (its import may still run)
 
-    # -- admission ------------------------------------------------------------------------------------
+    # -- admission (a connection's thread) --------------------------------------------------------------
     def describe(self) -> dict[str, str]:
         """Headers answering a HEAD (our resume extension)."""
-        offset = self.offset if self.state == IDLE else 0
-        headers = {names.OFFSET_HEADER: str(offset), names.STATE_HEADER: self.state}
-        if offset and self.kept is not None and self.kept.offset == offset:
-            headers[names.KEPT_HEADER] = self.kept.header()
-        return headers
+        with self._lock:
+            offset = self.offset if self.state == IDLE else 0
+            headers = {names.OFFSET_HEADER: str(offset), names.STATE_HEADER: self.state}
+            if offset and self.kept is not None and self.kept.offset == offset:
+                headers[names.KEPT_HEADER] = self.kept.header()
+            return headers
 
-    def admit(self, offset: int) -> None:
-        """Take the request (state becomes `uploading`) or refuse it as CDI's server does."""
-        if self.state in (UPLOADING, PROCESSING):
-            raise Refusal(503, "another upload is in progress on this upload server; try again when it ends",
-                          self.describe())
-        if self.state == DONE:
-            raise Refusal(409, "the upload is already complete", self.describe())
-        if offset and offset != self.offset:
-            raise Refusal(409, f"cannot continue the upload at byte {offset}: the upload server holds "
-                               f"{self.offset} resumable bytes (send {names.OFFSET_HEADER}: {self.offset}, "
-                               "or start over without the header)", self.describe())
-        self.state = UPLOADING
+    def admit(self, offset: int) -> Outcome | None:
+        """Take the request (None: the state becomes `uploading`), or the refusal CDI's server answers."""
+        with self._lock:
+            refusal = None
+            if self.state in (UPLOADING, PROCESSING):
+                refusal = 503, "another upload is in progress on this upload server; try again when it ends"
+            elif self.state == DONE:
+                refusal = 409, "the upload is already complete"
+            elif offset and offset != self.offset:
+                refusal = 409, (f"cannot continue the upload at byte {offset}: the upload server holds {self.offset} "
+                                f"resumable bytes (send {names.OFFSET_HEADER}: {self.offset}, or start over without "
+                                "the header)")
+            if refusal is not None:
+                log.warning("refused an upload request: %s", refusal[1])
+                return Outcome(*refusal, self.describe())
+            self.state = UPLOADING
+            return None
 
-    # -- receiving ------------------------------------------------------------------------------------
-    async def receive(self, chunks: AsyncIterator[Chunk], *, archive: bool, wait_for_durable: bool,
-                      offset: int = 0, length: int | None = None) -> Outcome:
-        """Feed one request body through the importer; the state must be `uploading` (see `admit`)."""
-        loop = asyncio.get_running_loop()
+    def abandon(self) -> None:
+        """An admitted upload whose body turned out unusable (a form without its part `file`): the session
+        is free again."""
+        with self._lock:
+            if self.state == UPLOADING:
+                self.state = IDLE
+
+    def receive(self, *, archive: bool, wait_for_durable: bool, offset: int = 0, length: int | None = None,
+                recycle: Callable[[Chunk], None] | None = None) -> Upload:
+        """Start the import of one request body; the state must be `uploading` (see `admit`). The caller (the
+        connection's thread) feeds the body into the `Upload` and takes its answer (`Upload.answer`), in a
+        `with` block, which makes sure of both. `recycle`: where the importer's queue hands back the chunks
+        it is done with (the reading thread's buffers)."""
         if not offset:
             self._forget()  # starting over: the volume is about to be rewritten
-        validated = asyncio.Event()
-        progress = _Progress(self.config.owner_uid, loop, validated)
-        queue = FedStream(self.queue_bytes)
-        body = _Counted(queue)
-        options = ImportOptions(
-            content_type=envnames.CONTENT_ARCHIVE if archive else envnames.CONTENT_KUBEVIRT,
-            requested_size=self.config.image_size, filesystem_overhead=self.config.filesystem_overhead,
-            preallocation=self.config.preallocation, scratch_dir=self.config.scratch_dir)
-        target = self.config.target()
-        stop = threading.Event()
-        done: asyncio.Future[ImportResult] = loop.create_future()
+        upload = Upload(self, archive=archive, wait_for_durable=wait_for_durable, offset=offset, length=length,
+                        recycle=recycle)
+        with self._lock:
+            self._upload = upload
+        return upload
 
-        def run() -> None:
-            try:
-                result = import_stream(body, target, options, progress, stop, size=length,
-                                       resume_offset=offset)
-            except BaseException as exc:  # handed to the event loop, which decides what it means
-                loop.call_soon_threadsafe(_settle, done, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, done, result, None)
+    def stop(self) -> None:
+        """The server stops: an import still running is told to stop (its helper processes end)."""
+        with self._lock:
+            upload = self._upload
+        if upload is not None:
+            upload.stop()
 
-        started = time.monotonic()
-        threading.Thread(target=run, name="upload-import", daemon=True).start()
-        head = bytearray()
-        received = 0
-        client_error: BaseException | None = None
-
-        waiting_since: float | None = None  # when the body last went quiet (None: busy feeding the pipeline)
-        stalled = False
-
-        def arrived(chunk: Chunk) -> None:  # before a chunk goes into `queue` (here, or in a reading thread)
-            nonlocal received, waiting_since
-            waiting_since = None
-            if offset == 0 and len(head) < HEAD_BYTES:
-                head.extend(chunk[: HEAD_BYTES - len(head)])
-            received += len(chunk)
-            self.bytes_received += len(chunk)
-
-        def fed() -> None:  # after a reading thread put a chunk into `queue`
-            nonlocal waiting_since
-            waiting_since = time.monotonic()
-
-        async def pump() -> None:
-            nonlocal client_error, waiting_since
-            attach = getattr(chunks, "attach", None)
-            if attach is not None:
-                attach(queue, arrived, fed)  # then only the end (or the client's error) comes through here
-            iterator = chunks.__aiter__()
-            try:
-                while True:
-                    waiting_since = time.monotonic()
-                    try:
-                        chunk = await iterator.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    arrived(chunk)
-                    if not await queue.put(chunk):
-                        return  # the pipeline stopped early: its error is the answer
-                queue.finish()
-            except asyncio.CancelledError:
-                if not stalled:
-                    queue.fail(ImporterError(Reason.CONNECTION_FAILED, "the upload was interrupted", retryable=True))
-                    raise
-                client_error = TimeoutError(f"no data for {self.config.idle_timeout:.0f}s")
-                queue.fail(ImporterError(Reason.CONNECTION_FAILED, f"the upload stalled after {received} bytes: "
-                                         f"{client_error}", retryable=True))
-            except Exception as exc:  # the client went away, or sent a broken body
-                client_error = exc
-                queue.fail(ImporterError(Reason.CONNECTION_FAILED, f"the client went away after {received} "
-                                         f"bytes: {exc or type(exc).__name__}", retryable=True))
-
-        async def watchdog() -> None:
-            """A connection that goes silent without closing (a vanished client, a NAT that forgot it) would
-            hold the server in `uploading` forever and block the resume: give it up after `idle_timeout`."""
-            nonlocal stalled
-            limit = self.config.idle_timeout
-            while not feeder.done():
-                await asyncio.sleep(min(5.0, limit / 4))
-                if waiting_since is not None and time.monotonic() - waiting_since > limit:
-                    stalled = True
-                    feeder.cancel()
-                    return
-
-        generation = self._kept_generation
-        checkpoints = _Checkpoints(
-            lambda settled: self._keep(settled, generation),
-            lambda: self.state == UPLOADING and bool(offset or _raw_stream(bytes(head), progress)),
-            offset, every_bytes=self.config.checkpoint_bytes, every_seconds=CHECKPOINT_SECONDS)
-        body.on_settled = checkpoints.settled
-        feeder = asyncio.ensure_future(pump())
-        guard = asyncio.ensure_future(watchdog())
-        try:
-            await asyncio.wait([feeder, done], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
-            if not feeder.done():
-                if done.exception() is not None:  # refused early (too large, bad image): stop reading
-                    feeder.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await feeder
-            if client_error is None and not wait_for_durable:
-                waiter = asyncio.ensure_future(validated.wait())
-                await asyncio.wait([waiter, done], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
-                waiter.cancel()
-                if not done.done():
-                    self.state = PROCESSING
-                    self._background = asyncio.ensure_future(self._finish_in_background(done))
-                    log.info("received and validated %d bytes in %.1fs; processing continues in the background",
-                             received, time.monotonic() - started)
-                    return Outcome(200, "")
-            result = await asyncio.shield(done)
-        except asyncio.CancelledError:
-            stop.set()
-            feeder.cancel()
-            raise
-        except ImporterError as exc:
-            return await self._failed(exc, bytes(head), progress, body, offset, client_error)
-        except Exception as exc:
-            log.exception("the upload failed unexpectedly")
-            self._reset()
-            return Outcome(500, f"Saving stream failed: internal error: {type(exc).__name__}: {exc}")
-        finally:
-            guard.cancel()
-            checkpoints.close()
-        self._completed(result, received, time.monotonic() - started)
-        return Outcome(200, "")
-
-    async def _finish_in_background(self, done: asyncio.Future[ImportResult]) -> None:
-        try:
-            result = await done
-        except ImporterError as exc:
-            log.error("processing the upload failed after it was accepted: %s", exc)
-            self.fatal = exc
-            self.finished.set()
-            return
-        except Exception as exc:
-            log.exception("processing the upload failed after it was accepted")
-            self.fatal = ImporterError(Reason.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}")
-            self.finished.set()
-            return
-        self._completed(result, self.bytes_received, 0.0)
-
+    # -- the end of an import (the importer's thread) ----------------------------------------------------
     def _completed(self, result: ImportResult, received: int, seconds: float) -> None:
-        self.result = result
-        self.state = DONE
-        self._forget()
+        with self._lock:
+            self.result = result
+            self.state = DONE
+            self._forget()
         log.info("upload complete: %s image, %d bytes received%s, virtual size %d, route %s", result.source_format,
                  received, f" in {seconds:.1f}s" if seconds else "", result.virtual_size, result.route)
         self.finished.set()
 
-    async def _failed(self, exc: ImporterError, head: bytes, progress: _Progress, body: _Counted, offset: int,
-                      client_error: BaseException | None) -> Outcome:
-        if client_error is not None and exc.reason == Reason.CONNECTION_FAILED:
-            resumable = offset > 0 or _raw_stream(head, progress)
-            self._forget()
-            generation = self._kept_generation
-            self.offset = await asyncio.to_thread(self._keep, offset + body.consumed, generation) if resumable else 0
+    def _failed_after_answer(self, exc: BaseException) -> None:
+        """The import of an async upload that was answered already failed: the server must exit, saying why."""
+        if isinstance(exc, ImporterError):
+            log.error("processing the upload failed after it was accepted: %s", exc)
+            fatal = exc
+        else:
+            log.error("processing the upload failed after it was accepted", exc_info=exc)
+            fatal = ImporterError(Reason.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}")
+        with self._lock:
+            self.fatal = fatal
+        self.finished.set()
+
+    def _cut(self, resumable: int | None) -> dict[str, str]:
+        """A body the client cut off: back to `idle`, keeping `resumable` bytes for a resumed upload (None:
+        nothing to resume); the headers of the answer."""
+        generation = self._forget()
+        offset = self._keep(resumable, generation) if resumable is not None else 0
+        with self._lock:
+            self.offset = offset
             self.state = IDLE
-            log.warning("%s; %s", exc.message,
-                        f"{self.offset} bytes are kept for a resumed upload" if self.offset else "nothing to resume")
-            return Outcome(400, f"Saving stream failed: {exc.message}", self.describe())
-        self._reset()
-        log.error("upload refused: %s", exc)
-        if exc.reason in _SPACE_REASONS:
-            return Outcome(400, f"{TOO_LARGE_PREFIX}: {exc.message}")
-        status = 500 if exc.retryable else 400
-        return Outcome(status, f"Saving stream failed: {exc.reason}: {exc.message}")
+            return self.describe()
 
     def _keep(self, offset: int, generation: int) -> int:
         """fdatasync the target so that `offset` bytes survive, and record them where a restarted server finds
-        them (`kept.py`); the offset, or 0 when the bytes cannot be kept. Runs in a thread."""
+        them (`kept.py`); the offset, or 0 when the bytes cannot be kept. Runs in a checkpoint's thread or the
+        importer's, the slow part (the flush, the digests) outside the lock."""
         started = time.monotonic()
         try:
             fd = os.open(self.config.destination, os.O_RDWR)
@@ -453,7 +350,7 @@ class UploadSession:
         except OSError as exc:
             log.warning("cannot read back the partial upload (%s)", exc)
             return 0
-        with self._kept_lock:
+        with self._lock:
             if generation != self._kept_generation:
                 return 0  # the upload completed or started over meanwhile
             self.kept = record
@@ -468,27 +365,209 @@ class UploadSession:
                              (time.monotonic() - started) * 1000)
         return offset
 
-    def _forget(self) -> None:
-        """No bytes to resume from any more (done, starting over, or refused)."""
-        with self._kept_lock:
+    def _forget(self) -> int:
+        """No bytes to resume from any more (done, starting over, or refused); the record's new generation."""
+        with self._lock:
             self._kept_generation += 1
             self.kept = None
             self.offset = 0
             kept.remove(self.kept_path)
+            return self._kept_generation
 
     def _reset(self) -> None:
-        self.state = IDLE
-        self._forget()
+        with self._lock:
+            self.state = IDLE
+            self._forget()
 
 
-def _settle(future: asyncio.Future[ImportResult], result: ImportResult | None, exc: BaseException | None) -> None:
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        assert result is not None
-        future.set_result(result)
+class Upload:
+    """One request body on its way into the importer, which runs in a thread of its own (`_import`).
+
+    The connection's thread feeds it (`put` each chunk, blocking while the importer's queue is full; `quiet`
+    when the client has said nothing for a poll; `end`) and then takes the answer (`answer`), all inside
+    `with`: leaving the block cuts a body that did not end and waits for the answer, so the session never
+    stays `uploading` behind a connection thread that failed. The rest of the upload's life is decided under
+    the session's lock: the answer comes once the import ended, or for an async upload once the body was
+    validated (the import then ends alone, in the importer's thread, and ends the server)."""
+
+    def __init__(self, session: UploadSession, *, archive: bool, wait_for_durable: bool, offset: int,
+                 length: int | None, recycle: Callable[[Chunk], None] | None) -> None:
+        config = session.config
+        self._session = session
+        self._lock = session._lock
+        self.offset = offset  # the body's first byte is the image's byte `offset` (a resumed upload)
+        self.length = length
+        self.wait_for_durable = wait_for_durable
+        self.queue = FedStream(session.queue_bytes)
+        if recycle is not None:
+            self.queue.recycle_with(recycle)
+        self.body = _Counted(self.queue)
+        self.progress = _Progress(config.owner_uid, self._on_validated)
+        self.head = bytearray()  # the first bytes of a fresh upload: whether it can be resumed
+        self.received = 0
+        self.client_error: BaseException | None = None  # why the body ended early, when the client's doing
+        self.stopped = threading.Event()  # the importer is done with the body: reading more is pointless
+        self._ended = False  # the reading thread said how the body ended
+        self._silent_since: float | None = time.monotonic()  # when the body last went quiet (None: a put is under way)
+        self._stop = threading.Event()  # tells the importer to stop
+        # under the session's lock
+        self._validated = False  # the importer left its transfer phases
+        self._import_ended = False
+        self._answered_early = False  # an async upload was answered before its import ended
+        self._outcome: Outcome | None = None
+        generation = session._kept_generation
+        self.checkpoints = _Checkpoints(
+            lambda settled: session._keep(settled, generation), self._may_keep, offset,
+            every_bytes=config.checkpoint_bytes, every_seconds=CHECKPOINT_SECONDS)
+        self.body.on_settled = self.checkpoints.settled
+        self.started = time.monotonic()
+        options = ImportOptions(
+            content_type=envnames.CONTENT_ARCHIVE if archive else envnames.CONTENT_KUBEVIRT,
+            requested_size=config.image_size, filesystem_overhead=config.filesystem_overhead,
+            preallocation=config.preallocation, scratch_dir=config.scratch_dir)
+        threading.Thread(target=self._import, args=(options,), name="upload-import", daemon=True).start()
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.answer()
+
+    # -- the connection's thread --------------------------------------------------------------------------
+    def put(self, chunk: Chunk) -> bool:
+        """Hand a chunk to the importer, waiting while its queue is full; False once the importer is done with
+        the body (stop reading: its answer is ready)."""
+        self._silent_since = None
+        if not self.offset and len(self.head) < HEAD_BYTES:
+            self.head.extend(chunk[: HEAD_BYTES - len(self.head)])
+        self.received += len(chunk)
+        self._session.bytes_received += len(chunk)
+        if self.stopped.is_set() or not self.queue.put(chunk, self.stopped, PUT_POLL_SECONDS):
+            self._ended = True  # the importer closed the body: nothing more to say about it
+            return False
+        self._silent_since = time.monotonic()
+        return True
+
+    def quiet(self) -> bool:
+        """Nothing arrived for a while: whether to go on waiting for the body. No, once the importer is done
+        with it; no, when the client has said nothing for `idle_timeout`: a connection that goes silent
+        without closing (a vanished client, a NAT that forgot it) would hold the server in `uploading` for
+        ever and block the resume, so the upload is given up as stalled (resumable as a cut one)."""
+        if self.stopped.is_set():
+            self._ended = True
+            return False
+        limit = self._session.config.idle_timeout
+        if self._silent_since is not None and time.monotonic() - self._silent_since > limit:
+            error = TimeoutError(f"no data for {limit:.0f}s")
+            self._end(error, f"the upload stalled after {self.received} bytes: {error}")
+            return False
+        return True
+
+    def end(self, error: BaseException | None = None) -> None:
+        """The body is complete (after its last `put`), or broke with `error` (the client went away, or sent a
+        broken body). Only the first end counts; every byte put before it is good, and written."""
+        message = "" if error is None else f"the client went away after {self.received} bytes: " \
+                                           f"{error or type(error).__name__}"
+        self._end(error, message)
+
+    def _end(self, error: BaseException | None, message: str) -> None:
+        if self._ended or self.stopped.is_set():
+            return
+        self._ended = True
+        if error is None:
+            self.queue.finish()
+            return
+        self.client_error = error  # before the importer sees the failure: it decides what may be kept
+        self.queue.fail(ImporterError(Reason.CONNECTION_FAILED, message, retryable=True))
+
+    def answer(self) -> Outcome:
+        """The answer to the request, once the reading stopped (a body that did not end counts as cut off):
+        when the import ended (the outcome it left), or for an async upload once the body was validated,
+        then `processing` (200, and the import goes on alone). The same every time it is asked."""
+        self._end(ConnectionResetError("the body was not read to its end"),
+                  f"the upload was interrupted after {self.received} bytes")
+        with self._lock:
+            self._lock.wait_for(lambda: self._import_ended or self._answered_early or (
+                self._validated and not self.wait_for_durable and self.client_error is None))
+            if self._import_ended:
+                self._lock.wait_for(lambda: self._outcome is not None)
+                assert self._outcome is not None
+                return self._outcome
+            if self._answered_early:
+                return Outcome(200, "")
+            self._answered_early = True
+            self._session.state = PROCESSING
+        log.info("received and validated %d bytes in %.1fs; processing continues in the background",
+                 self.received, time.monotonic() - self.started)
+        return Outcome(200, "")
+
+    def stop(self) -> None:
+        """The server stops: the importer is told to stop, and the body to end."""
+        self._stop.set()
+        self.stopped.set()
+
+    # -- the importer's thread ----------------------------------------------------------------------------
+    def _on_validated(self) -> None:
+        with self._lock:
+            self._validated = True
+            self._lock.notify_all()
+
+    def _may_keep(self) -> bool:
+        """Whether a checkpoint may keep what was written so far: a raw stream, still being uploaded."""
+        return self._session.state == UPLOADING and bool(self.offset or _raw_stream(bytes(self.head), self.progress))
+
+    def _import(self, options: ImportOptions) -> None:
+        result: ImportResult | None = None
+        failure: BaseException | None = None
+        try:
+            result = import_stream(self.body, self._session.config.target(), options, self.progress, self._stop,
+                                   size=self.length, resume_offset=self.offset)
+        except BaseException as exc:  # whatever it is, the upload's answer says it
+            failure = exc
+        self.stopped.set()
+        self.checkpoints.close()
+        with self._lock:
+            self._import_ended = True
+            answered = self._answered_early
+            self._lock.notify_all()
+        if answered:  # nobody waits for this answer any more: the server exits with it
+            if failure is None:
+                assert result is not None
+                self._session._completed(result, self._session.bytes_received, 0.0)
+            else:
+                self._session._failed_after_answer(failure)
+            return
+        try:
+            outcome = self._outcome_of(result, failure)
+        except Exception as exc:
+            log.exception("the upload failed unexpectedly")
+            self._session._reset()
+            outcome = Outcome(500, f"Saving stream failed: internal error: {type(exc).__name__}: {exc}")
+        with self._lock:
+            self._outcome = outcome
+            self._lock.notify_all()
+
+    def _outcome_of(self, result: ImportResult | None, failure: BaseException | None) -> Outcome:
+        if failure is None:
+            assert result is not None
+            self._session._completed(result, self.received, time.monotonic() - self.started)
+            return Outcome(200, "")
+        if not isinstance(failure, ImporterError):
+            raise failure
+        if self.client_error is not None and failure.reason == Reason.CONNECTION_FAILED:
+            resumable = self.offset > 0 or _raw_stream(bytes(self.head), self.progress)
+            headers = self._session._cut(self.offset + self.body.consumed if resumable else None)
+            offset = self._session.offset
+            log.warning("%s; %s", failure.message,
+                        f"{offset} bytes are kept for a resumed upload" if offset else "nothing to resume")
+            return Outcome(400, f"Saving stream failed: {failure.message}", headers)
+        self._session._reset()
+        log.error("upload refused: %s", failure)
+        if failure.reason in _SPACE_REASONS:
+            return Outcome(400, f"{TOO_LARGE_PREFIX}: {failure.message}")
+        status = 500 if failure.retryable else 400
+        return Outcome(status, f"Saving stream failed: {failure.reason}: {failure.message}")
 
 
 def _raw_stream(head: bytes, progress: _Progress) -> bool:

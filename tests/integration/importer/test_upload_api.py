@@ -29,7 +29,7 @@ def feed(stream: FedStream, path: Path, chunk: int = 100_000) -> threading.Threa
     def run() -> None:
         with open(path, "rb") as f:
             while data := f.read(chunk):
-                if not stream.put_blocking(data, threading.Event()):
+                if not stream.put(data, threading.Event()):
                     return
         stream.finish()
 
@@ -112,7 +112,7 @@ def test_import_stream_refuses_a_backing_file(tmp_path: Path) -> None:
 
 def test_producer_failure_reaches_the_pipeline(tmp_path: Path) -> None:
     body = FedStream(64 << 20)
-    assert body.put_blocking(b"\x00" * 1000, threading.Event())
+    assert body.put(b"\x00" * 1000, threading.Event())
     body.fail(ImporterError(Reason.CONNECTION_FAILED, "the client went away", retryable=True))
     with pytest.raises(ImporterError) as info:
         import_stream(body, FileTarget(tmp_path), options())

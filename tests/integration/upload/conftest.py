@@ -1,4 +1,5 @@
-"""Fixtures of the upload tests: the upload PKI, an in-process upload server on temp-dir volumes, and
+"""Fixtures of the upload tests: the upload PKI, an in-process upload server on temp-dir volumes (its
+threads serve the test's client; it has no event loop, the test's loop runs only the client), and
 the importer tests' image set (built once per session, in a directory of its own per builder version,
 so that worktrees with another version of the image builder never rebuild it under our feet).
 
@@ -7,6 +8,7 @@ module (`CDI_NO_EXTENSIONS=1`), so that both paths are tested in CI."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -121,10 +123,18 @@ class Running:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.server.port}"
 
+    async def finished(self, timeout: float) -> None:
+        """Until the upload server's upload ended (done, or failed after its answer): time for it to exit."""
+        assert await asyncio.to_thread(self.server.session.finished.wait, timeout), "the upload never finished"
+
+    async def close(self) -> None:
+        await self.session.close()
+        await asyncio.to_thread(self.server.stop)  # waits for its connection threads
+
 
 async def start_server(upload_pki: UploadPki, volumes: Volumes, **kw: object) -> Running:
     server = UploadServer(server_config(upload_pki, volumes, **kw))  # type: ignore[arg-type]
-    await server.start()
+    server.start()
     connector = aiohttp.TCPConnector(ssl=upload_pki.client_context(), force_close=True)
     return Running(server, volumes, aiohttp.ClientSession(connector=connector))
 
@@ -133,13 +143,11 @@ async def start_server(upload_pki: UploadPki, volumes: Volumes, **kw: object) ->
 async def upload_server(upload_pki: UploadPki, tmp_path: Path) -> AsyncIterator[Running]:
     running = await start_server(upload_pki, make_volumes(tmp_path))
     yield running
-    await running.session.close()
-    await running.server.stop()
+    await running.close()
 
 
 @pytest.fixture
 async def block_server(upload_pki: UploadPki, tmp_path: Path) -> AsyncIterator[Running]:
     running = await start_server(upload_pki, make_volumes(tmp_path, block=True, size=16 << 20), size=16 << 20)
     yield running
-    await running.session.close()
-    await running.server.stop()
+    await running.close()

@@ -42,8 +42,7 @@ def _holds_image(disk: Path) -> bool:
 async def server(upload_pki: UploadPki, tmp_path: Path):  # type: ignore[no-untyped-def]
     running = await start_server(upload_pki, make_volumes(tmp_path, size=SIZE), size=SIZE)
     yield running
-    await running.session.close()
-    await running.server.stop()
+    await running.close()
 
 
 @pytest.mark.parametrize("way", WAYS, ids=way_id)
@@ -53,7 +52,7 @@ async def test_every_way_a_body_arrives_lands_byte_for_byte(server: Running, upl
     answer = await _send(server, upload_pki, path, framing)
     assert answer.status == 200, answer
     session = server.server.session
-    await asyncio.wait_for(session.finished.wait(), 60)
+    await server.finished(60)
     assert session.state == "done" and session.fatal is None
     assert _holds_image(server.volumes.image)
 
@@ -70,7 +69,7 @@ async def test_a_body_that_ends_early_fails_and_a_whole_one_follows(server: Runn
     assert not session.finished.is_set() and session.result is None
     answer = await _send(server, upload_pki, path, framing)  # from the start: the volume loses nothing
     assert answer.status == 200, answer
-    await asyncio.wait_for(session.finished.wait(), 60)
+    await server.finished(60)
     assert _holds_image(server.volumes.image)
 
 
@@ -81,5 +80,4 @@ async def test_a_chunked_body_larger_than_the_volume_is_refused(upload_pki: Uplo
         assert answer.status == 400 and "larger than the usable space" in answer.text, answer
         assert running.server.session.state == "idle"
     finally:
-        await running.session.close()
-        await running.server.stop()
+        await running.close()

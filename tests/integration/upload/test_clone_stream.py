@@ -60,8 +60,7 @@ async def test_extents_arrive_identical_and_sparse(upload_pki: UploadPki, tmp_pa
         if not block:
             assert os.stat(volumes.image).st_blocks * 512 <= 256 * 1024, "the copy lost its holes"
     finally:
-        await running.session.close()
-        await running.server.stop()
+        await running.close()
 
 
 async def test_a_client_without_the_clone_sources_certificate_is_refused(upload_pki: UploadPki,
@@ -78,8 +77,7 @@ async def test_a_client_without_the_clone_sources_certificate_is_refused(upload_
         assert running.server.clone_result is None
         assert not (volumes.data / "disk.img").exists()
     finally:
-        await running.session.close()
-        await running.server.stop()
+        await running.close()
 
 
 def _send_cut(upload_pki: UploadPki, port: int, size: int, sent: int) -> None:
@@ -113,5 +111,4 @@ async def test_a_cut_stream_fails_the_clone_and_a_retry_succeeds(upload_pki: Upl
         assert running.server.clone_done.is_set()
         assert hashlib.sha256(volumes.image.read_bytes()[:16 * MIB]).digest() == hashlib.sha256(original).digest()
     finally:
-        await running.session.close()
-        await running.server.stop()
+        await running.close()

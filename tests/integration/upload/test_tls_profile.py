@@ -24,11 +24,11 @@ async def test_the_server_offers_exactly_the_profile_of_its_environment(upload_p
     spec = tlsprofile.TLSProfileSpec.from_environ({entry["name"]: entry["value"] for entry in written})
     config = replace(server_config(upload_pki, make_volumes(tmp_path)), tls_profile=spec)
     server = UploadServer(config)
-    await server.start()
+    server.start()
     try:
         offer = await asyncio.to_thread(tlsprobe.offer, "127.0.0.1", server.port)
     finally:
-        await server.stop()
+        server.stop()
     assert offer.suites == tlsprobe.EXPECTED[name]
 
 
@@ -36,11 +36,11 @@ async def test_without_the_environment_the_server_offers_intermediate(upload_pki
     """A pod made by a controller that did not set the variables: TLS 1.2 and up, AEAD suites only (before,
     the native path also took CBC suites with SHA-1, and the two paths differed)."""
     server = UploadServer(server_config(upload_pki, make_volumes(tmp_path)))
-    await server.start()
+    server.start()
     try:
         assert not await asyncio.to_thread(tlsprobe.accepts, "127.0.0.1", server.port, "TLSv1.1")
         assert await asyncio.to_thread(tlsprobe.handshake, "127.0.0.1", server.port, "TLSv1.2",
                                        ciphers="ECDHE-ECDSA-AES128-SHA") is None  # CBC: not in Intermediate
         assert await asyncio.to_thread(tlsprobe.accepts, "127.0.0.1", server.port, "TLSv1.2")
     finally:
-        await server.stop()
+        server.stop()

@@ -65,7 +65,7 @@ async def test_async_upload_answers_before_processing_ends(upload_server: Runnin
     status, text, _ = await post(upload_server, "/v1beta1/upload-async", image.path)
     assert (status, text) == (200, "")
     session = upload_server.server.session
-    await asyncio.wait_for(session.finished.wait(), 30)
+    await upload_server.finished(30)
     assert session.state == "done" and session.result is not None and session.fatal is None
     assert sha256_file(upload_server.volumes.image, image.virtual_size) == image.sha256
 
@@ -77,7 +77,7 @@ async def test_form_upload_streams_the_file_part(upload_server: Running, images:
     form.add_field("file", file_body(image.path), filename=image.name, content_type="application/octet-stream")
     async with upload_server.session.post(upload_server.url + "/v1beta1/upload-form-async", data=form) as resp:
         assert resp.status == 200, await resp.text()
-    await asyncio.wait_for(upload_server.server.session.finished.wait(), 30)
+    await upload_server.finished(30)
     assert sha256_file(upload_server.volumes.image, image.virtual_size) == image.sha256
 
 
@@ -113,8 +113,7 @@ async def test_too_large_is_a_bad_request_and_the_server_stays_ready(
         status, text, _ = await post(running, "/v1beta1/upload", small)
         assert (status, text) == (200, "")
     finally:
-        await running.session.close()
-        await running.server.stop()
+        await running.close()
 
 
 async def test_a_second_upload_during_the_first_gets_503(upload_server: Running, images: dict[str, Image]) -> None:
@@ -182,8 +181,7 @@ async def test_archive(upload_pki: UploadPki, tmp_path: Path) -> None:
         assert (status, text) == (200, "")
         assert (running.volumes.data / "a.txt").read_text() == "hello"
     finally:
-        await running.session.close()
-        await running.server.stop()
+        await running.close()
 
 
 class ClientGaveUp(Exception):
@@ -260,7 +258,7 @@ async def test_a_cut_resumed_upload_can_resume_again(block_server: Running) -> N
     async with block_server.session.post(block_server.url + "/v1beta1/upload-async", data=data[second:],
                                          headers={"Upload-Offset": str(second)}) as resp:
         assert resp.status == 200, await resp.text()
-    await asyncio.wait_for(block_server.server.session.finished.wait(), 30)
+    await block_server.finished(30)
     assert block_server.volumes.image.read_bytes()[:len(data)] == data
 
 
@@ -301,8 +299,7 @@ async def test_a_silent_connection_is_given_up_and_can_be_resumed(upload_pki: Up
         assert running.volumes.image.read_bytes()[:len(data)] == data
     finally:
         forever.set()
-        await running.session.close()
-        await running.server.stop()
+        await running.close()
 
 
 async def post_a_form_then_fall_silent(running: Running, head: bytes) -> tuple[int, str]:
@@ -335,8 +332,7 @@ async def test_a_form_silent_inside_its_file_part_is_a_stalled_upload(upload_pki
         assert "the upload stalled after" in text and "went away" not in text, text
         assert running.server.session.state == "idle"
     finally:
-        await running.session.close()
-        await running.server.stop()
+        await running.close()
 
 
 async def test_a_form_silent_before_its_file_part_is_given_up(upload_pki: UploadPki, tmp_path: Path,
@@ -358,8 +354,7 @@ async def test_a_form_silent_before_its_file_part_is_given_up(upload_pki: Upload
             assert resp.status == 200, await resp.text()
         assert sha256_file(running.volumes.image, image.virtual_size) == image.sha256
     finally:
-        await running.session.close()
-        await running.server.stop()
+        await running.close()
 
 
 @pytest.mark.parametrize("cut", [7_000_001, 4 << 20], ids=["in-data", "in-a-zero-run"])
@@ -378,8 +373,7 @@ async def test_a_restarted_upload_server_resumes_from_the_offset_kept_on_the_vol
         await cut_upload(first, data, cut)
         offset = await offset_when_idle(first)
     finally:
-        await first.session.close()
-        await first.server.stop()
+        await first.close()
     assert (volumes.data / ".cdi-upload-state").exists()
     assert data[offset - 1:offset] == b"\0" or cut != 4 << 20
     second = await start_server(upload_pki, volumes)
@@ -396,8 +390,7 @@ async def test_a_restarted_upload_server_resumes_from_the_offset_kept_on_the_vol
         assert disk[:len(data)] == data
         assert not (volumes.data / ".cdi-upload-state").exists()  # done: nothing to resume any more
     finally:
-        await second.session.close()
-        await second.server.stop()
+        await second.close()
 
 
 @pytest.mark.parametrize("change", ["volume-rewritten", "offset-forged", "digest-forged", "garbage"])
@@ -413,8 +406,7 @@ async def test_a_kept_offset_the_volume_does_not_back_is_not_offered(upload_pki:
         await cut_upload(first, data, 6_000_000)
         offset = await offset_when_idle(first)
     finally:
-        await first.session.close()
-        await first.server.stop()
+        await first.close()
     record = volumes.data / ".cdi-upload-state"
     body = json.loads(record.read_text())
     if change == "volume-rewritten":
@@ -438,8 +430,7 @@ async def test_a_kept_offset_the_volume_does_not_back_is_not_offered(upload_pki:
             assert resp.status == 409  # the server holds nothing to continue
         assert not record.exists()
     finally:
-        await second.session.close()
-        await second.server.stop()
+        await second.close()
 
 
 async def test_a_cut_form_upload_fails_and_the_next_one_is_taken(upload_server: Running,

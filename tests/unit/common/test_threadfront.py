@@ -1,9 +1,11 @@
-"""The threaded front: it answers every request itself (a broken one 400); its threads are capped."""
+"""The threaded front: it answers every request itself (a broken one 400); its threads are capped; it needs
+no event loop (the test's loop runs only the clients)."""
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import threading
 from pathlib import Path
 
 import h11
@@ -16,7 +18,7 @@ from tests.support.cluster import async_wait_for
 
 async def _front(monkeypatch: pytest.MonkeyPatch, limit: int) -> tuple[threadfront.ThreadFront, int]:
     monkeypatch.setattr(threadfront, "MAX_CONNECTIONS", limit)
-    front = threadfront.ThreadFront(asyncio.get_running_loop(), None, _ok)
+    front = threadfront.ThreadFront(None, _ok)
     return front, front.start("127.0.0.1", 0)
 
 
@@ -71,6 +73,17 @@ async def test_connections_beyond_the_cap_are_closed_at_once(monkeypatch: pytest
         front.stop()
 
 
+async def test_close_stops_accepting_and_ends_the_accepting_thread() -> None:
+    front = threadfront.ThreadFront(None, _ok, name="closing")
+    port = front.start("127.0.0.1", 0)
+    assert (await _get(port)).endswith(b"ok")
+    await asyncio.to_thread(front.close)
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)
+    await async_wait_for(lambda: not any(t.name == "closing-accept" for t in threading.enumerate()), 5.0,
+                         message="the accepting thread to end")
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                       native: bool) -> None:
@@ -84,7 +97,7 @@ async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.Monkey
     ca = pki.make_ca("test-ca")
     pki.server_context(pki.issue(ca, "front", ["127.0.0.1"]), tmp_path)
     tls = tlsfront.ServerTLS(tmp_path / "tls.crt", tmp_path / "tls.key", DEFAULT_POLICY)
-    front = threadfront.ThreadFront(asyncio.get_running_loop(), tls, _ok)
+    front = threadfront.ThreadFront(tls, _ok)
     assert (front.acceptor is not None and front.acceptor.native is not None) == native
     port = front.start("127.0.0.1", 0)
     client = ssl.create_default_context(cadata=ca.cert_pem.decode())
@@ -98,7 +111,8 @@ async def test_stop_cuts_tls_connections_being_served(monkeypatch: pytest.Monkey
             await asyncio.sleep(0.02)
         front.stop()
         assert await asyncio.wait_for(reader.read(), 10) == b""
-        await _threads_end(front)
+        await asyncio.to_thread(front.close)  # waits until the connection threads ended
+        assert not front._threads
         writer.close()
     finally:
         front.stop()

@@ -4,8 +4,8 @@ importer's stream early, since the importer reads an empty read as the end of it
 
 from __future__ import annotations
 
-import asyncio
 import socket
+import threading
 
 import h11
 import pytest
@@ -17,13 +17,12 @@ from cdi.uploadserver.front import _Pieces
 from tests.support.streams import BytesStream
 
 
-async def test_an_empty_chunk_is_not_the_end_of_the_body() -> None:
+def test_an_empty_chunk_is_not_the_end_of_the_body() -> None:
     queue = FedStream(max_bytes=1 << 20)
     for chunk in (b"abc", b"", b"def", b""):
-        assert await queue.put(chunk)
+        assert queue.put(chunk, threading.Event())
     queue.finish()
-    read = await asyncio.to_thread(lambda: b"".join(bytes(c) for c in iter(lambda: queue.read(1 << 20), b"")))
-    assert read == b"abcdef"
+    assert b"".join(bytes(c) for c in iter(lambda: queue.read(1 << 20), b"")) == b"abcdef"
 
 
 def test_chunk_boundaries_of_a_chunked_body_are_not_pieces_of_it() -> None:
