@@ -33,7 +33,8 @@ def test_layering_contracts_hold() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("package", ["cdi/api", "cdi/kube", "cdi/controller", "cdi/cloner", "cdi/common"])
+@pytest.mark.parametrize("package", ["cdi/api", "cdi/kube", "cdi/controller", "cdi/cloner", "cdi/common",
+                                     "cdi/uploadserver", "cdi/uploadproxy"])
 def test_mypy_strict(package: str) -> None:
     if not any((ROOT / package).glob("*.py")):
         pytest.skip(f"{package} has no modules yet")
