@@ -46,13 +46,6 @@ def test_mypy_strict(package: str) -> None:
 # in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart (a key read under one name and written
 # under another is a feature that silently stops working). Tests may spell them: they check the names.
 CONTRACT_PREFIX = "cdi.kubevirt.io/"
-# pending: files other branches of issue 28 rewrite at the same time (item 2 turns clones.py into the
-# phases of cdi/controller/clone/, item 3 makes the upload server synchronous); the constants they need are
-# in cdi/api already. The lead removes this set once those branches are merged.
-PENDING = {
-    "cdi/uploadserver/session.py", "cdi/uploadserver/front.py", "cdi/uploadserver/server.py",
-    "cdi/uploadserver/feed.py", "cdi/uploadserver/clonesink.py", "cdi/uploadserver/kept.py",
-}
 
 
 def _worker_env_names() -> tuple[frozenset[str], tuple[str, ...]]:
@@ -72,7 +65,7 @@ def test_contract_names_are_spelled_only_in_cdi_api() -> None:
     offences = []
     for path in sorted((ROOT / "cdi").rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith("cdi/api/") or relative in PENDING:
+        if relative.startswith("cdi/api/"):
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
