@@ -68,6 +68,10 @@ NODES: Final = GVR("", "v1", "nodes", "Node", False)
 SERVICEACCOUNTS: Final = GVR("", "v1", "serviceaccounts", "ServiceAccount", True)
 STORAGECLASSES: Final = GVR("storage.k8s.io", "v1", "storageclasses", "StorageClass", False)
 CSIDRIVERS: Final = GVR("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False)
+# what an admin puts in front of the upload proxy, and the controller reads its URL from (CDIConfig
+# `status.uploadProxyURL`); Routes are OpenShift's, served only there
+INGRESSES: Final = GVR("networking.k8s.io", "v1", "ingresses", "Ingress", True)
+ROUTES: Final = GVR("route.openshift.io", "v1", "routes", "Route", True)
 LEASES: Final = GVR("coordination.k8s.io", "v1", "leases", "Lease", True)
 CRDS: Final = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
 APISERVICES: Final = GVR("apiregistration.k8s.io", "v1", "apiservices", "APIService", False)

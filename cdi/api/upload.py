@@ -55,6 +55,8 @@ HEALTHZ_PATH: Final = "/healthz"
 FORM_FIELD: Final = "file"
 
 UPLOAD_PORT: Final = 8443
+# the upload proxy's Service in CDI's namespace: what an Ingress or a Route in front of the proxy names
+PROXY_SERVICE: Final = "cdi-uploadproxy"
 CLIENT_NAME: Final = "client.upload-server.cdi.kubevirt.io"
 TOKEN_ISSUER: Final = "cdi-apiserver"
 

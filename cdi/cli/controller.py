@@ -47,7 +47,8 @@ def settings_from(args: argparse.Namespace, **extra: Any) -> Settings:
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("controller", help="run the CDI controller against a cluster")
-    add_cluster_arguments(parser, "namespace CDI runs in (leader-election lease)")
+    add_cluster_arguments(parser, "namespace CDI runs in (its leader-election lease, the Ingresses and Routes "
+                                  "in front of its upload proxy)")
     parser.add_argument("--metrics-listen", default="0.0.0.0:8080", help="HOST:PORT of /metrics and /healthz")
     parser.add_argument("--no-leader-election", action="store_true")
     parser.add_argument("--no-cdi-status", action="store_true",

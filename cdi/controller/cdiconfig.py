@@ -1,13 +1,14 @@
 """CDIConfig `config`: its spec comes from the CDI resource's `spec.config` when there is one (the
 operator's job in CDI), and its status is the effective configuration every other reconciler reads:
 filesystem overhead per storage class, scratch class, pod resources, proxy, preallocation, the
-upload proxy URL."""
+upload proxy URL (the override, else an Ingress's or Route's in front of the proxy: `uploadproxyurl`, else
+the URL of the proxy `cdi up` runs)."""
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cdi.api import groups
@@ -15,7 +16,8 @@ from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
 from cdi.api.views import ObjectView
 from cdi.common.verbosity import log_level
 from cdi.controller.runtime import Reconciler, write_status
-from cdi.controller.watches import Watch
+from cdi.controller.uploadproxyurl import upload_proxy_url, url_from_ingress, url_from_route
+from cdi.controller.watches import KeysOf, Watch
 from cdi.kube import AlreadyExists
 
 Obj = dict[str, Any]
@@ -69,8 +71,25 @@ class ConfigReconciler(Reconciler):
 
     def watches(self) -> list[Watch]:
         """The one CDIConfig, computed from the CDI resource, itself, and the StorageClasses (its status
-        names only classes that exist: the scratch class, per-class filesystem overhead)."""
-        return [Watch(gvr, lambda _: [CONFIG_KEY]) for gvr in (groups.STORAGECLASSES, groups.CDICONFIGS, groups.CDIS)]
+        names only classes that exist: the scratch class, per-class filesystem overhead); and the Ingresses
+        and Routes of CDI's namespace that front the upload proxy, as they were or are after a change (an
+        update that stops naming the proxy takes its URL away; CDI's predicate reads only the updated object
+        and keeps the stale URL)."""
+        config_of = (groups.STORAGECLASSES, groups.CDICONFIGS, groups.CDIS)
+        return [*(Watch(gvr, lambda _: [CONFIG_KEY]) for gvr in config_of),
+                Watch(groups.INGRESSES, self._if_fronting(url_from_ingress), before_too=True),
+                Watch(groups.ROUTES, self._if_fronting(url_from_route), before_too=True)]
+
+    def _if_fronting(self, url_of: Callable[[Obj], str]) -> KeysOf:
+        namespace = self.ctx.settings.namespace
+        return lambda obj: [CONFIG_KEY] if ObjectView(obj).namespace == namespace and url_of(obj) else []
+
+    def _upload_proxy_url(self) -> str:
+        """An Ingress's host, else a Route's (CDI's order), else the proxy `cdi up` runs here."""
+        namespace = self.ctx.settings.namespace
+        return (upload_proxy_url(self.ctx.cached_list(groups.INGRESSES, namespace),
+                                 self.ctx.cached_list(groups.ROUTES, namespace))
+                or self.ctx.settings.upload_proxy_url)
 
     def initial_keys(self) -> list[str]:
         return [CONFIG_KEY]  # made at start even when nothing changes
@@ -91,7 +110,7 @@ class ConfigReconciler(Reconciler):
                 {"op": "replace", "path": "/spec", "value": desired_spec}], patch_type="json")
         apply_log_verbosity(config.get("spec") or {})
         status = effective_status(config.get("spec") or {}, self.ctx.cached_list(groups.STORAGECLASSES),
-                                  self.ctx.settings.upload_proxy_url)
+                                  self._upload_proxy_url())
         if status != config.get("status"):
             await write_status(self.ctx.client, groups.CDICONFIGS, config, status)
         if cdi is None:

@@ -29,7 +29,7 @@ from cdi.controller.populators.uploads import UploadPopulator
 from cdi.controller.runtime import Context, Reconciler, Settings
 from cdi.controller.storageprofile import StorageProfileReconciler
 from cdi.controller.watches import register
-from cdi.kube import KubeClient, LeaderElectionConfig, LeaderElector
+from cdi.kube import Informer, KubeClient, LeaderElectionConfig, LeaderElector, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,9 @@ CACHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, g
           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
           groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS, groups.DATAIMPORTCRONS,
           groups.VOLUMEIMPORTSOURCES, groups.VOLUMEUPLOADSOURCES, groups.VOLUMECLONESOURCES, groups.CSIDRIVERS)
+# kinds only some clusters serve (OpenShift's Routes): cached and watched only where the API server serves
+# them when the controller starts, as CDI's watchRoutes; elsewhere their cache stays empty
+IF_SERVED = frozenset({groups.ROUTES})
 LEASE_NAME = "cdi-controller-leader-election-helper"
 
 
@@ -57,9 +60,10 @@ class Manager:
     # -- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        for informer in self.ctx.informers.values():
+        informers = [informer for informer in self.ctx.informers.values() if await served(self.ctx.client, informer)]
+        for informer in informers:
             informer.start()
-        for informer in self.ctx.informers.values():
+        for informer in informers:
             await informer.wait_synced()
         for reconciler in self.reconcilers:
             for key in reconciler.initial_keys():
@@ -124,6 +128,19 @@ class Manager:
 
 async def _ok() -> web.Response:
     return web.Response(text="ok")
+
+
+async def served(client: KubeClient, informer: Informer) -> bool:
+    """False for a kind of `IF_SERVED` the API server does not serve (a 404 on listing it): an informer
+    started on it would retry for ever and never sync. Any other error stops the start, as CDI's."""
+    if informer.gvr not in IF_SERVED:
+        return True
+    try:
+        await client.list(informer.gvr, informer.namespace, limit=1)
+    except NotFound:
+        log.info("%s is not served here: not watched", informer.gvr.kind)
+        return False
+    return True
 
 
 def all_reconcilers(ctx: Context) -> list[Reconciler]:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdi.api import groups
 from cdi.api.groups import GVR
 from cdi.controller.metrics import ControllerMetrics
 from cdi.controller.progress import ProgressScraper
@@ -29,6 +30,9 @@ from cdi.kube import (
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
+# kinds cached in CDI's namespace only, as CDI's manager caches them (its cache options' namespace field
+# selector), which is all the controller's Role there lets it list: what fronts the upload proxy
+IN_CDI_NAMESPACE: frozenset[GVR] = frozenset({groups.INGRESSES, groups.ROUTES})
 
 
 @dataclass
@@ -68,7 +72,8 @@ class Context:
 
     def informer(self, gvr: GVR) -> Informer:
         if gvr not in self.informers:
-            self.informers[gvr] = Informer(self.client, gvr)
+            namespace = self.settings.namespace if gvr in IN_CDI_NAMESPACE else None
+            self.informers[gvr] = Informer(self.client, gvr, namespace)
         return self.informers[gvr]
 
     def cached(self, gvr: GVR, name: str, namespace: str | None = None) -> Obj | None:

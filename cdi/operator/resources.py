@@ -17,6 +17,7 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.crds import cdi_crds
 from cdi.api.groups import GVR
+from cdi.api.upload import PROXY_SERVICE
 
 Obj = dict[str, Any]
 
@@ -32,7 +33,7 @@ OPERATOR = "cdi-operator"
 CONTROLLER = "cdi-deployment"
 CONTROLLER_SA = "cdi-sa"
 APISERVER = "cdi-apiserver"
-UPLOADPROXY = "cdi-uploadproxy"
+UPLOADPROXY = PROXY_SERVICE
 API_SERVICE = "cdi-api"
 METRICS_SERVICE = "cdi-prometheus-metrics"
 COMPONENTS = ("cdi-operator", "cdi-controller", "cdi-apiserver", "cdi-uploadproxy", "cdi-importer",
@@ -103,6 +104,10 @@ CONTROLLER_CLUSTER_RULES = [
 CONTROLLER_NAMESPACE_RULES = [
     _rule([""], ["secrets", "configmaps"], ALL),
     _rule(["coordination.k8s.io"], ["leases"], ALL),
+    # an Ingress or Route in front of the upload proxy gives CDIConfig `status.uploadProxyURL`; the controller
+    # caches them in this namespace only, as CDI's (which grants them here, not cluster-wide)
+    _rule([groups.INGRESSES.group], [groups.INGRESSES.plural], READ),
+    _rule([groups.ROUTES.group], [groups.ROUTES.plural], READ),
 ]
 APISERVER_CLUSTER_RULES = [
     _rule(["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),

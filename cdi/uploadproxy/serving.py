@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api import groups
+from cdi.api.upload import PROXY_SERVICE
 from cdi.common import pki, tlsfront
 from cdi.kube import AlreadyExists, KubeClient, NotFound, tlswatch
 
 CA_CONFIGMAP = "cdi-uploadproxy-ca"
 CA_KEY = "ca.crt"
 CA_FILE_NEXT_TO_KUBECONFIG = "uploadproxy-ca.crt"
-SERVICE_NAME = "cdi-uploadproxy"
+SERVICE_NAME = PROXY_SERVICE
 
 
 def default_hosts(namespace: str, extra: list[str] | None = None) -> list[str]:

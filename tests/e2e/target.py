@@ -16,7 +16,7 @@ the two is stated here once, never in a test:
 | `CDI_E2E_SERVE_HOST` | where the file servers listen, which pods reach (`tests/support/servers.py`) | `127.0.0.1` |
 | `CDI_E2E_IMAGE` | the image of the tests' own pods (python3, sh, coreutils) | `debian` (the node runs it locally) |
 | `CDI_E2E_BLOCK` | `0`: the cluster's runtime gives non-root pods no block devices; Block cases skip | `1` |
-| `CDI_E2E_CDI_NAMESPACE` | where cdi's components run (the upload proxy's Service) | |
+| `CDI_E2E_CDI_NAMESPACE` | where cdi's components run (the upload proxy's Service) | `cdi` |
 | `CDI_E2E_SNAPSHOT_CLASS` | a VolumeSnapshotClass of `CDI_E2E_STORAGE_CLASS`'s driver | `local` |
 | `CDI_E2E_WEBHOOK_CLIENT_AUTH` | `1`: webhooks get the API server's client certificate and require it | `1` |
 | `CDI_E2E_CROSS_NAMESPACE_GATE` | `1`: the API server has `CrossNamespaceVolumeDataSource` | per module |
@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 
+from cdi.api.groups import CDI_NAMESPACE
 from cdi.operator.resources import Images
 from cdi.uploadproxy.serving import CA_CONFIGMAP, CA_KEY
 from tests.support.cluster import CdiUp
@@ -67,7 +68,7 @@ class Target:
     def from_environ(cls, env: Mapping[str, str]) -> Target:
         kubeconfig = env.get("CDI_E2E_KUBECONFIG")
         if not kubeconfig:
-            return cls(None, "local", "csi-clone", "local-nosnap", "local-wffc", "debian", True, "")
+            return cls(None, "local", "csi-clone", "local-nosnap", "local-wffc", "debian", True, CDI_NAMESPACE)
         return cls(Path(kubeconfig), env.get("CDI_E2E_STORAGE_CLASS", "csi-hostpath-sc"),
                    env.get("CDI_E2E_SMART_CLONE", "snapshot"),
                    env.get("CDI_E2E_COPY_CLASS", "csi-hostpath-nosnap"), env.get("CDI_E2E_WFFC_CLASS", "cdi-e2e-wffc"),

@@ -240,12 +240,14 @@ def bootstrap_policy() -> list[dict[str, Any]]:
             {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]},
             {"apiGroups": [""], "resources": edit, "verbs": _WRITE},
             {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"], "verbs": _READ + _WRITE},
+            {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": _WRITE},
         ], aggregate_to="edit"),
         _role("system:aggregate-to-view", [
             {"apiGroups": [""], "resources": view, "verbs": _READ},
             # reading namespaces at the namespace scope: reading *this* namespace
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": _READ},
             {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": _READ},
+            {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses", "ingresses/status"], "verbs": _READ},
         ], aggregate_to="view"),
         _role("system:discovery", [{"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz",
                                                         "/livez", "/readyz", "/openapi", "/openapi/*", "/version",

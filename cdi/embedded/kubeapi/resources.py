@@ -90,6 +90,9 @@ BUILTINS: tuple[ResourceType, ...] = (
     _g("storage.k8s.io", "v1", "storageclasses", "StorageClass", False, ("sc",)),
     _g("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False),
     _g("coordination.k8s.io", "v1", "leases", "Lease", True),
+    # what an admin puts in front of the upload proxy (CDIConfig `status.uploadProxyURL` names its host);
+    # served as objects only: no ingress controller routes them
+    _g("networking.k8s.io", "v1", "ingresses", "Ingress", True, ("ing",), ("status",)),
     _g("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
        ("crd", "crds"), ("status",)),
     _g("apiregistration.k8s.io", "v1", "apiservices", "APIService", False, (), ("status",)),

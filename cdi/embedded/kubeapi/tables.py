@@ -117,6 +117,25 @@ def _endpoints(obj: Obj) -> str:
     return ",".join(out) or "<none>"
 
 
+def _ingress_hosts(obj: Obj) -> str:
+    """kubectl's: the rules' first three hosts (and how many rules more), "*" when none names one."""
+    rules = _dig(obj, "spec", "rules") or []
+    hosts: list[str] = []
+    more = False
+    for rule in rules:
+        more = more or len(hosts) == 3
+        if not more and rule.get("host"):
+            hosts.append(str(rule["host"]))
+    if not hosts:
+        return "*"
+    return ",".join(hosts) + (f" + {len(rules) - 3} more..." if more else "")
+
+
+def _ingress_address(obj: Obj) -> str:
+    found = _dig(obj, "status", "loadBalancer", "ingress") or []
+    return ",".join(str(i.get("ip") or i.get("hostname") or "") for i in found)
+
+
 def _involved(obj: Obj) -> str:
     ref = obj.get("involvedObject") or obj.get("regarding") or {}
     return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
@@ -195,6 +214,11 @@ _BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
         ("ReclaimPolicy", "string", "", 0, lambda o: o.get("reclaimPolicy", "Delete")),
         ("VolumeBindingMode", "string", "", 0, lambda o: o.get("volumeBindingMode", "Immediate")),
         ("AllowVolumeExpansion", "string", "", 0, lambda o: str(bool(o.get("allowVolumeExpansion"))).lower()), _AGE,
+    ],
+    ("networking.k8s.io", "ingresses"): [
+        _NAME, ("Class", "string", "", 0, lambda o: _dig(o, "spec", "ingressClassName") or "<none>"),
+        ("Hosts", "string", "", 0, _ingress_hosts), ("Address", "string", "", 0, _ingress_address),
+        ("Ports", "string", "", 0, lambda o: "80, 443" if _dig(o, "spec", "tls") else "80"), _AGE,
     ],
     ("coordination.k8s.io", "leases"): [
         _NAME, ("Holder", "string", "", 0, lambda o: _dig(o, "spec", "holderIdentity") or ""), _AGE,
