@@ -148,6 +148,9 @@ class Objects:
         self.store = store
         self.strategies = strategies
         self.admission: list[AdmissionHook] = []
+        # after every other hook, whenever those were added: kube-apiserver runs ResourceQuota last, so
+        # that no plugin refuses a request once its usage has been charged
+        self.admission_last: list[AdmissionHook] = []
         self._pages: dict[str, tuple[float, int, list[Entry]]] = {}
         self.on_crd_change: list[Callable[[Obj, bool], None]] = []
 
@@ -218,14 +221,14 @@ class Objects:
 
     async def _admit(self, request: AdmissionRequest) -> Obj | None:
         obj = request.obj
-        for hook in self.admission:
+        for hook in [*self.admission, *self.admission_last]:
             mutated = await hook.mutate(request)
             if mutated is not None:
                 obj = request.obj = mutated
         return obj
 
     async def _validate_admission(self, request: AdmissionRequest) -> None:
-        for hook in self.admission:
+        for hook in [*self.admission, *self.admission_last]:
             await hook.validate(request)
 
     def _generate_name(self, prefix: str, rtype: ResourceType, ns: str) -> str:

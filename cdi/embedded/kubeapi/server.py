@@ -28,6 +28,7 @@ from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.garbage import GarbageCollector
 from cdi.embedded.kubeapi.handlers import ApiHandlers, Authenticator
 from cdi.embedded.kubeapi.objects import Objects, RequestContext, UserInfo
+from cdi.embedded.kubeapi.quota import QuotaAdmission, QuotaController
 from cdi.embedded.kubeapi.resources import Registry
 from cdi.embedded.kubeapi.store import ADDED, Store
 from cdi.embedded.kubeapi.strategies import ServiceIPs, Strategies
@@ -75,6 +76,7 @@ class ApiServer:
         self.objects = Objects(self.registry, self.store, self.strategies)
         self.webhooks = WebhookAdmission(self.store)
         self.objects.admission.append(self.webhooks)
+        self.objects.admission_last.append(QuotaAdmission(self.store))
         self.auth = Authenticator()
         self.authz = RbacAuthorizer(self.store)
         self.aggregator = Aggregator(self.store, self.dir)
@@ -83,6 +85,7 @@ class ApiServer:
         self.handlers.bookmark_interval = config.bookmark_interval
         self.gc = GarbageCollector(self.objects)
         self.role_aggregation = RoleAggregation(self.objects)
+        self.quotas = QuotaController(self.objects)
         self.port = 0
         self.token = ""
         self.ca: pki.KeyPair | None = None
@@ -218,8 +221,10 @@ class ApiServer:
         self._reserve_service_ips()
         await self._bootstrap()
         await self.role_aggregation.settle()
+        self.quotas.sync_all()  # quotas changed while the server was down are right before it answers
         self.gc.start()
         self.role_aggregation.start()
+        self.quotas.start()
         self._tasks.append(asyncio.create_task(self._default_service_accounts(), name="serviceaccounts"))
         app = web.Application(middlewares=[self.handlers.middleware], client_max_size=bodies.MAX_BYTES)
         app.add_routes(self.handlers.routes())
@@ -261,6 +266,7 @@ class ApiServer:
                 pass
         await self.gc.stop()
         await self.role_aggregation.stop()
+        await self.quotas.stop()
         self.store.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cdi.api.quantity import Quantity, QuantityError
 from cdi.embedded.kubeapi.errors import Cause, StatusError
 from cdi.embedded.kubeapi.resources import ResourceType
 from cdi.embedded.ranges import SERVICE_NETWORK, AddressPool, Network
@@ -94,7 +95,12 @@ def _default_container(container: Obj) -> None:
     container.setdefault("terminationMessagePath", "/dev/termination-log")
     container.setdefault("terminationMessagePolicy", "File")
     container.setdefault("imagePullPolicy", _image_pull_policy(str(container.get("image", ""))))
-    container.setdefault("resources", {})
+    resources = container.setdefault("resources", {})
+    limits = resources.get("limits") or {}
+    if limits:  # as kube-apiserver's pod defaults: what is limited and not requested is requested up to its limit
+        requests = resources.setdefault("requests", {})
+        for name, value in limits.items():
+            requests.setdefault(name, value)
     for port in container.get("ports") or []:
         port.setdefault("protocol", "TCP")
 
@@ -293,6 +299,47 @@ def _check_configmap(obj: Obj, _: Obj | None) -> list[Cause]:
     return []
 
 
+_QUOTA_RESOURCES = frozenset({
+    "pods", "services", "replicationcontrollers", "resourcequotas", "secrets", "configmaps", "persistentvolumeclaims",
+    "services.nodeports", "services.loadbalancers", "cpu", "memory", "ephemeral-storage", "requests.cpu",
+    "requests.memory", "requests.storage", "requests.ephemeral-storage", "limits.cpu", "limits.memory",
+    "limits.ephemeral-storage"})
+_QUOTA_COUNTS = frozenset({"pods", "services", "replicationcontrollers", "resourcequotas", "secrets", "configmaps",
+                           "persistentvolumeclaims", "services.nodeports", "services.loadbalancers"})
+
+
+def _quota_hard(obj: Obj, _: Obj | None) -> list[Cause]:
+    """ResourceQuota's validation (resource names, quantities) and the canonical form the API server writes
+    quantities back in ("1024Mi" is "1Gi"); a value that is no quantity cannot even be decoded."""
+    spec = obj.setdefault("spec", {})
+    hard = spec.get("hard") or {}
+    causes = []
+    canonical = {}
+    for name, value in hard.items():
+        path = f"spec.hard[{name}]"
+        if "/" not in name and name not in _QUOTA_RESOURCES and not name.startswith(("hugepages-",
+                                                                                      "requests.hugepages-")):
+            causes.append(Cause(path, f'Invalid value: "{name}": must be a standard resource for quota'))
+        try:
+            quantity = Quantity.parse(value)
+        except QuantityError as exc:
+            raise StatusError(400, f'ResourceQuota in version "v1" cannot be handled as a ResourceQuota: '
+                                   f"{str(exc).rsplit(': ', 1)[0]}", "BadRequest") from None
+        if quantity.value < 0:
+            causes.append(Cause(path, f'Invalid value: "{quantity}": must be greater than or equal to 0'))
+        elif name in _QUOTA_COUNTS and quantity.value != quantity.value.to_integral_value():
+            causes.append(Cause(path, f'Invalid value: "{quantity}": must be an integer'))
+        canonical[name] = str(quantity)
+    if hard:
+        spec["hard"] = canonical
+    return causes
+
+
+def _create_quota(obj: Obj, old: Obj | None) -> list[Cause]:
+    obj["status"] = {}  # the quota controller fills it
+    return _quota_hard(obj, old)
+
+
 def _create_event(obj: Obj, _: Obj | None) -> list[Cause]:
     if "involvedObject" in obj:
         obj.setdefault("count", 1)
@@ -310,7 +357,7 @@ class Strategies:
             ("", "PersistentVolumeClaim"): lambda obj, old: _create_pvc(obj, old, self.cross_namespace_data_sources),
             ("", "PersistentVolume"): _create_pv, ("", "Namespace"): _create_namespace,
             ("", "Secret"): _create_secret, ("", "Service"): self._create_service, ("", "Event"): _create_event,
-            ("", "ConfigMap"): _check_configmap,
+            ("", "ConfigMap"): _check_configmap, ("", "ResourceQuota"): _create_quota,
         }
         self._validate_create: dict[tuple[str, str], Callable[[Obj], list[Cause]]] = {
             ("", "PersistentVolumeClaim"): _validate_pvc,
@@ -318,6 +365,7 @@ class Strategies:
         self._update: dict[tuple[str, str], Callable[[Obj, Obj | None], list[Cause]]] = {
             ("", "Pod"): _update_pod, ("", "PersistentVolumeClaim"): _update_pvc, ("", "Secret"): _create_secret,
             ("", "Service"): self._update_service, ("", "ConfigMap"): _check_configmap,
+            ("", "ResourceQuota"): _quota_hard,
         }
 
     def prepare_create(self, rtype: ResourceType, obj: Obj) -> list[Cause]:

@@ -136,6 +136,14 @@ def _ingress_address(obj: Obj) -> str:
     return ",".join(str(i.get("ip") or i.get("hostname") or "") for i in found)
 
 
+def _quota_column(obj: Obj, limits: bool) -> str:
+    """kubectl's REQUEST or LIMIT cell of a ResourceQuota: `name: used/hard` of status.hard, sorted; the
+    `limits.*` names in LIMIT, the others in REQUEST."""
+    hard, used = _dig(obj, "status", "hard") or {}, _dig(obj, "status", "used") or {}
+    return ", ".join(f"{name}: {used.get(name, '0')}/{hard[name]}" for name in sorted(hard)
+                     if (name.split(".", 1)[0] == "limits" and "." in name) == limits)
+
+
 def _involved(obj: Obj) -> str:
     ref = obj.get("involvedObject") or obj.get("regarding") or {}
     return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
@@ -202,6 +210,8 @@ _BUILTIN_COLUMNS: dict[tuple[str, str], list[Column]] = {
     ("", "nodes"): [_NAME, ("Status", "string", "", 0, _node_status),
                     ("Roles", "string", "", 0, lambda o: "control-plane"), _AGE,
                     ("Version", "string", "", 0, lambda o: _dig(o, "status", "nodeInfo", "kubeletVersion") or "")],
+    ("", "resourcequotas"): [_NAME, _AGE, ("Request", "string", "", 0, lambda o: _quota_column(o, False)),
+                             ("Limit", "string", "", 0, lambda o: _quota_column(o, True))],
     ("", "events"): [
         ("Last Seen", "string", "", 0, _last_seen), ("Type", "string", "", 0, lambda o: o.get("type")),
         ("Reason", "string", "", 0, lambda o: o.get("reason")), ("Object", "string", "", 0, _involved),
