@@ -66,6 +66,8 @@ CONFIGMAPS: Final = GVR("", "v1", "configmaps", "ConfigMap", True)
 EVENTS: Final = GVR("", "v1", "events", "Event", True)
 NODES: Final = GVR("", "v1", "nodes", "Node", False)
 SERVICEACCOUNTS: Final = GVR("", "v1", "serviceaccounts", "ServiceAccount", True)
+# what a DataVolume held back by a quota waits on: a change may give it room
+RESOURCEQUOTAS: Final = GVR("", "v1", "resourcequotas", "ResourceQuota", True)
 STORAGECLASSES: Final = GVR("storage.k8s.io", "v1", "storageclasses", "StorageClass", False)
 CSIDRIVERS: Final = GVR("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False)
 # what an admin puts in front of the upload proxy, and the controller reads its URL from (CDIConfig

@@ -59,6 +59,11 @@ class Settings:
     report_cdi_status: bool = True
 
 
+class RetryLater(Exception):
+    """A reconcile that cannot go on yet, for a reason it has already reported (an event, a condition):
+    the key is retried with its backoff, as after an error, without an error's traceback in the log."""
+
+
 class Context:
     """What every reconciler shares."""
 
@@ -87,8 +92,8 @@ class Reconciler:
     """Subclasses implement `reconcile(key)`; the return value asks for a requeue after that many seconds.
     They declare what brings a key back in `watches()` (and `initial_keys()`); the manager runs those.
 
-    Errors are retried with per-key exponential backoff; a 409 is retried promptly (the cache is
-    merely behind); a 404 means the object went away while reconciling, which is no error."""
+    Errors (and `RetryLater`) are retried with per-key exponential backoff; a 409 is retried promptly (the
+    cache is merely behind); a 404 means the object went away while reconciling, which is no error."""
 
     name = "reconciler"
 
@@ -134,6 +139,10 @@ class Reconciler:
             except NotFound:
                 outcome = "gone"
                 self.queue.forget(key)
+            except RetryLater as exc:
+                outcome = "retry"
+                self.log.info("%s: retrying later: %s", key, exc)
+                self.queue.add_rate_limited(key)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -89,6 +89,9 @@ CONTROLLER_CLUSTER_RULES = [
     # when the import ends; CDI leaves that to garbage collection of the pod owning it (get and create only)
     _rule([""], ["configmaps"], ("get", "list", "watch", "create", "update", "delete")),
     _rule([""], ["persistentvolumes", "nodes"], READ),
+    # a DataVolume whose claim or worker a quota refused goes on as soon as a quota of its namespace changes
+    # (CDI only retries with backoff, and grants no read of quotas)
+    _rule([""], ["resourcequotas"], READ),
     _rule([""], ["persistentvolumes"], ("update", "patch")),  # a volume handed over: smart clones, populators
     # list: a populator copies its prime claim's events onto the user's claim (CDI grants get/list/watch too)
     _rule([""], ["events"], ("create", "patch", "update", "get", "list", "watch")),

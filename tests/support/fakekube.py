@@ -4,9 +4,9 @@ milliseconds without `cdi up`.
 It keeps objects per GVR the way an API server does where reconcilers rely on it: uids,
 resourceVersions checked on replace (409 when stale), `generateName`, a new claim's or pod's `Pending`
 phase, the status subresource (a main-resource write keeps the status, a status write keeps the rest),
-finalizers (a delete sets `deletionTimestamp` while any remain), merge/JSON/strategic patches and
-label and field selectors, reusing the embedded API server's own patch and selector code so there is
-one implementation of each.
+finalizers (a delete sets `deletionTimestamp` while any remain), merge/JSON/strategic patches, label and
+field selectors, and ResourceQuotas refusing creates that go over them, reusing the embedded API
+server's own patch, selector and quota code so there is one implementation of each.
 
 Informers made by `informer(gvr)` are never behind: every write updates them (and runs their
 handlers) before the verb returns, so a test sees exactly what the reconciler wrote and nothing
@@ -25,10 +25,14 @@ from typing import Any, Literal
 
 from cdi.api import groups
 from cdi.api.groups import GVR
+from cdi.embedded.kubeapi import quotausage
 from cdi.embedded.kubeapi.patching import json_patch, merge_patch, strategic_merge_patch
+from cdi.embedded.kubeapi.quota import forbidden
+from cdi.embedded.kubeapi.resources import ResourceType
 from cdi.embedded.kubeapi.selectors import parse_field_selector, parse_label_selector
 from cdi.kube import AlreadyExists, Conflict, Informer, KubeClient, NotFound, ObjectList, WatchStream, object_key
 from cdi.kube.client import PatchType
+from cdi.kube.errors import error_from_status
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
@@ -143,6 +147,8 @@ class FakeKube(KubeClient):
         if self._objects.get(gvr, {}).get(self._key(gvr, obj)) is not None:
             raise AlreadyExists(f'{gvr.plural} "{meta.get("name")}" already exists', code=409,
                                 reason="AlreadyExists")
+        if gvr.namespaced:
+            self._admit_quota(gvr, obj)
         obj = self._stamp(gvr, obj)
         if gvr in (groups.PVCS, groups.PODS):  # the API server's default for a new claim or pod
             obj.setdefault("status", {}).setdefault("phase", "Pending")
@@ -243,6 +249,25 @@ class FakeKube(KubeClient):
         meta.setdefault("creationTimestamp", _now())
         meta["resourceVersion"] = str(self._version())
         return obj
+
+    def _admit_quota(self, gvr: GVR, obj: Obj) -> None:
+        """The namespace's ResourceQuotas, counted as the quota controller counts them now, refuse what would
+        go over one with the embedded API server's 403 (`quotausage` decides for both)."""
+        namespace = str(obj["metadata"]["namespace"])
+        quotas = self.objects(groups.RESOURCEQUOTAS, namespace)
+        if not quotas:
+            return
+        present = [(f"{kind.group}/{kind.plural}", item) for kind, bucket in self._objects.items() if kind.namespaced
+                   for (ns, _), item in bucket.items() if ns == namespace]
+        counted = [{**q, "status": {"hard": (q.get("spec") or {}).get("hard") or {},
+                                    "used": quotausage.render(quotausage.namespace_used(q, present))}}
+                   for q in quotas]
+        try:
+            quotausage.admit(counted, f"{gvr.group}/{gvr.plural}", obj)
+        except quotausage.Refused as exc:
+            rtype = ResourceType(gvr.group, gvr.version, gvr.plural, gvr.kind, gvr.namespaced)
+            raise error_from_status(forbidden(rtype, str(obj["metadata"].get("name", "")), str(exc)).body()) \
+                from None
 
     def _get(self, gvr: GVR, name: str, namespace: str | None) -> Obj:
         key = (str(namespace or "") if gvr.namespaced else "", name)

@@ -22,8 +22,9 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import ClaimView
+from cdi.controller import quota
 from cdi.controller.runtime import Context
-from cdi.kube import WARNING, AlreadyExists, NotFound
+from cdi.kube import WARNING, AlreadyExists, Forbidden, NotFound
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -95,11 +96,17 @@ class CloneTarget:
             pass
 
     async def create(self, gvr: groups.GVR, body: Body) -> None:
-        """Create `body` in the source namespace, where it may already be from an earlier look."""
+        """Create `body` in the source namespace, where it may already be from an earlier look; over a quota
+        there, the target says so (CDI's checkQuotaExceeded) and the clone is tried again."""
         try:
             await self.ctx.client.create(gvr, body, self.source_namespace)
         except AlreadyExists:
             pass
+        except Forbidden as exc:
+            message = quota.refusal(exc)
+            if message is None:
+                raise
+            raise await quota.worker_refused(self.ctx, self.claim, message) from exc
 
     def temp_claim(self, size: str, data_source: Obj | None) -> Obj:
         """`tmp-pvc-<target uid>`: the target's spec at `size`, filled from `data_source` (none: by a copy)."""

@@ -27,7 +27,7 @@ from cdi.api.rendering import (
 )
 from cdi.api.validation import Cause, unsupported_source
 from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PersistentVolumeView
-from cdi.controller import conditions
+from cdi.controller import conditions, quota
 from cdi.controller.claims import claim_keys_of_pod, cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
 from cdi.controller.owners import owner_keys, owner_reference
@@ -38,9 +38,9 @@ from cdi.controller.populators.datavolumes import (
     pending_population,
     uses_populator,
 )
-from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.runtime import Context, Reconciler, RetryLater, write_status
 from cdi.controller.watches import Watch
-from cdi.kube import NORMAL, WARNING, AlreadyExists, object_key, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, Forbidden, object_key, split_key
 from cdi.kube.events import EventType
 
 Obj = dict[str, Any]
@@ -65,7 +65,8 @@ def datavolume_watches(ctx: Context, handles: Callable[[Body], bool]) -> list[Wa
     by it; and StorageClasses and StorageProfiles, for every DataVolume still without a claim. Those
     wait for a class to exist, or for a profile to give the access and volume modes the `storage` API
     leaves out, so creating the class or completing its profile is all an admin has to do; any class
-    counts, as a new default class changes the one a DataVolume naming none gets."""
+    counts, as a new default class changes the one a DataVolume naming none gets. And ResourceQuotas, for
+    the DataVolumes whose claim a quota refused."""
 
     def datavolume(dv: Obj) -> list[str]:
         return [object_key(dv)] if handles(dv) else []
@@ -78,7 +79,8 @@ def datavolume_watches(ctx: Context, handles: Callable[[Body], bool]) -> list[Wa
                 ctx.cached(groups.PVCS, ObjectView(dv).name, ObjectView(dv).namespace) is None]
 
     return [Watch(groups.DATAVOLUMES, datavolume), Watch(groups.PVCS, claim),
-            Watch(groups.STORAGECLASSES, waiting_on_storage), Watch(groups.STORAGEPROFILES, waiting_on_storage)]
+            Watch(groups.STORAGECLASSES, waiting_on_storage), Watch(groups.STORAGEPROFILES, waiting_on_storage),
+            quota.quota_watch(ctx, groups.DATAVOLUMES, handles)]
 
 
 def own_datavolumes(ctx: Context, handles: Callable[[Body], bool], keys: list[str]) -> list[str]:
@@ -284,6 +286,14 @@ class DataVolumeReconciler(Reconciler):
             created = await self.ctx.client.create(groups.PVCS, claim, view.namespace)
         except AlreadyExists:
             return 0.5  # our cache is behind; look again
+        except Forbidden as exc:
+            message = quota.refusal(exc)
+            if message is None:
+                raise
+            # as CDI: Pending, the refusal on Bound and Ready and as a Warning; tried again until it fits
+            await self._update_status(dv, None, message=message, reason=quota.ERR_EXCEEDED_QUOTA, phase="Pending",
+                                      event=(WARNING, quota.ERR_EXCEEDED_QUOTA, message))
+            raise RetryLater(message) from exc
         return await self._update_status(dv, created)
 
     def _left_to_pvc_webhook(self, view: DataVolumeView) -> bool:

@@ -25,7 +25,7 @@ from cdi.api import groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.views import ClaimView, DataVolumeView, PodView, SnapshotView
-from cdi.controller import conditions
+from cdi.controller import conditions, quota
 from cdi.controller.claims import cluster_storage
 from cdi.controller.clone import execute, planner, sizedetection
 from cdi.controller.clone import size as clonesize
@@ -50,10 +50,10 @@ from cdi.controller.datavolume.base import datavolume_watches
 from cdi.controller.owners import owner_reference
 from cdi.controller.populators.clones import unnamed_source
 from cdi.controller.progress import format_progress
-from cdi.controller.runtime import Context, Reconciler, write_status
+from cdi.controller.runtime import Context, Reconciler, RetryLater, write_status
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
-from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, Forbidden, NotFound, split_key
 from cdi.kube.events import EventType
 
 Obj = dict[str, Any]
@@ -219,6 +219,15 @@ class CloneReconciler(Reconciler):
             created = await self.ctx.client.create(groups.PVCS, claim, view.namespace)
         except AlreadyExists:
             return 0.5
+        except Forbidden as exc:
+            refused = quota.refusal(exc)
+            if refused is None:
+                raise
+            bound = conditions.find(list(view.status.get("conditions") or []), "Bound") or {}
+            if (bound.get("reason"), bound.get("message")) != (quota.ERR_EXCEEDED_QUOTA, refused):
+                self.ctx.recorder.record(dv, WARNING, quota.ERR_EXCEEDED_QUOTA, refused)
+            await self._status(dv, None, reason=quota.ERR_EXCEEDED_QUOTA, message=refused, phase="Pending")
+            raise RetryLater(refused) from exc
         if plan.fallback_reason and plan.fallback_message:
             self.ctx.recorder.record(created, WARNING, plan.fallback_reason, plan.fallback_message)
         await self._status(dv, created, scheduled_why=plan.why)

@@ -27,7 +27,7 @@ from cdi.api import groups
 from cdi.api.importrequest import ImportRequest
 from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PodView
 from cdi.common.backoff import backoff_delay
-from cdi.controller import conditions
+from cdi.controller import conditions, quota
 from cdi.controller.claims import (
     annotate,
     claim_keys_of_pod,
@@ -51,7 +51,7 @@ from cdi.controller.owners import owner_keys
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
-from cdi.kube import NORMAL, WARNING, AlreadyExists, NotFound, object_key, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, Forbidden, NotFound, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -125,10 +125,10 @@ class ImportReconciler(Reconciler):
 
     def watches(self) -> list[Watch]:
         """Claims asking for an import, and the scratch claims they own; pods owned by a claim (its
-        importer) or mounting one."""
+        importer) or mounting one; ResourceQuotas, for the claims whose scratch or pod a quota refused."""
         return [Watch(groups.PVCS, lambda pvc: [*([object_key(pvc)] if is_import_claim(pvc) else []),
                                                 *owner_keys(pvc, "PersistentVolumeClaim")]),
-                Watch(groups.PODS, claim_keys_of_pod)]
+                Watch(groups.PODS, claim_keys_of_pod), quota.quota_watch(self.ctx, groups.PVCS, is_import_claim)]
 
     def worker_settings(self) -> WorkerSettings:
         status = config_status(self.ctx)
@@ -203,14 +203,19 @@ class ImportReconciler(Reconciler):
             await annotate(self.ctx, pvc, {ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: MISSING_REASON,
                                            ann.CONDITION_RUNNING_MESSAGE: str(exc)})
             return 10.0
-        scratch_claim = await ensure_scratch(self.ctx, pvc) if scratch else None
-        pod = importer_pod(
-            pvc, source, self.worker_settings(), attempt=attempt, scratch_claim=scratch_claim,
-            filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc))
         try:
+            scratch_claim = await ensure_scratch(self.ctx, pvc) if scratch else None
+            pod = importer_pod(
+                pvc, source, self.worker_settings(), attempt=attempt, scratch_claim=scratch_claim,
+                filesystem_overhead=claim_overhead(self.ctx, pvc), preallocation=preallocation_wanted(self.ctx, pvc))
             await self.ctx.client.create(groups.PODS, pod, namespace)
         except AlreadyExists:
             return 0.5
+        except Forbidden as exc:  # the scratch claim or the pod over a quota: said on the claim, tried again
+            message = quota.refusal(exc)
+            if message is None:
+                raise
+            raise await quota.worker_refused(self.ctx, pvc, message) from exc
         await annotate(self.ctx, pvc, {ann.IMPORT_POD_NAME: pod["metadata"]["name"], ann.POD_PHASE: "Pending",
                                    ann.REQUIRES_SCRATCH: "true" if scratch else "false",
                                    ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: "Pending",

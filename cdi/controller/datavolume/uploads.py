@@ -32,6 +32,7 @@ from cdi.api.upload import CLIENT_NAME, upload_resource_name, upload_service_nam
 from cdi.api.uploadrequest import UploadServerRequest
 from cdi.api.views import ClaimView, PodView
 from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
+from cdi.controller import quota
 from cdi.controller.claims import (
     annotate,
     claim_overhead,
@@ -48,7 +49,7 @@ from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Reconciler
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings, worker_pod
-from cdi.kube import WARNING, AlreadyExists, NotFound, object_key, split_key
+from cdi.kube import WARNING, AlreadyExists, Forbidden, NotFound, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -85,10 +86,11 @@ class UploadReconciler(Reconciler):
 
     def watches(self) -> list[Watch]:
         """Claims that are upload targets, and the scratch claims they own; pods owned by a claim (its
-        upload server)."""
+        upload server); ResourceQuotas, for the claims whose scratch or pod a quota refused."""
         return [Watch(groups.PVCS, lambda pvc: [*([object_key(pvc)] if is_upload_claim(pvc) else []),
                                                 *owner_keys(pvc, "PersistentVolumeClaim")]),
-                Watch(groups.PODS, lambda pod: owner_keys(pod, "PersistentVolumeClaim"))]
+                Watch(groups.PODS, lambda pod: owner_keys(pod, "PersistentVolumeClaim")),
+                quota.quota_watch(self.ctx, groups.PVCS, is_upload_claim)]
 
     async def pki(self) -> UploadPki:
         """The upload signers as they are now, read for each pod: rotated per certConfig, a pod made after
@@ -142,17 +144,22 @@ class UploadReconciler(Reconciler):
                "metadata": {"name": service, "namespace": namespace, "labels": labels, "ownerReferences": owner},
                "spec": {"selector": {SERVICE_LABEL: service},
                         "ports": [{"name": "uploadserver", "port": UPLOAD_PORT, "targetPort": UPLOAD_PORT}]}}
-        scratch = await ensure_scratch(self.ctx, pvc) if upload_needs_scratch(pvc) else None
-        for gvr, body in ((groups.SECRETS, secret), (groups.SERVICES, svc)):
-            try:
-                await self.ctx.client.create(gvr, body, namespace)
-            except AlreadyExists:
-                pass
         try:
+            scratch = await ensure_scratch(self.ctx, pvc) if upload_needs_scratch(pvc) else None
+            for gvr, body in ((groups.SECRETS, secret), (groups.SERVICES, svc)):
+                try:
+                    await self.ctx.client.create(gvr, body, namespace)
+                except AlreadyExists:
+                    pass
             await self.ctx.client.create(groups.PODS, self._pod(pvc, resource, service, labels, owner, scratch),
                                          namespace)
         except AlreadyExists:
             return
+        except Forbidden as exc:  # over a quota: said on the claim, tried again
+            message = quota.refusal(exc)
+            if message is None:
+                raise
+            raise await quota.worker_refused(self.ctx, pvc, message) from exc
         await annotate(self.ctx, pvc, {ann.POD_PHASE: "Pending", ann.POD_READY: "false",
                                    ann.UPLOAD_POD_NAME: resource, ann.CONDITION_RUNNING: "false",
                                    ann.CONDITION_RUNNING_REASON: "Pending", ann.CONDITION_RUNNING_MESSAGE: "",

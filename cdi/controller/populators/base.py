@@ -13,6 +13,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups, referencegrant
 from cdi.api.views import ClaimView, ObjectView, PersistentVolumeView
+from cdi.controller import quota
 from cdi.controller.claims import annotate
 from cdi.controller.copyevents import copy_events
 from cdi.controller.owners import owner_reference
@@ -147,12 +148,14 @@ class PopulatorReconciler(Reconciler):
     # -- event mapping --------------------------------------------------------------------------------
 
     def watches(self) -> list[Watch]:
-        """Claims naming this kind, or primed for it; the source objects claims name; and StorageClasses
-        and StorageProfiles, for the claims waiting for their class."""
+        """Claims naming this kind, or primed for it; the source objects claims name; StorageClasses
+        and StorageProfiles, for the claims waiting for their class; and ResourceQuotas, for the claims whose
+        prime a quota refused."""
         def waiting(storage: Obj) -> Iterable[str]:  # a class, or its profile of the same name
             return self.keys_waiting_on_class(ObjectView(storage).name)
         return [Watch(groups.PVCS, self.keys_for_claim), Watch(self.source_gvr, self.keys_for_source),
-                Watch(groups.STORAGECLASSES, waiting), Watch(groups.STORAGEPROFILES, waiting)]
+                Watch(groups.STORAGECLASSES, waiting), Watch(groups.STORAGEPROFILES, waiting),
+                quota.quota_watch(self.ctx, groups.PVCS, lambda pvc: refers_to(pvc, self.source_kind))]
 
     def keys_for_claim(self, pvc: Body) -> Iterable[str]:
         """A claim event: the claim itself if it names our kind; its owner if it is our prime."""
@@ -236,8 +239,13 @@ class PopulatorReconciler(Reconciler):
         except AlreadyExists:
             return None
         except Exception as exc:
-            self.ctx.recorder.record(pvc, WARNING, ERR_CREATING_PVC_PRIME, str(exc))
-            raise
+            message = quota.refusal(exc)
+            self.ctx.recorder.record(pvc, WARNING, ERR_CREATING_PVC_PRIME, message or str(exc))
+            if message is None:
+                raise
+            # the prime over a quota: the claim's Running condition says so (its DataVolume shows it), and
+            # the claim is tried again until the quota has room
+            raise await quota.worker_refused(self.ctx, pvc, message) from exc
         self.ctx.recorder.record(pvc, NORMAL, CREATED_PVC_PRIME, MESSAGE_CREATED_PVC_PRIME)
         return None
 
