@@ -15,7 +15,7 @@ import pytest
 from cdi.common import pki
 from tests.e2e.importing import condition, datavolume, phase, read_back, set_import_proxy, wait_phase
 from tests.e2e.target import TARGET, External, own_cluster
-from tests.e2e.workloads import pod
+from tests.e2e.workloads import new_namespace, pod
 from tests.support import oci
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
@@ -236,6 +236,43 @@ def test_wait_for_first_consumer(k: Kubectl, range_server: FileServer, images: d
     k.apply(pod("first-consumer", "true", "wffc-waits"))
     wait_phase(k, "wffc-waits", "Succeeded")
     expect_bytes(k, "wffc-waits", image)
+
+
+@pytest.mark.anycluster
+def test_a_datavolume_over_its_namespaces_quota_goes_on_once_the_quota_is_raised(
+        k: Kubectl, range_server: FileServer, images: dict[str, Image]) -> None:
+    """CDI's ErrExceededQuota: the claim a ResourceQuota refuses keeps the DataVolume Pending with the API
+    server's words, and raising the quota with kubectl is all it takes for the import to finish."""
+    image = images["qcow2.qcow2"]
+    ns = new_namespace(k, "quota")
+    k("create", "quota", "storage", "-n", ns, "--hard=requests.storage=16Mi")
+    # enforced once the quota controller has copied `hard` into the status, on any cluster
+    wait_for(lambda: k.get("quota", "storage", ns).get("status", {}).get("used"), 30, message="quota status")
+    source = {"http": {"url": f"{range_server.url}/{image.name}", "checksum": f"sha256:{image.file_sha256}"}}
+    k.apply(datavolume("over-quota", source, "64Mi"), "-n", ns)
+
+    def refused() -> dict[str, Any] | None:
+        dv: dict[str, Any] = k.get("dv", "over-quota", ns)
+        conditions = {c["type"]: c for c in dv.get("status", {}).get("conditions") or []}
+        return conditions if conditions.get("Bound", {}).get("reason") == "ErrExceededQuota" else None
+    conditions = wait_for(refused, 60, message="ErrExceededQuota on the DataVolume")
+    message = conditions["Bound"]["message"]
+    assert message.startswith('persistentvolumeclaims "over-quota" is forbidden: exceeded quota: storage, '
+                              "requested: requests.storage=")
+    assert message.endswith("used: requests.storage=0, limited: requests.storage=16Mi")
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "ErrExceededQuota")
+    assert phase(k, "over-quota", ns) == "Pending" and not k.exists("pvc", "over-quota", ns)
+    events = k.json("get", "events", "-n", ns, "--field-selector",
+                    "involvedObject.kind=DataVolume,involvedObject.name=over-quota,reason=ErrExceededQuota")
+    assert ("Warning", message) in [(e["type"], e["message"]) for e in events["items"]]
+
+    k("patch", "quota", "storage", "-n", ns, "--type", "merge", "-p",
+      json.dumps({"spec": {"hard": {"requests.storage": "1Gi"}}}))
+    wait_phase(k, "over-quota", "Succeeded", namespace=ns)
+    assert read_back(k, "over-quota", image.virtual_size, namespace=ns) == image.sha256
+    described = k("describe", "quota", "storage", "-n", ns).stdout
+    assert any(line.split()[:1] == ["requests.storage"] and line.split()[-1] == "1Gi"
+               for line in described.splitlines()), described
 
 
 def test_secret_passed_as_base64_works_too(k: Kubectl) -> None:

@@ -1,5 +1,5 @@
 """What the API server runs beside its handlers until it stops (kube-controller-manager's loops that this
-server does itself: garbage collection, ClusterRole aggregation)."""
+server does itself: garbage collection, ClusterRole aggregation, resource quota)."""
 
 from __future__ import annotations
 

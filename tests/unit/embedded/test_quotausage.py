@@ -65,7 +65,7 @@ def test_the_refusal_names_only_what_went_over() -> None:
 
 
 def test_a_quota_whose_usage_is_not_known_yet_refuses_and_one_without_status_is_ignored() -> None:
-    with pytest.raises(Refused, match="status unknown for quota: q, resources: requests.storage"):
+    with pytest.raises(Refused, match=r"^status unknown for quota: q, resources: requests\.storage$"):
         admit([quota({"requests.storage": "1Gi"}, {})], CLAIMS, claim("1Mi"), now=NOW)
     fresh = {"metadata": {"name": "q"}, "spec": {"hard": {"requests.storage": "1Gi"}}, "status": {}}
     assert admit([fresh], CLAIMS, claim("5Gi"), now=NOW) == []  # the controller has not copied `hard` yet
