@@ -51,6 +51,14 @@ async def worker_refused(ctx: Context, claim: Body, message: str) -> RetryLater:
     return RetryLater(message)
 
 
+async def worker_admitted(ctx: Context, claim: Body) -> None:
+    """What a quota refused was created after all: the Running condition no longer says it was (for the
+    callers whose next write does not set that condition anyway)."""
+    if ObjectView(claim).annotations.get(ann.CONDITION_RUNNING_REASON) == ERR_EXCEEDED_QUOTA:
+        await annotate(ctx, claim, {ann.CONDITION_RUNNING: None, ann.CONDITION_RUNNING_REASON: None,
+                                    ann.CONDITION_RUNNING_MESSAGE: None})
+
+
 def waiting_on_quota(obj: Body) -> bool:
     """A claim whose worker, or a DataVolume whose claim, a quota refused (and that is retried)."""
     view = ObjectView(obj)

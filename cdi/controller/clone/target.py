@@ -107,6 +107,8 @@ class CloneTarget:
             if message is None:
                 raise
             raise await quota.worker_refused(self.ctx, self.claim, message) from exc
+        else:
+            await quota.worker_admitted(self.ctx, self.claim)
 
     def temp_claim(self, size: str, data_source: Obj | None) -> Obj:
         """`tmp-pvc-<target uid>`: the target's spec at `size`, filled from `data_source` (none: by a copy)."""

@@ -1,7 +1,8 @@
 """A ResourceQuota too small for a DataVolume, against the fake client (which refuses as the API server
 does): the DataVolume says `ErrExceededQuota` as CDI does, on Bound (its claim refused) or Running (its
-worker's pod or scratch claim refused), the reconcile is retried with backoff, a change to a quota of the
-namespace brings it back at once, and once the quota has room it goes on."""
+worker's pod, scratch claim, prime claim or clone temporary refused), the reconcile is retried with
+backoff, a change to a quota of the namespace brings it back at once, and once the quota has room it
+goes on."""
 
 from __future__ import annotations
 
@@ -10,13 +11,21 @@ from typing import Any
 import pytest
 
 from cdi.api import groups
+from cdi.controller.clone import planner
+from cdi.controller.clone.hostclone import HostClonePhase
+from cdi.controller.clone.phase import Step
 from cdi.controller.datavolume.imports import ImportReconciler
 from cdi.controller.datavolume.importsource import ImportDataVolumeReconciler
+from cdi.controller.populators.base import prime_name
+from cdi.controller.populators.imports import ImportPopulator
 from cdi.controller.quota import refusal
 from cdi.controller.runtime import Context, RetryLater
 from cdi.kube import Forbidden, Invalid
 from tests.support.fakekube import FakeKube
+from tests.unit.controller.clone.objects import SOURCE, annotations, clone, source_claim, target_claim
 from tests.unit.controller.conftest import NAMESPACE, events_of
+from tests.unit.controller.test_populators import claim as populated_claim
+from tests.unit.controller.test_populators import import_source
 from tests.unit.controller.test_reconcilers import HTTP_SOURCE, A, bind, conditions, datavolume
 
 Obj = dict[str, Any]
@@ -131,3 +140,40 @@ def test_only_a_quota_refusal_is_taken_for_one() -> None:
     rbac = 'pods is forbidden: User "u" cannot create resource "pods" in API group "" in the namespace "ns"'
     assert refusal(Forbidden(rbac, code=403, reason="Forbidden")) is None
     assert refusal(Invalid(quota_message, code=422, reason="Invalid")) is None
+
+
+async def test_a_clone_temporary_over_quota_is_said_on_the_target_until_it_is_made(
+        kube: FakeKube, ctx: Context) -> None:
+    source_claim(kube)
+    target_claim(kube, planner.COPY, size="2Gi")  # already there: the quota comes after it
+    set_quota(kube, {"requests.storage": "1Gi"})
+    with pytest.raises(RetryLater):
+        await HostClonePhase(clone(ctx, kube), SOURCE).reconcile()
+    running = {k.removeprefix(A + "condition.running"): v for k, v in annotations(kube).items()
+               if k.startswith(A + "condition.running")}
+    assert running[""] == "false" and running[".reason"] == "ErrExceededQuota"
+    assert running[".message"].startswith('persistentvolumeclaims "tmp-pvc-')
+
+    set_quota(kube, {"requests.storage": "10Gi"})
+    assert await HostClonePhase(clone(ctx, kube), SOURCE).reconcile() == Step()
+    assert not any(k.startswith(A + "condition.running") for k in annotations(kube))
+
+
+async def test_a_prime_claim_over_quota_is_said_on_the_users_claim(kube: FakeKube, ctx: Context) -> None:
+    user = populated_claim(kube, "VolumeImportSource")  # there before the quota
+    import_source(kube)
+    quota = set_quota(kube, {"requests.storage": "1Gi"})  # the user's claim holds it all
+    populator = ImportPopulator(ctx)
+    with pytest.raises(RetryLater):
+        await populator.reconcile(KEY)
+    pvc = kube.object(groups.PVCS, "disk", NAMESPACE)
+    assert pvc is not None
+    message = pvc["metadata"]["annotations"][A + "condition.running.message"]
+    assert message.startswith(f'persistentvolumeclaims "{prime_name(user)}" is forbidden: exceeded quota: small')
+    assert pvc["metadata"]["annotations"][A + "condition.running.reason"] == "ErrExceededQuota"
+    assert ("Warning", "ErrCreatingPVCPrime", message) in await events_of(ctx, "disk")
+    assert quota_keys(populator, quota) == [KEY]
+
+    set_quota(kube, {"requests.storage": "2Gi"})
+    await populator.reconcile(KEY)
+    assert kube.object(groups.PVCS, prime_name(user), NAMESPACE) is not None
