@@ -10,7 +10,8 @@ import pytest
 
 from cdi.api import groups
 from cdi.controller.metrics import ControllerMetrics
-from cdi.controller.runtime import Context, Settings
+from cdi.controller.runtime import Context, Reconciler, Settings
+from cdi.kube import Conflict
 from tests.support.fakekube import FakeKube, all_gvrs
 
 NAMESPACE = "ns"
@@ -45,3 +46,14 @@ async def events_of(ctx: Context, name: str) -> list[tuple[str, str, str]]:
     kube: Any = ctx.client
     return [(e["type"], e["reason"], e["message"]) for e in kube.objects(groups.EVENTS)
             if e["involvedObject"]["name"] == name]
+
+
+async def reconciled(reconciler: Reconciler, name: str) -> float | None:
+    """One reconcile of `NAMESPACE/name` as the work queue makes it: a 409 (status written against the version
+    before the reconciler's own annotation patch) is retried at once."""
+    for _ in range(5):
+        try:
+            return await reconciler.reconcile(f"{NAMESPACE}/{name}")
+        except Conflict:
+            continue
+    raise AssertionError("conflicts did not settle")

@@ -17,9 +17,8 @@ from cdi.api import groups
 from cdi.controller.dataimportcron import POLLER_RECHECK, DataImportCronReconciler, dv_name, poller_name
 from cdi.controller.metrics import ControllerMetrics
 from cdi.controller.runtime import Context, Settings
-from cdi.kube import Conflict
 from tests.support.fakekube import FakeKube, all_gvrs
-from tests.unit.controller.conftest import NAMESPACE, events_of
+from tests.unit.controller.conftest import NAMESPACE, events_of, reconciled
 
 Obj = dict[str, Any]
 IMPORT = "cdi.kubevirt.io/storage.import."
@@ -49,13 +48,8 @@ def cron(kube: FakeKube, name: str = "fedora", *, schedule: str = "0 * * * *", *
 
 
 async def look(reconciler: DataImportCronReconciler, name: str = "fedora") -> float | None:
-    """One reconcile; a 409 (status written against the version before the annotations) is retried."""
-    for _ in range(5):
-        try:
-            return await reconciler.reconcile(f"{NAMESPACE}/{name}")
-        except Conflict:
-            continue
-    raise AssertionError("conflicts did not settle")
+    """One reconcile of the cron (`fedora` unless named)."""
+    return await reconciled(reconciler, name)
 
 
 def stored(kube: FakeKube, gvr: groups.GVR, name: str) -> Obj:
@@ -89,6 +83,15 @@ def import_phase(kube: FakeKube, name: str, phase: str) -> None:
         kube.add(groups.PVCS, {"metadata": {"name": name, "namespace": NAMESPACE, "labels": dv["metadata"]["labels"],
                                             "annotations": dict(dv["metadata"]["annotations"])},
                                "spec": {}, "status": {"phase": "Bound"}})
+
+
+async def polled(kube: FakeKube, ctx: Context, clock: Clock, **spec: Any) -> DataImportCronReconciler:
+    """A cron `fedora` (with `spec`) made, looked at once, and its first run reporting ONE."""
+    reconciler = DataImportCronReconciler(ctx, clock=clock)
+    cron(kube, **spec)
+    await look(reconciler)
+    await poll(kube, reconciler, ONE)
+    return reconciler
 
 
 async def imported(kube: FakeKube, reconciler: DataImportCronReconciler, clock: Clock, digest: str) -> str:
@@ -168,10 +171,7 @@ async def test_a_run_that_tells_no_version_says_why(kube: FakeKube, ctx: Context
 # -- import and status ---------------------------------------------------------------------------------
 
 async def test_a_new_version_is_imported_and_the_data_source_follows(kube: FakeKube, ctx: Context) -> None:
-    reconciler = DataImportCronReconciler(ctx, clock=Clock())
-    cron(kube)
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, Clock())
     name = str(dv_name("fedora", ONE))
     assert kube.created(groups.DATAVOLUMES) == [f"{NAMESPACE}/{name}"]
     dv = stored(kube, groups.DATAVOLUMES, name)
@@ -205,10 +205,7 @@ async def test_a_new_version_is_imported_and_the_data_source_follows(kube: FakeK
 
 async def test_a_failed_import_does_not_block_the_next_version(kube: FakeKube, ctx: Context) -> None:
     clock = Clock()
-    reconciler = DataImportCronReconciler(ctx, clock=clock)
-    cron(kube)
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, clock)
     first = str(dv_name("fedora", ONE))
     import_phase(kube, first, "Failed")
     await look(reconciler)
@@ -242,10 +239,7 @@ async def test_a_snapshot_format_keeps_the_image_as_a_snapshot(kube: FakeKube, c
     profile = stored(kube, groups.STORAGEPROFILES, "local")
     profile["status"]["dataImportCronSourceFormat"] = "snapshot"
     kube.add(groups.STORAGEPROFILES, profile)
-    reconciler = DataImportCronReconciler(ctx, clock=Clock())
-    cron(kube)
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, Clock())
     name = str(dv_name("fedora", ONE))
     import_phase(kube, name, "Succeeded")
     await look(reconciler)
@@ -266,10 +260,7 @@ async def test_a_snapshot_format_keeps_the_image_as_a_snapshot(kube: FakeKube, c
 
 async def test_outdated_imports_beyond_imports_to_keep_are_collected(kube: FakeKube, ctx: Context) -> None:
     clock = Clock()
-    reconciler = DataImportCronReconciler(ctx, clock=clock)
-    cron(kube, importsToKeep=1)
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, clock, importsToKeep=1)
     first = str(dv_name("fedora", ONE))
     import_phase(kube, first, "Succeeded")
     await look(reconciler)
@@ -285,10 +276,7 @@ async def test_outdated_imports_beyond_imports_to_keep_are_collected(kube: FakeK
 
 async def test_an_outdated_import_in_use_is_kept_until_it_is_free(kube: FakeKube, ctx: Context) -> None:
     clock = Clock()
-    reconciler = DataImportCronReconciler(ctx, clock=clock)
-    cron(kube, importsToKeep=1)
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, clock, importsToKeep=1)
     first = str(dv_name("fedora", ONE))
     import_phase(kube, first, "Succeeded")
     await look(reconciler)
@@ -305,10 +293,7 @@ async def test_an_outdated_import_in_use_is_kept_until_it_is_free(kube: FakeKube
 
 async def test_garbage_collection_can_be_turned_off(kube: FakeKube, ctx: Context) -> None:
     clock = Clock()
-    reconciler = DataImportCronReconciler(ctx, clock=clock)
-    cron(kube, importsToKeep=1, garbageCollect="Never")
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, clock, importsToKeep=1, garbageCollect="Never")
     first = str(dv_name("fedora", ONE))
     import_phase(kube, first, "Succeeded")
     await look(reconciler)
@@ -317,10 +302,7 @@ async def test_garbage_collection_can_be_turned_off(kube: FakeKube, ctx: Context
 
 
 async def test_with_retention_none_what_the_cron_made_goes_with_it(kube: FakeKube, ctx: Context) -> None:
-    reconciler = DataImportCronReconciler(ctx, clock=Clock())
-    cron(kube, retentionPolicy="None")
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, Clock(), retentionPolicy="None")
     name = str(dv_name("fedora", ONE))
     import_phase(kube, name, "Succeeded")
     await look(reconciler)
@@ -332,10 +314,7 @@ async def test_with_retention_none_what_the_cron_made_goes_with_it(kube: FakeKub
 
 
 async def test_by_default_the_images_outlive_the_cron(kube: FakeKube, ctx: Context) -> None:
-    reconciler = DataImportCronReconciler(ctx, clock=Clock())
-    cron(kube)
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, Clock())
     name = str(dv_name("fedora", ONE))
     import_phase(kube, name, "Succeeded")
     await look(reconciler)
@@ -437,10 +416,7 @@ async def test_a_claim_the_crons_account_may_not_clone_is_not_imported(
 
 
 async def test_a_new_default_class_imports_the_image_again_onto_it(kube: FakeKube, ctx: Context) -> None:
-    reconciler = DataImportCronReconciler(ctx, clock=Clock())
-    cron(kube)
-    await look(reconciler)
-    await poll(kube, reconciler, ONE)
+    reconciler = await polled(kube, ctx, Clock())
     name = str(dv_name("fedora", ONE))
     import_phase(kube, name, "Succeeded")
     await look(reconciler)

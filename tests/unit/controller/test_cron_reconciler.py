@@ -12,9 +12,8 @@ from typing import Any
 from cdi.api import groups
 from cdi.controller.dataimportcron import DataImportCronReconciler, dv_name, poller_name
 from cdi.controller.runtime import Context
-from cdi.kube import Conflict
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.conftest import NAMESPACE, events_of
+from tests.unit.controller.conftest import NAMESPACE, events_of, reconciled
 
 Obj = dict[str, Any]
 A = "cdi.kubevirt.io/storage.import."
@@ -46,17 +45,6 @@ def reported(digest: str) -> Obj:
         "exitCode": 0, "reason": "Completed", "message": json.dumps({"sourceDigest": digest})}}}]}
 
 
-async def run(reconciler: DataImportCronReconciler, name: str) -> float | None:
-    """One reconcile as the work queue makes it: a 409 (the cron's annotations were just written, the
-    status is written against the older version) is retried at once."""
-    for _ in range(5):
-        try:
-            return await reconciler.reconcile(f"{NAMESPACE}/{name}")
-        except Conflict:
-            continue
-    raise AssertionError("conflicts did not settle")
-
-
 def up_to_date(kube: FakeKube, name: str) -> dict[str, str]:
     obj = kube.object(groups.DATAIMPORTCRONS, name, NAMESPACE)
     assert obj is not None
@@ -67,16 +55,16 @@ async def test_a_schedule_that_never_fires_polls_once_and_says_why(kube: FakeKub
     """`0 0 31 2 *` (stored before admission refused it) made every reconcile raise CroniterBadDateError."""
     c = kube.add(groups.DATAIMPORTCRONS, cron("feb31", {"registry": {"url": REGISTRY}}, schedule="0 0 31 2 *"))
     reconciler = DataImportCronReconciler(ctx)
-    await run(reconciler, "feb31")  # created: polled once
+    await reconciled(reconciler, "feb31")  # created: polled once
     finish(kube, poller(kube, c), reported(DIGEST))
-    await run(reconciler, "feb31")
+    await reconciled(reconciler, "feb31")
     stored = kube.object(groups.DATAIMPORTCRONS, "feb31", NAMESPACE)
     assert stored is not None
     assert stored["metadata"]["annotations"][A + "sourceDesiredDigest"] == DIGEST
     assert A + "nextCronTime" not in stored["metadata"]["annotations"]
-    assert await run(reconciler, "feb31") is None  # imports, and waits for nothing
+    assert await reconciled(reconciler, "feb31") is None  # imports, and waits for nothing
     assert kube.object(groups.DATAVOLUMES, str(dv_name("feb31-ds", DIGEST)), NAMESPACE) is not None
-    assert await run(reconciler, "feb31") is None
+    assert await reconciled(reconciler, "feb31") is None
     warnings = [e for e in await events_of(ctx, "feb31") if e[0] == "Warning"]
     assert ("Warning", "NoScheduledRun", "schedule '0 0 31 2 *' names no time that ever comes: the source is "
             "polled only when the cron is created and on cdi.kubevirt.io/refreshNow") in warnings
@@ -99,7 +87,7 @@ async def test_a_poller_that_cannot_start_is_given_up_on_and_the_cron_says_why(k
     assert stored is not None
     stored["status"] = {"currentImports": [{"DataVolumeName": dv_name("stuck-ds", DIGEST), "Digest": DIGEST}]}
     kube.add(groups.DATAIMPORTCRONS, stored)
-    await run(reconciler, "stuck")
+    await reconciled(reconciler, "stuck")
     pod = poller(kube, c)
     assert {"name": "cdi-cert-vol", "configMap": {"name": "gone-ca"}} in pod["spec"]["volumes"]
     finish(kube, pod, {"phase": "Pending", "containerStatuses": [
@@ -109,13 +97,13 @@ async def test_a_poller_that_cannot_start_is_given_up_on_and_the_cron_says_why(k
                              "not found", "involvedObject": {"kind": "Pod", "name": poller_name(c)}})
 
     now[0] += datetime.timedelta(seconds=60)
-    assert await run(reconciler, "stuck") == 1.0  # still within its time (600s by default: --poller-timeout)
+    assert await reconciled(reconciler, "stuck") == 1.0  # still within its time (600s by default: --poller-timeout)
     assert kube.object(groups.PODS, poller_name(c), NAMESPACE) is not None
 
     now[0] += datetime.timedelta(seconds=600)
-    await run(reconciler, "stuck")
+    await reconciled(reconciler, "stuck")
     assert kube.object(groups.PODS, poller_name(c), NAMESPACE) is None
-    await run(reconciler, "stuck")
+    await reconciled(reconciler, "stuck")
     condition = up_to_date(kube, "stuck")
     assert (condition["status"], condition["reason"]) == ("False", "PollFailed")
     assert "did not finish within 600s" in condition["message"]
@@ -127,10 +115,10 @@ async def test_a_poller_that_cannot_start_is_given_up_on_and_the_cron_says_why(k
     assert stored is not None
     stored["metadata"]["annotations"]["cdi.kubevirt.io/refreshNow"] = ""
     kube.add(groups.DATAIMPORTCRONS, stored)
-    await run(reconciler, "stuck")
+    await reconciled(reconciler, "stuck")
     finish(kube, poller(kube, c), reported(DIGEST))
-    await run(reconciler, "stuck")
-    await run(reconciler, "stuck")
+    await reconciled(reconciler, "stuck")
+    await reconciled(reconciler, "stuck")
     assert (up_to_date(kube, "stuck")["status"], up_to_date(kube, "stuck")["reason"]) == ("True", "UpToDate")
 
 
@@ -140,7 +128,7 @@ async def test_a_node_pull_cron_is_polled_by_the_node_as_cdi_does(kube: FakeKube
     source = {"registry": {"url": REGISTRY, "pullMethod": "node"}}
     c = kube.add(groups.DATAIMPORTCRONS, cron("nodepull", source))
     reconciler = DataImportCronReconciler(ctx)
-    await run(reconciler, "nodepull")
+    await reconciled(reconciler, "nodepull")
     pod = poller(kube, c)
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["init"]
     [container] = pod["spec"]["containers"]
@@ -155,8 +143,8 @@ async def test_a_node_pull_cron_is_polled_by_the_node_as_cdi_does(kube: FakeKube
         "name": "image-container", "image": container["image"],
         "imageID": f"registry.example:5000/golden/fedora@{DIGEST}",
         "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]})
-    await run(reconciler, "nodepull")
-    await run(reconciler, "nodepull")
+    await reconciled(reconciler, "nodepull")
+    await reconciled(reconciler, "nodepull")
     dv = kube.object(groups.DATAVOLUMES, str(dv_name("nodepull-ds", DIGEST)), NAMESPACE)
     assert dv is not None
     assert dv["spec"]["source"]["registry"] == {"url": f"docker://registry.example:5000/golden/fedora@{DIGEST}",
@@ -166,13 +154,13 @@ async def test_a_node_pull_cron_is_polled_by_the_node_as_cdi_does(kube: FakeKube
 async def test_a_node_pull_image_that_cannot_be_pulled_fails_the_run(kube: FakeKube, ctx: Context) -> None:
     c = kube.add(groups.DATAIMPORTCRONS, cron("nopull", {"registry": {"url": REGISTRY, "pullMethod": "node"}}))
     reconciler = DataImportCronReconciler(ctx)
-    await run(reconciler, "nopull")
+    await reconciled(reconciler, "nopull")
     finish(kube, poller(kube, c), {"phase": "Pending", "containerStatuses": [{
         "name": "image-container", "image": "registry.example:5000/golden/fedora:latest",
         "state": {"waiting": {"reason": "ImagePullBackOff"}}}]})
-    await run(reconciler, "nopull")
+    await reconciled(reconciler, "nopull")
     assert kube.object(groups.PODS, poller_name(c), NAMESPACE) is None
-    await run(reconciler, "nopull")
+    await reconciled(reconciler, "nopull")
     condition = up_to_date(kube, "nopull")
     assert (condition["status"], condition["reason"]) == ("False", "PollFailed")
     assert "failed to pull image: registry.example:5000/golden/fedora:latest" in condition["message"]
