@@ -23,6 +23,7 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import ClaimView
 from cdi.controller import quota
+from cdi.controller.claims import delete_if_present
 from cdi.controller.runtime import Context
 from cdi.kube import WARNING, AlreadyExists, Forbidden, NotFound
 
@@ -90,10 +91,7 @@ class CloneTarget:
             return None
 
     async def delete(self, gvr: groups.GVR, name: str, namespace: str) -> None:
-        try:
-            await self.ctx.client.delete(gvr, name, namespace)
-        except NotFound:
-            pass
+        await delete_if_present(self.ctx, gvr, name, namespace, cached=False)
 
     async def create(self, gvr: groups.GVR, body: Body) -> None:
         """Create `body` in the source namespace, where it may already be from an earlier look; over a quota

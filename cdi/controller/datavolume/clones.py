@@ -26,7 +26,7 @@ from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.views import ClaimView, DataVolumeView, PodView, SnapshotView
 from cdi.controller import conditions, quota
-from cdi.controller.claims import cluster_storage
+from cdi.controller.claims import cluster_storage, delete_if_present
 from cdi.controller.clone import execute, planner, sizedetection
 from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
@@ -343,10 +343,7 @@ class CloneReconciler(Reconciler):
                                   requeue=requeue, quiet=True)
 
     async def _delete(self, gvr: groups.GVR, name: str, namespace: str) -> None:
-        try:
-            await self.ctx.client.delete(gvr, name, namespace)
-        except NotFound:
-            pass
+        await delete_if_present(self.ctx, gvr, name, namespace, cached=False)
 
     async def _get(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         try:
