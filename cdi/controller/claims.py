@@ -109,6 +109,15 @@ async def ensure_scratch(ctx: Context, pvc: Body) -> str:
     return name
 
 
+async def get_if_present(ctx: Context, gvr: groups.GVR, name: str, namespace: str | None) -> Obj | None:
+    """The object as the API server has it now (never the cache), or None when there is none."""
+    try:
+        result: Obj = await ctx.client.get(gvr, name, namespace)
+        return result
+    except NotFound:
+        return None
+
+
 async def delete_if_present(ctx: Context, gvr: groups.GVR, name: str, namespace: str, *,
                             cached: bool = True, grace_period_seconds: int | None = None) -> None:
     if cached and ctx.cached(gvr, name, namespace) is None:

@@ -16,14 +16,13 @@ from cdi.api import annotations as ann
 from cdi.api import clonesourcerequest, groups
 from cdi.api.clonesourcerequest import CloneSourceRequest
 from cdi.api.targetvolume import TargetVolume
-from cdi.api.upload import SYNC_PATHS, upload_service_name
+from cdi.api.upload import SYNC_PATHS, UPLOAD_PORT, upload_service_name
 from cdi.api.views import ClaimView, ObjectView
 from cdi.common import pki
 from cdi.controller.clone import sourceclaim
 from cdi.controller.clone.phase import STARTED, WAIT, Step
 from cdi.controller.clone.target import SOURCE_CONTAINER, CloneTarget, source_pod_name
 from cdi.controller.datavolume.uploadpki import cert_days, ensure_upload_pki
-from cdi.controller.datavolume.uploads import UPLOAD_PORT
 from cdi.controller.owners import owner_reference
 from cdi.controller.workerpod import pod_settings, worker_pod
 

@@ -23,9 +23,9 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import ClaimView
 from cdi.controller import quota
-from cdi.controller.claims import delete_if_present
+from cdi.controller.claims import delete_if_present, get_if_present
 from cdi.controller.runtime import Context
-from cdi.kube import WARNING, AlreadyExists, Forbidden, NotFound
+from cdi.kube import WARNING, AlreadyExists, Forbidden
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -84,11 +84,7 @@ class CloneTarget:
         return ClaimView(self.claim)
 
     async def get(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
-        try:
-            result: Obj = await self.ctx.client.get(gvr, name, namespace)
-            return result
-        except NotFound:
-            return None
+        return await get_if_present(self.ctx, gvr, name, namespace)
 
     async def delete(self, gvr: groups.GVR, name: str, namespace: str) -> None:
         await delete_if_present(self.ctx, gvr, name, namespace, cached=False)

@@ -26,7 +26,7 @@ from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.views import ClaimView, DataVolumeView, PodView, SnapshotView
 from cdi.controller import conditions, quota
-from cdi.controller.claims import cluster_storage, delete_if_present
+from cdi.controller.claims import cluster_storage, delete_if_present, get_if_present
 from cdi.controller.clone import execute, planner, sizedetection
 from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
@@ -53,7 +53,7 @@ from cdi.controller.progress import format_progress
 from cdi.controller.runtime import Context, Reconciler, RetryLater, write_status
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
-from cdi.kube import NORMAL, WARNING, AlreadyExists, Forbidden, NotFound, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, Forbidden, split_key
 from cdi.kube.events import EventType
 
 Obj = dict[str, Any]
@@ -346,11 +346,7 @@ class CloneReconciler(Reconciler):
         await delete_if_present(self.ctx, gvr, name, namespace, cached=False)
 
     async def _get(self, gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
-        try:
-            result: Obj = await self.ctx.client.get(gvr, name, namespace)
-            return result
-        except NotFound:
-            return None
+        return await get_if_present(self.ctx, gvr, name, namespace)
 
     # -- the phases --------------------------------------------------------------------------------
 

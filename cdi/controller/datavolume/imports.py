@@ -35,6 +35,7 @@ from cdi.controller.claims import (
     config_status,
     delete_if_present,
     ensure_scratch,
+    get_if_present,
     preallocation_wanted,
     scratch_name,
     waits_for_first_consumer,
@@ -51,7 +52,7 @@ from cdi.controller.owners import owner_keys
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
-from cdi.kube import NORMAL, WARNING, AlreadyExists, Forbidden, NotFound, object_key, split_key
+from cdi.kube import NORMAL, WARNING, AlreadyExists, Forbidden, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -157,9 +158,8 @@ class ImportReconciler(Reconciler):
             return None
         # the claim's annotations are this reconciler's memory (attempt, retry time, pod name): read them
         # fresh, never from a cache that may not have seen our last write yet
-        try:
-            pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
-        except NotFound:
+        pvc = await get_if_present(self.ctx, groups.PVCS, name, namespace)
+        if pvc is None:
             return None
         annotations = ClaimView(pvc).annotations
         attempt = int(annotations.get(ann.POD_RESTARTS, "0") or 0)

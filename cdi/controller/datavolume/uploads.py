@@ -28,7 +28,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import env, groups, tlsprofile
 from cdi.api.targetvolume import TargetVolume, default_path
-from cdi.api.upload import CLIENT_NAME, upload_resource_name, upload_service_name
+from cdi.api.upload import CLIENT_NAME, UPLOAD_PORT, upload_resource_name, upload_service_name
 from cdi.api.uploadrequest import UploadServerRequest
 from cdi.api.views import ClaimView, PodView
 from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
@@ -38,6 +38,7 @@ from cdi.controller.claims import (
     claim_overhead,
     delete_if_present,
     ensure_scratch,
+    get_if_present,
     preallocation_wanted,
     progress_owner_uid,
     scratch_name,
@@ -49,12 +50,11 @@ from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Reconciler
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings, worker_pod
-from cdi.kube import WARNING, AlreadyExists, Forbidden, NotFound, object_key, split_key
+from cdi.kube import WARNING, AlreadyExists, Forbidden, object_key, split_key
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
 
-UPLOAD_PORT = 8443
 UPLOAD_CONTAINER = "cdi-upload-server"
 SERVICE_LABEL = "service"
 
@@ -106,9 +106,8 @@ class UploadReconciler(Reconciler):
             # as CDI: a claim being deleted loses its upload server now, which pvc-protection waits for
             await self._cleanup(cached, self.ctx.cached(groups.PODS, upload_name(name), namespace))
             return None
-        try:
-            pvc = await self.ctx.client.get(groups.PVCS, name, namespace)
-        except NotFound:
+        pvc = await get_if_present(self.ctx, groups.PVCS, name, namespace)
+        if pvc is None:
             return None
         claim = ClaimView(pvc)
         annotations = claim.annotations
