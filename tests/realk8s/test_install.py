@@ -156,8 +156,10 @@ def k8s() -> RealK8s:
     cluster.hand_block_devices_to_pod_users()
     # as the README's install section asks of an admin: kube-apiserver presents its client certificate to
     # admission webhooks (and, for the isolation scenarios, runs with CrossNamespaceVolumeDataSource)
+    cluster.ensure_drivers_registered()  # no registration in flight when the API server restarts
     cluster.configure_api_server()
     cluster.ensure_drivers_registered()
+    cluster.check_volumes()
     clean_slate(cluster)
     return cluster
 
@@ -296,12 +298,13 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     log = tmp_path / "e2e.log"
     returncode = k8s.run_logged(log, "env", *(f"{name}={value}" for name, value in env.items()), sys.executable,
                                 "-m", "pytest", "tests/e2e", "-m", "anycluster", "-n", "0", "-p", "no:cacheprovider",
-                                "-v", "-rs", "--durations=15", f"--basetemp={tmp_path / 'e2e'}",
+                                "-v", "-rfEs", "--maxfail=5", "--durations=15", f"--basetemp={tmp_path / 'e2e'}",
                                 "--junitxml", str(tmp_path / "e2e.xml"), timeout=1500, cwd=REPO)
     timings["e2e suite (anycluster)"] = round(time.monotonic() - t0, 1)
     output = log.read_text(errors="replace")
     print(output[-8000:])
-    assert returncode == 0, f"the e2e suite failed on the real cluster ({returncode}):\n{output[-20000:]}"
+    assert returncode == 0, (f"the e2e suite failed on the real cluster ({returncode}):\n{output[-20000:]}\n"
+                             f"{k8s.diagnosis()}")
     ran = passed_and_skipped(tmp_path / "e2e.xml")
     assert ran["passed"] >= 36 and ran["skipped"] == 0, ran  # every scenario ran here, Block ones too
     # the controller's ClusterRole covers everything it did meanwhile: no request of its was refused (a refused

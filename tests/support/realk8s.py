@@ -38,8 +38,11 @@ STATE = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))  # the kit's s
 CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
 CONTAINERD_PID = STATE / "pids" / "containerd.pid"
 APISERVER_PID = STATE / "pids" / "kube-apiserver.pid"
-# the kit's node-driver-registrars, and the directory under $STATE/csi of each one's driver socket
-REGISTRARS = {"csi-hostpath-registrar": "hostpath", "csi-nosnap-registrar": "nosnap"}
+# the kit's node-driver-registrars: the directory under $STATE/csi of each one's driver socket, and its driver
+REGISTRARS = {"csi-hostpath-registrar": ("hostpath", "hostpath.csi.k8s.io"),
+              "csi-nosnap-registrar": ("nosnap", "hostpath-nosnap.csi.k8s.io")}
+# what every scenario's claims stand on: each of the kit's classes, in each volume mode the suite uses
+VOLUME_CHECKS = (("csi-hostpath-sc", "Filesystem"), ("csi-hostpath-sc", "Block"), ("csi-hostpath-nosnap", "Filesystem"))
 # what kube-apiserver presents to admission webhooks: the kit's own client certificate of the API server
 # (CN kube-apiserver-kubelet-client, issued by the cluster's client CA), as an admin would choose one
 WEBHOOK_CLIENT_NAME = "kube-apiserver-kubelet-client"
@@ -59,15 +62,27 @@ def _started_at(pid: int) -> float:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _alive(pid: int) -> bool:
+    """A process that runs: not gone, and not a zombie (a registrar these tests started and never waited for
+    stays one after it exits)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def _registration(registrar: str) -> str | None:
-    """How the kit's running `registrar` process fared: its log (lines carry the pid) says the kubelet
-    registered its driver, or the process is gone; None while it waits."""
+    """How the kit's `registrar` fares: "registered" while it runs and the kubelet's last word to it was that its
+    driver is registered, "exited" once it is gone, None while it waits. The kubelet can report a failure after
+    a success (seen: registered, then 2 s later "error updating Node object" across an API server restart),
+    after which the registrar exits: only the last word counts."""
     pid = int((STATE / "pids" / f"{registrar}.pid").read_text())
+    if not _alive(pid):
+        return "exited"
     mark = f" {pid} main.go"
-    lines = (STATE / "logs" / f"{registrar}.log").read_text(errors="replace").splitlines()
-    if any(mark in line and "plugin_registered:true" in line for line in lines):
-        return "registered"
-    return None if Path(f"/proc/{pid}").exists() else "exited"
+    statuses = [line for line in (STATE / "logs" / f"{registrar}.log").read_text(errors="replace").splitlines()
+                if mark in line and "NotifyRegistrationStatus" in line]
+    return "registered" if statuses and "plugin_registered:true" in statuses[-1] else None
 
 
 @dataclass
@@ -254,11 +269,12 @@ class RealK8s:
     def ensure_drivers_registered(self) -> None:
         """Both CSI drivers registered with the kubelet, else every claim of theirs stays unmounted (`driver name
         ... not found in the list of registered CSI drivers`) and every scenario waits out its deadline. The
-        kubelet registers a driver once, when its registrar starts, and needs kube-apiserver for it: a registration
-        that meets an API server restart (ours above, a few seconds after `up.sh` started the registrars) fails, and
-        the registrar exits as a sidecar container would, for its kubelet to restart it; nothing restarts the kit's.
-        Started again (as `up.sh` starts it), it registers."""
-        for name, directory in REGISTRARS.items():
+        kubelet registers a driver when its registrar starts and needs kube-apiserver for it: a registration that
+        meets an API server restart (ours, a few seconds after `up.sh` started the registrars: `up.sh` is content
+        with the CSINode an earlier start left) fails, and the registrar exits as a sidecar container would, for
+        its kubelet to restart it; nothing restarts the kit's. Started again (as `up.sh` starts it), it registers.
+        Called before the API server restarts (no registration in flight then) and after."""
+        for name, (directory, _) in REGISTRARS.items():
             if wait_for(lambda n=name: _registration(n), timeout=60, interval=0.5,
                         message=f"{name} registered or exited") == "registered":
                 continue
@@ -272,6 +288,53 @@ class RealK8s:
             (STATE / "pids" / f"{name}.pid").write_text(f"{process.pid}\n")
             wait_for(lambda n=name: _registration(n) == "registered", timeout=60, interval=0.5,
                      message=f"{name} registered again (see {STATE / 'logs' / name}.log)")
+        drivers = {driver for _, driver in REGISTRARS.values()}
+        wait_for(lambda: drivers <= {d["name"] for d in ((self.get("csinode", "realk8s") or {}).get("spec") or {})
+                                     .get("drivers") or []}, timeout=60, interval=0.5,
+                 message=f"the node's CSINode lists {sorted(drivers)}")
+
+    def check_volumes(self) -> None:
+        """Each of the kit's classes provisions a claim that a pod mounts and writes (VOLUME_CHECKS): the storage
+        every scenario stands on works before half an hour of scenarios rely on it, and when it does not, the
+        failure says why (the pods' events, each registrar's state) instead of each scenario timing out."""
+        namespace = "realk8s-volume-check"
+        self.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=180)
+        self.kubectl("create", "namespace", namespace)
+        wait_for(lambda: self.get("serviceaccount", "default", namespace), timeout=60, interval=0.5,
+                 message=f"the default ServiceAccount of {namespace}")
+        names = []
+        for i, (storage_class, mode) in enumerate(VOLUME_CHECKS):
+            name = f"check-{i}-{mode.lower()}"
+            block = mode == "Block"
+            target = "/dev/cdi-block-volume" if block else "/data/check"
+            self.apply(json.dumps({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                   "metadata": {"name": name, "namespace": namespace},
+                                   "spec": {"storageClassName": storage_class, "volumeMode": mode,
+                                            "accessModes": ["ReadWriteOnce"],
+                                            "resources": {"requests": {"storage": "1Mi"}}}}))
+            self.apply(json.dumps(restricted_pod(name, namespace, f"echo written | dd of={target} conv=fsync",
+                                                 name, block)))
+            names.append(name)
+        for name in names:
+            try:
+                pod = self.wait_pod_done(name, namespace, timeout=120)
+                assert pod["status"]["phase"] == "Succeeded", pod["status"]
+            except AssertionError as failed:
+                described = self.kubectl("describe", "pod", name, "-n", namespace, check=False).stdout
+                states = {n: _registration(n) for n in REGISTRARS}
+                raise AssertionError(f"the kit's volumes do not work: pod {name} ({failed})\n{described[-3000:]}\n"
+                                     f"registrars: {states}") from None
+        self.kubectl("delete", "namespace", namespace, "--wait=false")
+
+    def diagnosis(self) -> str:
+        """What a failed run reports last (where a cut CI log still shows it): the kit's processes, each
+        registrar's state and what the kubelet last refused."""
+        status = subprocess.run([str(self.kit / "status.sh")], capture_output=True, text=True, check=False)
+        kubelet = (STATE / "logs" / "kubelet.log").read_text(errors="replace").splitlines()
+        errors = [line[:300] for line in kubelet if line.startswith("E")][-8:]
+        registrars = {name: _registration(name) for name in REGISTRARS}
+        return (f"the kit now:\n{status.stdout[-2500:]}registrars: {registrars}\n"
+                "the kubelet's last errors:\n" + "\n".join(errors))
 
     def wait_pod_done(self, name: str, namespace: str, timeout: float = 180) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
