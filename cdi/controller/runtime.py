@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +52,10 @@ class Settings:
     progress_interval: float = 2.0
     workers: int = 4
     leader_election: bool = True
-    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # unique per process, as controller-runtime's `<hostname>_<uuid>`: a container restarted in the same pod runs
+    # as PID 1 again, and with `<hostname>-<pid>` would take the lease its crashed predecessor never released as
+    # its own, without the expiry a successor owes it
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}_{uuid.uuid4()}")
     upload_proxy_url: str = ""
     # without an operator (cdi up, a bare `cdi controller`) the controller reports the CDI resource Deployed;
     # under cdi-operator the operator owns that status

@@ -1,7 +1,7 @@
 """Fixtures of the end-to-end tests: the real source servers and the image set of the importer's tests
 (`tests.support.sourceservers`, session-scoped, built once per run), and the cluster under test
 (`tests/e2e/target.py`): `cdi up`, or the cluster of `CDI_E2E_KUBECONFIG`, where only the `anycluster`
-scenarios run."""
+and `realcluster` scenarios run (the latter only there)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,15 @@ from tests.support.sourceservers import (  # noqa: F401 - re-exported fixtures
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if TARGET.embedded:
+        real_only = pytest.mark.skip(reason="needs a real cluster's pods and node (CDI_E2E_KUBECONFIG)")
+        for item in items:
+            if item.get_closest_marker("realcluster") is not None:
+                item.add_marker(real_only)
         return
     skip = pytest.mark.skip(reason=f"needs `cdi up` (not marked anycluster); the target is {TARGET.describe()}")
     for item in items:
-        if "tests/e2e/" in str(item.path) and item.get_closest_marker("anycluster") is None:
+        if ("tests/e2e/" in str(item.path) and item.get_closest_marker("anycluster") is None
+                and item.get_closest_marker("realcluster") is None):
             item.add_marker(skip)
 
 

@@ -2,7 +2,8 @@
 given by `CDI_E2E_KUBECONFIG` where cdi is installed and its images are loaded (the real-cluster tier
 runs the suite so against the realk8s kit, from inside its network namespace).
 
-Scenarios marked `anycluster` run on both; the others need `cdi up` (its storage classes `local` and
+Scenarios marked `anycluster` run on both, those marked `realcluster` (a controller's pods, a node's processes)
+only against a kubeconfig; the others need `cdi up` (its storage classes `local` and
 `local-nosnap`, its flags, its node's files) and are skipped against a kubeconfig. What differs between
 the two is stated here once, never in a test:
 
@@ -21,6 +22,8 @@ the two is stated here once, never in a test:
 | `CDI_E2E_WEBHOOK_CLIENT_AUTH` | `1`: webhooks get the API server's client certificate and require it | `1` |
 | `CDI_E2E_CROSS_NAMESPACE_GATE` | `1`: the API server has `CrossNamespaceVolumeDataSource` | per module |
 | `CDI_E2E_UNLISTED_PROVISIONER` | a provisioner CDI does not know (default `hostpath.csi.k8s.io`) | `unlisted...` |
+| `CDI_E2E_NODE_LOCAL` | `1`: the cluster's node is this machine (its pods' processes are in this `/proc`) | (none) |
+| `CDI_E2E_NODE_RESTART` | a command that restarts the node's kubelet and container runtime | (none) |
 
 `unlisted...` is `unlisted.local.storage.cdi.kubevirt.io`; a class of the unlisted provisioner gets a
 StorageProfile without `claimPropertySets`, as CDI gives one to a driver it does not know.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -63,6 +67,8 @@ class Target:
     webhook_client_auth: bool = True
     cross_namespace_gate: bool | None = None  # None: `cdi up`, where each module chooses
     unlisted_provisioner: str = "unlisted.local.storage.cdi.kubevirt.io"
+    node_local: bool = False
+    node_restart: tuple[str, ...] = ()
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> Target:
@@ -77,7 +83,8 @@ class Target:
                    env.get("CDI_E2E_SNAPSHOT_CLASS", "csi-hostpath-snapclass"),
                    env.get("CDI_E2E_WEBHOOK_CLIENT_AUTH", "0") == "1",
                    env.get("CDI_E2E_CROSS_NAMESPACE_GATE", "0") == "1",
-                   env.get("CDI_E2E_UNLISTED_PROVISIONER", "hostpath.csi.k8s.io"))
+                   env.get("CDI_E2E_UNLISTED_PROVISIONER", "hostpath.csi.k8s.io"),
+                   env.get("CDI_E2E_NODE_LOCAL", "0") == "1", tuple(shlex.split(env.get("CDI_E2E_NODE_RESTART", ""))))
 
     @property
     def embedded(self) -> bool:

@@ -624,7 +624,8 @@ def cloner_process(owner_uid: str) -> int | None:
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"python" not in argv[0] or b"cdi.cloner" not in argv:  # the program, not its sandbox
+            # the program (`python -m cdi.cloner` on `cdi up`, the image's `cdi-cloner`), not its sandbox
+            if b"python" not in argv[0] or not any(a == b"cdi.cloner" or a.endswith(b"/cdi-cloner") for a in argv):
                 continue
             if f"OWNER_UID={owner_uid}".encode() in (entry / "environ").read_bytes().split(b"\0"):
                 return int(entry.name)

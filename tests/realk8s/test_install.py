@@ -288,16 +288,18 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
                  message=f"{service} to accept TLS 1.2 again (Intermediate)")
     timings["TLS profile"] = round(time.monotonic() - t0, 1)
 
-    # -- the end-to-end suite's `anycluster` scenarios, against this cluster (tests/e2e/target.py) -----------
+    # -- the end-to-end suite's `anycluster` and `realcluster` scenarios, against this cluster -----------------
+    # (tests/e2e/target.py): the node is this machine, and the kit restarts its kubelet and runtime
     t0 = time.monotonic()
     prepare_for_e2e(k8s)
     env = {"CDI_E2E_KUBECONFIG": KUBECONFIG, "CDI_E2E_STORAGE_CLASS": CLASS, "CDI_E2E_COPY_CLASS": COPY_CLASS,
            "CDI_E2E_WFFC_CLASS": WFFC_CLASS, "CDI_E2E_SERVE_HOST": NODE_IP, "CDI_E2E_WEBHOOK_CLIENT_AUTH": "1",
-           "CDI_E2E_CROSS_NAMESPACE_GATE": "1"}
+           "CDI_E2E_CROSS_NAMESPACE_GATE": "1", "CDI_E2E_NODE_LOCAL": "1",
+           "CDI_E2E_NODE_RESTART": f"{sys.executable} -m tests.support.realk8s restart-node"}
     # one line per scenario, written as it ends, so a run cut short still says where it stood
     log = tmp_path / "e2e.log"
     returncode = k8s.run_logged(log, "env", *(f"{name}={value}" for name, value in env.items()), sys.executable,
-                                "-m", "pytest", "tests/e2e", "-m", "anycluster", "-n", "0", "-p", "no:cacheprovider",
+                                "-m", "pytest", "tests/e2e", "-m", "anycluster or realcluster", "-n", "0", "-p", "no:cacheprovider",
                                 "-v", "-rfEs", "--maxfail=5", "--durations=15", f"--basetemp={tmp_path / 'e2e'}",
                                 "--junitxml", str(tmp_path / "e2e.xml"), timeout=1500, cwd=REPO)
     timings["e2e suite (anycluster)"] = round(time.monotonic() - t0, 1)

@@ -85,6 +85,51 @@ def _registration(registrar: str) -> str | None:
     return "registered" if statuses and "plugin_registered:true" in statuses[-1] else None
 
 
+def _pid(name: str) -> int | None:
+    """The running kit process `name` by its pid file, if it still runs."""
+    try:
+        pid = int((STATE / "pids" / f"{name}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def stop_process(name: str, timeout: float = 30) -> None:
+    """The kit's process `name` stopped as the kit stops it: SIGTERM (it drains what it serves), SIGKILL
+    after `timeout`."""
+    pid = _pid(name)
+    if pid is None:
+        return
+    os.kill(pid, signal.SIGTERM)
+    try:
+        wait_for(lambda: not _alive(pid), timeout=timeout, interval=0.2, message=f"{name} stopped")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not _alive(pid), timeout=30, interval=0.2, message=f"{name} killed")
+
+
+def start_process(name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+    """`argv` started as the kit's `start` does: in the cluster's network namespace, in a session of its own,
+    its output appended to the kit's log of `name`, its pid in the kit's pid file (so `down.sh` stops it)."""
+    with (STATE / "logs" / f"{name}.log").open("ab") as log:
+        process = subprocess.Popen(["nsenter", "--net=/run/netns/realk8s", "--", *argv], stdin=subprocess.DEVNULL,
+                                   stdout=log, stderr=log, start_new_session=True, env=env)
+    (STATE / "pids" / f"{name}.pid").write_text(f"{process.pid}\n")
+    return process.pid
+
+
+def restart_process(name: str, extra: list[str] | None = None, drop: tuple[str, ...] = ()) -> int:
+    """The kit's running process `name` stopped and started again with the command line and environment it
+    had, less the flags starting with `drop`, plus `extra`."""
+    pid = _pid(name)
+    assert pid is not None, f"the kit's {name} does not run"
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    env = dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+               if "=" in line)
+    stop_process(name)
+    return start_process(name, [a for a in argv if not a.startswith(drop)] + (extra or []), env)
+
+
 @dataclass
 class RealK8s:
     kit: Path
@@ -207,17 +252,10 @@ class RealK8s:
         assert section in text, f"no CRI section in {config}"
         if not _sets_device_ownership(text):
             config.write_text(text.replace(section, section + "  device_ownership_from_security_context = true\n", 1))
-        old = self._containerd_pid()
-        if old is not None:
-            os.kill(old, signal.SIGTERM)
-            wait_for(lambda: not Path(f"/proc/{old}").exists(), timeout=60, interval=0.2,
-                     message="containerd stopped")
-        with (STATE / "logs" / "containerd.log").open("ab") as log:
-            # as the kit's own `start`: in the cluster's network namespace, in a session of its own
-            process = subprocess.Popen(["nsenter", "--net=/run/netns/realk8s", "--", "containerd", "--config",
-                                        str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                       start_new_session=True)
-        CONTAINERD_PID.write_text(f"{process.pid}\n")
+        if self._containerd_pid() is not None:
+            restart_process("containerd")
+        else:
+            start_process("containerd", ["containerd", "--config", str(config)])
         wait_for(lambda: subprocess.run(["ctr", "--address", "/run/realk8s/containerd.sock", "version"],
                                         capture_output=True, check=False).returncode == 0,
                  timeout=60, interval=0.5, message="containerd answering")
@@ -250,21 +288,20 @@ class RealK8s:
         config.write_text(json.dumps({"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
                                       "plugins": [{"name": name, "configuration": plugin} for name in
                                                   ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}))
-        argv = [a for a in argv if not a.startswith(("--admission-control-config-file", "--feature-gates"))]
-        os.kill(pid, signal.SIGTERM)  # it drains its requests first; what is still open after 20 s may go
-        try:
-            wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=20, interval=0.2,
-                     message="kube-apiserver stopped")
-        except AssertionError:
-            os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=30, interval=0.2,
-                     message="kube-apiserver killed")
-        with (STATE / "logs" / "kube-apiserver.log").open("ab") as log:
-            process = subprocess.Popen(["nsenter", "--net=/run/netns/realk8s", "--", *argv, *wanted],
-                                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        APISERVER_PID.write_text(f"{process.pid}\n")
+        # it drains its requests first; what is still open after 30 s may go
+        restart_process("kube-apiserver", wanted, drop=("--admission-control-config-file", "--feature-gates"))
         wait_for(lambda: self.kubectl("get", "--raw", "/readyz", check=False).returncode == 0, timeout=120,
                  interval=0.5, message="kube-apiserver ready after its restart")
+
+    def restart_node(self) -> None:
+        """The node's container runtime and kubelet restarted, as node maintenance (or a crash and its service
+        manager) does: running containers stay (their shims keep them), the kubelet finds them again and
+        registers the CSI drivers anew. Back when the node is Ready and both drivers are registered."""
+        restart_process("containerd")
+        restart_process("kubelet")
+        wait_for(lambda: self.condition(self.get("node", "realk8s"), "Ready") == "True", timeout=120, interval=1.0,
+                 message="the node Ready after its kubelet's restart")
+        self.ensure_drivers_registered()
 
     def ensure_drivers_registered(self) -> None:
         """Both CSI drivers registered with the kubelet, else every claim of theirs stays unmounted (`driver name
@@ -279,13 +316,9 @@ class RealK8s:
                         message=f"{name} registered or exited") == "registered":
                 continue
             socket = STATE / "csi" / directory / "csi.sock"
-            with (STATE / "logs" / f"{name}.log").open("ab") as out:
-                process = subprocess.Popen(
-                    ["nsenter", "--net=/run/netns/realk8s", "--", str(STATE / "bin" / "csi-node-driver-registrar"),
-                     "--csi-address", str(socket), "--kubelet-registration-path", str(socket),
-                     "--plugin-registration-path", str(STATE / "kubelet" / "plugins_registry"), "--v", "2"],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-            (STATE / "pids" / f"{name}.pid").write_text(f"{process.pid}\n")
+            start_process(name, [str(STATE / "bin" / "csi-node-driver-registrar"), "--csi-address", str(socket),
+                                 "--kubelet-registration-path", str(socket), "--plugin-registration-path",
+                                 str(STATE / "kubelet" / "plugins_registry"), "--v", "2"])
             wait_for(lambda n=name: _registration(n) == "registered", timeout=60, interval=0.5,
                      message=f"{name} registered again (see {STATE / 'logs' / name}.log)")
         drivers = {driver for _, driver in REGISTRARS.values()}
@@ -367,3 +400,11 @@ def restricted_pod(name: str, namespace: str, command: str, claim: str, block: b
                      "securityContext": {"runAsNonRoot": True, "fsGroup": 107,
                                          "seccompProfile": {"type": "RuntimeDefault"}},
                      "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}]}}
+
+
+if __name__ == "__main__":
+    # the node restart the tier hands the e2e suite (`CDI_E2E_NODE_RESTART`, tests/e2e/target.py)
+    assert sys.argv[1:] == ["restart-node"], "usage: python -m tests.support.realk8s restart-node"
+    kit = kit_dir()
+    assert kit is not None, "no realk8s kit here"
+    RealK8s(kit).restart_node()
