@@ -219,6 +219,12 @@ class RealK8s:
             if self.get("namespace", "cdi") is not None:
                 self.kubectl("rollout", "restart", "deployment", "-n", "cdi")
 
+    @staticmethod
+    def _wait_containerd() -> None:
+        wait_for(lambda: subprocess.run(["ctr", "--address", "/run/realk8s/containerd.sock", "version"],
+                                        capture_output=True, check=False).returncode == 0,
+                 timeout=60, interval=0.5, message="containerd answering")
+
     def block_devices_owned_by_pod_user(self) -> bool:
         """Does the node's containerd give a pod's block devices to its runAsUser/runAsGroup (CRI
         `device_ownership_from_security_context`)? Without it non-root pods cannot open them. Asks the
@@ -256,9 +262,7 @@ class RealK8s:
             restart_process("containerd")
         else:
             start_process("containerd", ["containerd", "--config", str(config)])
-        wait_for(lambda: subprocess.run(["ctr", "--address", "/run/realk8s/containerd.sock", "version"],
-                                        capture_output=True, check=False).returncode == 0,
-                 timeout=60, interval=0.5, message="containerd answering")
+        self._wait_containerd()
         wait_for(lambda: self.condition(self.get("node", "realk8s"), "Ready") == "True", timeout=120, interval=1.0,
                  message="the node Ready after containerd's restart")
         assert self.block_devices_owned_by_pod_user()
@@ -298,6 +302,7 @@ class RealK8s:
         manager) does: running containers stay (their shims keep them), the kubelet finds them again and
         registers the CSI drivers anew. Back when the node is Ready and both drivers are registered."""
         restart_process("containerd")
+        self._wait_containerd()  # a kubelet that finds no runtime socket exits
         restart_process("kubelet")
         wait_for(lambda: self.condition(self.get("node", "realk8s"), "Ready") == "True", timeout=120, interval=1.0,
                  message="the node Ready after its kubelet's restart")
