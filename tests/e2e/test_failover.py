@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,7 +127,7 @@ def wait_takeover(k: Kubectl, crashed: str, since: float) -> float:
 
 
 def test_the_standby_finishes_an_import_whose_leader_crashed(k: Kubectl, gated_server: FileServer,
-                                                            images: dict[str, Image]) -> None:
+                                                            images: dict[str, Image], record_property: Any) -> None:
     image = images["raw.img"]
     ns = new_namespace(k, "failover-import")
     importers = PodWatch(k, ns, "cdi.kubevirt.io=importer")
@@ -136,7 +137,7 @@ def test_the_standby_finishes_an_import_whose_leader_crashed(k: Kubectl, gated_s
     wait_for(lambda: gated_server.served(image.name) >= 4 * MIB - 256 * 1024, 120, 0.2, message="import under way")
     crashed = crash_leader(k)
     took = wait_takeover(k, crashed, time.monotonic())
-    print(f"failover: the standby led {took:.1f} s after the leader's crash, mid-import")
+    record_property("standby leads after (s)", round(took, 1))
     gated_server.open_gate()
     dv = wait_phase(k, "survivor", "Succeeded", timeout=180, namespace=ns)
     assert dv["status"]["progress"] == "100.0%" and dv["status"].get("restartCount", 0) == 0
@@ -144,7 +145,7 @@ def test_the_standby_finishes_an_import_whose_leader_crashed(k: Kubectl, gated_s
     assert len(importers.stop()) == 1, importers.uids  # the standby adopted the running importer
 
 
-def test_the_standby_finishes_a_host_assisted_clone_whose_leader_crashed(k: Kubectl) -> None:
+def test_the_standby_finishes_a_host_assisted_clone_whose_leader_crashed(k: Kubectl, record_property: Any) -> None:
     ns = new_namespace(k, "failover-clone")
     k.apply(pvc("golden", "320Mi", storage_class=TARGET.copy_class), "-n", ns)
     run_to_completion(k, ns, pod("fill", LARGE_WRITE, "golden", python=True), timeout=180)
@@ -160,7 +161,7 @@ def test_the_standby_finishes_a_host_assisted_clone_whose_leader_crashed(k: Kube
     assert get(k, "datavolume", "copy", ns)["status"]["phase"] == "CloneInProgress"
     crashed = crash_leader(k)
     took = wait_takeover(k, crashed, time.monotonic())
-    print(f"failover: the standby led {took:.1f} s after the leader's crash, mid-clone")
+    record_property("standby leads after (s)", round(took, 1))
     os.killpg(os.getpgid(frozen), signal.SIGCONT)
     dv = wait_dv_phase(k, ns, "copy", "Succeeded", timeout=300)
     copied = describe(k, ns, "copy", "describe-copy")

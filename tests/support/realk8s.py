@@ -133,7 +133,7 @@ def restart_process(name: str, extra: list[str] | None = None, drop: tuple[str, 
 @dataclass
 class RealK8s:
     kit: Path
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)  # seconds by step, and what was measured
 
     def run(self, *argv: str, check: bool = True, timeout: float = 300, input: str | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
