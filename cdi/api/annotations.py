@@ -59,6 +59,8 @@ POD_RESTARTS: Final = _P + "storage.pod.restarts"
 POD_SCHEDULABLE: Final = _P + "storage.pod.schedulable"
 IMPORT_POD_NAME: Final = _P + "storage.import.importPodName"
 UPLOAD_POD_NAME: Final = _P + "storage.uploadPodName"
+# CDI's upload controller marks the pods and Services it creates so; cdi never does: what carries it is CDI's
+CREATED_BY_UPLOAD_CONTROLLER: Final = _P + "storage.createdByUploadController"
 CONDITION_RUNNING: Final = _P + "storage.condition.running"
 CONDITION_RUNNING_REASON: Final = _P + "storage.condition.running.reason"
 CONDITION_RUNNING_MESSAGE: Final = _P + "storage.condition.running.message"
