@@ -9,13 +9,15 @@ import json
 from typing import Any
 
 from cdi.api import groups
+from cdi.controller.dataimportcron import DataImportCronReconciler
+from cdi.controller.datasource import DataSourceReconciler
 from cdi.controller.datavolume.clones import CloneReconciler
 from cdi.controller.datavolume.importsource import ImportDataVolumeReconciler
 from cdi.controller.datavolume.uploads import UploadReconciler
 from cdi.controller.datavolume.uploadsource import UploadDataVolumeReconciler
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.conftest import NAMESPACE, STORAGE_CLASS
+from tests.unit.controller.conftest import NAMESPACE, STORAGE_CLASS, reconciled
 
 Obj = dict[str, Any]
 A = "cdi.kubevirt.io/"
@@ -170,3 +172,64 @@ async def test_an_upload_server_whose_deadline_passed_is_started_again(kube: Fak
     assert kube.object(groups.PODS, "cdi-upload-up", NAMESPACE) is not None
     pvc = kube.object(groups.PVCS, "up", NAMESPACE)
     assert pvc is not None and pvc["metadata"]["annotations"][A + "storage.pod.phase"] == "Pending"
+
+
+async def test_a_cron_cdi_left_between_runs_waits_for_its_schedule_and_collects_as_cdi(kube: FakeKube,
+                                                                                      ctx: Context) -> None:
+    """CDI's per-cron state (next and last run, desired digest, storage class in annotations; current and
+    last import in status) is read as it is: no poll and no import before the next run CDI recorded, the
+    newest imports kept by last use up to importsToKeep, and older ones collected, as CDI's GC does (here
+    the admin lowered importsToKeep from 3 to 2 since CDI's last collection)."""
+    digests = ["sha256:" + str(i) * 12 + "f" * 52 for i in (1, 2, 3)]
+    names = [f"golden-{d[7:19]}" for d in digests]
+    for name, used in zip(names, ("2025-10-01T00:00:00Z", "2025-10-20T00:00:00Z", "2025-11-01T00:00:00Z"),
+                          strict=True):
+        labels = {A + "dataImportCron": "cron", "app.kubernetes.io/component": "storage",
+                  "app.kubernetes.io/managed-by": "cdi-controller"}
+        left_by_cdi(kube, name, {"registry": {"url": "docker://registry.example/golden@" + digests[0]}},
+                    "Succeeded", "100.0%", "Import Complete", {})
+        for gvr in (groups.DATAVOLUMES, groups.PVCS):
+            obj = kube.object(gvr, name, NAMESPACE)
+            assert obj is not None
+            obj["metadata"].setdefault("labels", {}).update(labels)
+            obj["metadata"]["annotations"][A + "storage.import.lastUseTime"] = used
+            kube.add(gvr, obj)
+    next_run = "2099-07-01T00:00:00Z"
+    annotations = {A + "storage.import.nextCronTime": next_run, A + "storage.import.lastCronTime": STAMP,
+                   A + "storage.import.sourceDesiredDigest": digests[-1],
+                   A + "storage.import.storageClass": STORAGE_CLASS}
+    kube.add(groups.DATAIMPORTCRONS, {
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataImportCron",
+        "metadata": {"name": "cron", "namespace": NAMESPACE, "annotations": dict(annotations)},
+        "spec": {"schedule": "0 0 1 7 *", "managedDataSource": "golden", "importsToKeep": 2,
+                 "garbageCollect": "Outdated", "template": {"spec": {
+                     "source": {"registry": {"url": "docker://registry.example/golden"}},
+                     "storage": {"storageClassName": STORAGE_CLASS, "resources": {"requests": {"storage": "1Gi"}}}}}},
+        "status": {"currentImports": [{"DataVolumeName": names[-1], "Digest": digests[-1]}],
+                   "lastImportedPVC": {"namespace": NAMESPACE, "name": names[-1]},
+                   "lastExecutionTimestamp": STAMP, "lastImportTimestamp": STAMP, "sourceFormat": "pvc",
+                   "conditions": [{"type": "Progressing", "status": "False", "message": "No current import",
+                                   "reason": "NoImport", "lastTransitionTime": STAMP, "lastHeartbeatTime": STAMP},
+                                  {"type": "UpToDate", "status": "True", "message": "Latest import is up to date",
+                                   "reason": "UpToDate", "lastTransitionTime": STAMP, "lastHeartbeatTime": STAMP}]}})
+    kube.add(groups.DATASOURCES, {"metadata": {"name": "golden", "namespace": NAMESPACE,
+                                               "labels": {A + "dataImportCron": "cron"}},
+                                  "spec": {"source": {"pvc": {"namespace": NAMESPACE, "name": names[-1]}}}})
+    reconciler = DataImportCronReconciler(ctx)
+    await reconciled(reconciler, "cron")
+    await reconciled(reconciler, "cron")
+    assert kube.created(groups.PODS) == [] and kube.created(groups.DATAVOLUMES) == []
+    stored = kube.object(groups.DATAIMPORTCRONS, "cron", NAMESPACE)
+    assert stored is not None
+    assert stored["metadata"]["annotations"] == annotations
+    assert stored["status"]["lastImportedPVC"]["name"] == names[-1]
+    assert stored["status"]["lastImportTimestamp"] == STAMP
+    assert kube.object(groups.PVCS, names[0], NAMESPACE) is None  # the least recently used, past importsToKeep
+    assert kube.object(groups.DATAVOLUMES, names[0], NAMESPACE) is None
+    for name in names[1:]:
+        assert kube.object(groups.PVCS, name, NAMESPACE) is not None
+    await DataSourceReconciler(ctx).reconcile(f"{NAMESPACE}/golden")
+    source = kube.object(groups.DATASOURCES, "golden", NAMESPACE)
+    assert source is not None
+    ready = next(c for c in source["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and source["status"]["source"]["pvc"]["name"] == names[-1]
