@@ -128,6 +128,7 @@ LABEL_FILLING_UP_ALERT: Final = "alerts.k8s.io/KubePersistentVolumeFillingUp"
 LABEL_PROMETHEUS: Final = "prometheus.cdi.kubevirt.io"
 LABEL_APPLY_STORAGE_PROFILE: Final = _P + "applyStorageProfile"
 LABEL_OPERATOR_COMPONENT: Final = _P + "component"  # on what the operator installs: which component it is
+LABEL_OPERATOR: Final = "operator.cdi.kubevirt.io"  # on the operator's own objects (CDI's cdi-config ConfigMap)
 
 # finalizers
 DATAVOLUME_FINALIZER: Final = _P + "dataVolumeFinalizer"
