@@ -204,7 +204,10 @@ class Operator:
         ready = all(_ready(d) for d in deployments)
         phase = status.get("phase") or "Deploying"
         if ready:
-            if phase != "Deployed" or not _condition_is(cr, "Available", "True"):
+            # a resource another operator deployed (CDI's, taken over) says Deployed and Available already:
+            # its observedVersion says whose components those are
+            if phase != "Deployed" or not _condition_is(cr, "Available", "True") or \
+                    status.get("observedVersion") != self.images.tag:
                 await self._status(cr, "Deployed", available=True, progressing=False, degraded=False,
                                    reason="DeployCompleted", message="Deployment Completed")
             return self.resync

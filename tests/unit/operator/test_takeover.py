@@ -143,3 +143,29 @@ async def test_cdi_config_is_made_as_cdi_makes_it_for_the_way_back() -> None:
     [owner] = config["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("CDI", "cdi", cr["metadata"]["uid"],
                                                                                   True)
+
+
+async def test_once_its_components_are_ready_the_resource_says_they_are_cdis() -> None:
+    """A resource saying Deployed and Available with CDI's versions (CDI's operator, not yet removed, wrote its
+    status again) over cdi's ready components: cdi's pass writes its own observedVersion (what CDI's operator
+    upgrades from, going back), where Deployed and Available alone looked like nothing to do."""
+    kube = FakeKube(NS)
+    left_by_cdis_operator(kube)
+    operator = Operator(kube, NS, Images())
+    operator.deployments = kube.informer(DEPLOYMENTS)  # what the running operator's informer would hold
+    await operator.reconcile()
+    for deployment in kube.objects(DEPLOYMENTS, NS):
+        want = deployment["spec"]["replicas"]
+        deployment["status"] = {"observedGeneration": deployment["metadata"].get("generation", 1),
+                                "readyReplicas": want, "updatedReplicas": want}
+        kube.add(DEPLOYMENTS, deployment)
+    cdis = kube.object(groups.CDIS, "cdi")
+    assert cdis is not None
+    cdis["status"] = {"phase": "Deployed", "operatorVersion": "v1.62.0", "targetVersion": "v1.62.0",
+                      "observedVersion": "v1.62.0", "conditions": [{"type": "Available", "status": "True"}]}
+    kube.add(groups.CDIS, cdis)
+    await operator.reconcile()
+    cr = kube.object(groups.CDIS, "cdi")
+    assert cr is not None
+    assert cr["status"]["phase"] == "Deployed" and cr["status"]["observedVersion"] == Images().tag
+    assert next(c for c in cr["status"]["conditions"] if c["type"] == "Available")["status"] == "True"
