@@ -32,6 +32,16 @@ CDI_SPEC = {"imagePullPolicy": "IfNotPresent", "uninstallStrategy": "BlockUninst
             "workload": {"nodeSelector": {"kubernetes.io/os": "linux"}}}
 
 
+_S = "cdi.kubevirt.io/storage."
+UPLOAD_DONE_ANNOTATIONS = {
+    # CDI's: its upload populator copies them from the prime; the PV controller's binding
+    _S + "pod.phase", _S + "pod.ready", _S + "pod.restarts", _S + "condition.running",
+    _S + "condition.running.message", _S + "condition.running.reason", _S + "preallocation",
+    "pv.kubernetes.io/bind-completed", "pv.kubernetes.io/bound-by-controller",
+    # cdi's: whether its upload server had scratch (CDI writes the key for imports only)
+    _S + "import.requiresScratch"}
+
+
 def kube_of(k: Kubectl) -> Kube:
     def kube(*args: str, input: str | None = None) -> str:
         return k(*args, input=input).stdout
@@ -96,6 +106,12 @@ def test_cdi_takes_over_what_cdi_left_without_touching_a_byte(tmp_path: Path) ->
         got = state.run_pod("read-uploaded", left.upload_waiting,
                             f"head -c {image.stat().st_size} /data/disk.img | sha256sum").split()[0]
         assert got == hashlib.sha256(image.read_bytes()).hexdigest()
+        # what the completed upload's claim says: what CDI's upload populator would write, and one key of cdi's
+        claim = k.get("pvc", left.upload_waiting, NS)["metadata"]["annotations"]
+        was = before.claims[left.upload_waiting]["metadata"]["annotations"]
+        changed = {key for key, value in claim.items() if was.get(key) != value}
+        assert changed <= UPLOAD_DONE_ANNOTATIONS, changed - UPLOAD_DONE_ANNOTATIONS
+        assert set(was) - set(claim) == {"cdi.kubevirt.io/storage.populator.pvcPrime"}  # CDI drops it too
     except BaseException:
         print(up.recent_logs())
         raise
