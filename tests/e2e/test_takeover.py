@@ -15,13 +15,17 @@ it ends, and the bytes arrive."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
+from cdi.api.crds import cdi_crds
 from tests.e2e.uploading import image_upload
-from tests.support.cdistate import CdiState, Classes, Kube, Left
-from tests.support.cluster import CdiUp, Kubectl, wait_for
+from tests.support.cdistate import CdiState, Classes, Kube, Left, cdi_shipped_crds
+from tests.support.cluster import ROOT, CdiUp, Kubectl, wait_for
 from tests.support.takeover import check_untouched, snapshot
 
 NS = "takeover"
@@ -115,5 +119,43 @@ def test_cdi_takes_over_what_cdi_left_without_touching_a_byte(tmp_path: Path) ->
     except BaseException:
         print(up.recent_logs())
         raise
+    finally:
+        up.stop()
+
+
+def test_cdi_manifests_apply_over_the_crds_cdi_left(tmp_path: Path) -> None:
+    """CDI's CRDs as CDI ships them (no status subresource for the CDI kind; its `v1alpha1`, here also in the
+    CRD's storedVersions as on a cluster CDI upgraded from it): `cdi manifests`' CRDs apply over them, the CDI
+    resource and its status stay. Without the old version declared, the API server refuses it, as
+    kube-apiserver does. (`cdi up`'s API server has no server-side apply: kubectl's client-side apply and
+    replace here, the README's server-side apply on a cluster.)"""
+    up = CdiUp(tmp_path / "cdi", "--no-cdi")
+    up.start()
+    k = Kubectl(up.kubeconfig, tmp_path / "kc")
+    try:
+        for crd in cdi_shipped_crds(cdi_crds()):  # cdi up made its own: CDI's in their place
+            current = k.json("get", "crd", crd["metadata"]["name"])
+            crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            k("replace", "-f", "-", input=json.dumps(crd))
+        k("patch", "crd", "cdis.cdi.kubevirt.io", "--subresource=status", "--type=merge",
+          "-p", '{"status":{"storedVersions":["v1alpha1","v1beta1"]}}')
+        k.apply({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "CDI", "metadata": {"name": "cdi"},
+                 "spec": CDI_SPEC, "status": {"phase": "Deployed", "observedVersion": "v1.62.0"}})
+        assert k.json("get", "cdi", "cdi")["status"]["observedVersion"] == "v1.62.0"
+
+        without_alpha = next(c for c in cdi_crds() if c["metadata"]["name"] == "cdis.cdi.kubevirt.io")
+        without_alpha["spec"]["versions"] = [v for v in without_alpha["spec"]["versions"] if v["name"] == "v1beta1"]
+        refused = k("replace", "-f", "-", input=json.dumps(without_alpha), check=False)
+        assert refused.returncode != 0 and "must appear in spec.versions" in refused.stderr, refused.stderr
+
+        manifests = subprocess.run([sys.executable, "-m", "cdi.cli.main", "manifests"], capture_output=True,
+                                   text=True, check=True, cwd=ROOT).stdout
+        crds = "\n---\n".join(doc for doc in manifests.split("\n---\n") if "kind: CustomResourceDefinition" in doc)
+        k.apply(crds)
+        crd = k.json("get", "crd", "cdis.cdi.kubevirt.io")
+        assert crd["status"]["storedVersions"] == ["v1alpha1", "v1beta1"]
+        assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1", "v1beta1"]
+        cr = k.json("get", "cdi", "cdi")
+        assert cr["spec"] == CDI_SPEC and cr["status"]["observedVersion"] == "v1.62.0"
     finally:
         up.stop()
