@@ -175,14 +175,29 @@ def settled(kube: Kube, left: Left) -> None:
     wait_for(still, timeout=180, interval=5.0, message="cdi's controllers done with what CDI left")
 
 
+def remove_earlier_installs(k8s: RealK8s) -> None:
+    """The scenario starts where neither cdi nor CDI is installed. What an earlier run of the tier (or of this
+    scenario) left goes first: the CDI resource (its finalizer dropped, no operator may be left to remove
+    it), then everything `cdi manifests` installs, CRDs included, with the CDI objects they hold; CDI's
+    stand-ins that `cdi manifests` does not name; this scenario's namespace."""
+    if k8s.get("crd", "cdis.cdi.kubevirt.io") is not None and k8s.get("cdi", "cdi") is not None:
+        k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+        k8s.kubectl("delete", "cdi", "cdi", "--ignore-not-found", "--wait=true", timeout=120)
+    k8s.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=300)
+    k8s.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", input=cdi_cli("manifests"), timeout=600)
+    k8s.kubectl("delete", "clusterrole/cdi-operator-cluster", "--ignore-not-found")
+    k8s.kubectl("delete", "validatingwebhookconfiguration/objecttransfer-api-validate", "--ignore-not-found")
+    for crd in cdi_shipped_crds(cdi_crds()):
+        k8s.kubectl("delete", "crd", crd["metadata"]["name"], "--ignore-not-found", "--wait=true", timeout=300)
+    wait_for(lambda: k8s.get("namespace", CDI_NS) is None, timeout=300, interval=1.0,
+             message=f"namespace {CDI_NS} gone")
+
+
 def takeover_from_cdi(k8s: RealK8s, tmp_path: Path) -> None:
+    """The scenario; the tier calls it before it installs cdi (after its clean slate)."""
     kube = kube_of(k8s)
     version = Images().tag
-    for leftover in ("crd", "namespace"):
-        names = ["cdis.cdi.kubevirt.io"] if leftover == "crd" else [CDI_NS, NS]
-        for name in names:
-            assert k8s.get(leftover, name) is None, f"{leftover} {name} is there: takeover_from_cdi needs a " \
-                                                    "cluster without cdi or CDI (run it before the install)"
+    remove_earlier_installs(k8s)
     k8s.apply(json.dumps({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": WFFC_CLASS},
                           "provisioner": "hostpath.csi.k8s.io", "reclaimPolicy": "Delete",
                           "volumeBindingMode": "WaitForFirstConsumer"}))
