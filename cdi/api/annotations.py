@@ -59,6 +59,8 @@ POD_RESTARTS: Final = _P + "storage.pod.restarts"
 POD_SCHEDULABLE: Final = _P + "storage.pod.schedulable"
 IMPORT_POD_NAME: Final = _P + "storage.import.importPodName"
 UPLOAD_POD_NAME: Final = _P + "storage.uploadPodName"
+# CDI's upload controller marks the pods and Services it creates so; cdi never does: what carries it is CDI's
+CREATED_BY_UPLOAD_CONTROLLER: Final = _P + "storage.createdByUploadController"
 CONDITION_RUNNING: Final = _P + "storage.condition.running"
 CONDITION_RUNNING_REASON: Final = _P + "storage.condition.running.reason"
 CONDITION_RUNNING_MESSAGE: Final = _P + "storage.condition.running.message"
@@ -126,6 +128,7 @@ LABEL_FILLING_UP_ALERT: Final = "alerts.k8s.io/KubePersistentVolumeFillingUp"
 LABEL_PROMETHEUS: Final = "prometheus.cdi.kubevirt.io"
 LABEL_APPLY_STORAGE_PROFILE: Final = _P + "applyStorageProfile"
 LABEL_OPERATOR_COMPONENT: Final = _P + "component"  # on what the operator installs: which component it is
+LABEL_OPERATOR: Final = "operator.cdi.kubevirt.io"  # on the operator's own objects (CDI's cdi-config ConfigMap)
 
 # finalizers
 DATAVOLUME_FINALIZER: Final = _P + "dataVolumeFinalizer"

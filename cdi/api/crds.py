@@ -279,7 +279,7 @@ def cdiconfig_crd() -> Manifest:
 
 def cdi_crd() -> Manifest:
     cert = obj({"duration": string(), "renewBefore": string()})
-    return _crd("cdis", "CDI", namespaced=False, singular="cdi",
+    crd = _crd("cdis", "CDI", namespaced=False, singular="cdi",
                 spec=obj({
                     "imagePullPolicy": enum("Always", "IfNotPresent", "Never"),
                     "uninstallStrategy": enum("RemoveWorkloads", "BlockUninstallIfWorkloadsExist"),
@@ -306,6 +306,12 @@ def cdi_crd() -> Manifest:
                 short_names=("cdi", "cdis"),
                 columns=(_AGE, {"name": "Phase", "type": "string", "jsonPath": ".status.phase"}),
                 required=())
+    # As CDI's release (`cdi-operator.yaml`) ships it: the CDI kind's old version too, served and not stored.
+    # A cluster where CDI ran may list it in the CRD's status.storedVersions, and kube-apiserver refuses a
+    # CRD whose spec.versions lacks a stored version: without it, installing over CDI would fail here.
+    beta = crd["spec"]["versions"][0]
+    crd["spec"]["versions"] = [{**beta, "name": groups.CDI_ALPHA_VERSION, "storage": False}, beta]
+    return crd
 
 
 def objecttransfer_crd() -> Manifest:

@@ -4,6 +4,7 @@ from typing import Final, NamedTuple
 
 CDI_GROUP: Final = "cdi.kubevirt.io"
 CDI_VERSION: Final = "v1beta1"
+CDI_ALPHA_VERSION: Final = "v1alpha1"  # the CDI kind's old version, still in CDI's CRD
 CDI_API_VERSION: Final = f"{CDI_GROUP}/{CDI_VERSION}"
 
 UPLOAD_GROUP: Final = "upload.cdi.kubevirt.io"

@@ -127,6 +127,18 @@ def make_ca(common_name: str, days: float = 3650) -> KeyPair:
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
+def can_sign(ca: KeyPair) -> bool:
+    """Whether `issue` can sign with this CA: its key is one of ours (an ECDSA key). A CA another installation
+    made (CDI's are RSA) cannot, and is replaced rather than used."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        return isinstance(serialization.load_pem_private_key(ca.key_pem, password=None), ec.EllipticCurvePrivateKey)
+    except ValueError:
+        return False
+
+
 def issue(ca: KeyPair | None, common_name: str, hosts: list[str] | None = None, *, server: bool = True,
           client: bool = False, days: float = 365) -> KeyPair:
     """A leaf certificate signed by `ca`, or self-signed when `ca` is None."""

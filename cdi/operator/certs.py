@@ -148,7 +148,9 @@ class Certificates:
     async def ca(self, name: str, lifetime: Lifetime) -> tuple[pki.KeyPair, bool]:
         current = await self._secret(name)
         pair = _pair(current)
-        if pair is not None and not due(pair, lifetime):
+        # a CA cdi cannot sign with (CDI's RSA signers, on a cluster cdi took over) is replaced like one due:
+        # the bundle keeps it beside the new one until it expires, so what trusted it goes on trusting
+        if pair is not None and not due(pair, lifetime) and pki.can_sign(pair):
             return pair, False
         # CDI's `namespace_name@unixtime`, made unique: a CA renewed within the second of its predecessor
         # (a certConfig change right after a start) shares the bundle with it, and OpenSSL picks an issuer
@@ -163,7 +165,8 @@ class Certificates:
                    hosts: list[str] | None, *, client: bool = False) -> pki.KeyPair:
         current = await self._secret(name)
         pair = _pair(current)
-        if pair is not None and not due(pair, lifetime, ca) and _hosts(pair) >= set(hosts or ()):
+        if pair is not None and not due(pair, lifetime, ca) and _hosts(pair) >= set(hosts or ()) and \
+                _common_name(pair) == common_name:
             return pair
         pair = pki.issue(ca, common_name, hosts, days=_days(lifetime.duration),
                          server=not client, client=client)
@@ -241,6 +244,11 @@ def _hosts(pair: pki.KeyPair) -> set[str]:
         return set()
     return {str(v) for v in sans.get_values_for_type(x509.DNSName)} | {
         str(v) for v in sans.get_values_for_type(x509.IPAddress)}
+
+
+def _common_name(pair: pki.KeyPair) -> str:
+    names = pair.certificate().subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    return str(names[0].value) if names else ""
 
 
 def _hash(data: bytes) -> str:

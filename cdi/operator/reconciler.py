@@ -22,7 +22,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.groups import GVR
-from cdi.kube import ApiError, Conflict, Forbidden, Informer, KubeClient, NotFound
+from cdi.kube import AlreadyExists, ApiError, Conflict, Forbidden, Informer, KubeClient, NotFound
 from cdi.operator import monitoring, resources
 from cdi.operator.certs import (
     APISERVER_SERVER,
@@ -61,6 +61,10 @@ COMPONENT_CREATED = {
                         f"{UPLOADPROXY_SIGNER}-bundle", UPLOADPROXY_CA_CONFIGMAP),
     groups.LEASES: ("cdi-controller-leader-election-helper",),
 }
+# the mutating webhooks cdi-apiserver registers itself (the operator installs the validating ones)
+REGISTERED_BY_APISERVER = ("cdi-api-pvc-mutate", "cdi-api-datavolume-mutate")
+# CDI's ConfigMap naming the installed `CDI` resource (its operator's `cdi-config`)
+OPERATOR_CONFIG = "cdi-config"
 # the worker pods and Services the controller runs (CDI's operator removes them with the controller)
 WORKERS_SELECTOR = "cdi.kubevirt.io in (importer, cdi-upload-server, cdi-clone-source)"
 
@@ -175,6 +179,8 @@ class Operator:
                                     reason="DeployStarted", message="Started Deployment")
         spec = cr.get("spec") or {}
         await self._ensure_config(spec)
+        await self._ensure_operator_config(cr)
+        await self._take_over()
         custom = spec.get("customizeComponents") or {}
         try:
             customize(resources.components(cr, self.namespace, self.images, {}), custom)
@@ -198,7 +204,10 @@ class Operator:
         ready = all(_ready(d) for d in deployments)
         phase = status.get("phase") or "Deploying"
         if ready:
-            if phase != "Deployed" or not _condition_is(cr, "Available", "True"):
+            # a resource another operator deployed (CDI's, taken over) says Deployed and Available already:
+            # its observedVersion says whose components those are
+            if phase != "Deployed" or not _condition_is(cr, "Available", "True") or \
+                    status.get("observedVersion") != self.images.tag:
                 await self._status(cr, "Deployed", available=True, progressing=False, degraded=False,
                                    reason="DeployCompleted", message="Deployment Completed")
             return self.resync
@@ -239,6 +248,56 @@ class Operator:
                 "metadata": {"name": groups.CDI_CONFIG_NAME, "labels": {ann.LABEL_COMPONENT: ""}},
                 "spec": dict(spec.get("config") or {})})
 
+    async def _ensure_operator_config(self, cr: Mapping[str, Any]) -> None:
+        """CDI's `cdi-config` ConfigMap, controlled by the `CDI` resource: how CDI's operator knows which
+        resource is the installed one (without it, CDI's operator puts a resource whose status has a phase
+        in Error). Kept as CDI made it, or made as CDI makes it, so that going back to CDI works."""
+        try:
+            await self.client.get(groups.CONFIGMAPS, OPERATOR_CONFIG, self.namespace)
+            return
+        except NotFound:
+            pass
+        meta = cr["metadata"]
+        with contextlib.suppress(AlreadyExists):
+            await self.client.create(groups.CONFIGMAPS, {
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": OPERATOR_CONFIG, "namespace": self.namespace,
+                             "labels": {ann.LABEL_OPERATOR: "", **resources.MANAGED_BY},
+                             "ownerReferences": [{"apiVersion": groups.CDI_API_VERSION, "kind": "CDI",
+                                                  "name": meta["name"], "uid": meta["uid"], "controller": True,
+                                                  "blockOwnerDeletion": True}]}}, self.namespace)
+
+    async def _take_over(self) -> None:
+        """What another installation of CDI (KubeVirt's, whose operator was removed for this one) left under
+        the names cdi installs. Its component Deployments carry CDI's probes, volumes and containers, which
+        server-side apply would merge into cdi's (two readiness handlers: refused): they go, and cdi's are
+        created in their place. Its webhook configurations that send cdi-api what cdi-api does not serve
+        (`objecttransfer-api-validate`) would refuse those requests: they go too. Nothing else of CDI's is
+        touched: its CRDs, its CDI resource, CDIConfig, StorageProfiles, and every DataVolume and claim."""
+        for name in (resources.CONTROLLER, resources.APISERVER, resources.UPLOADPROXY):
+            try:
+                current = await self.client.get(DEPLOYMENTS, name, self.namespace)
+            except NotFound:
+                continue
+            if ((current.get("metadata") or {}).get("labels") or {}).get(ann.LABEL_OPERATOR_COMPONENT) != name:
+                log.info("taking over Deployment %s/%s from another installation of CDI", self.namespace, name)
+                await self._delete(DEPLOYMENTS, name, self.namespace)
+        ours = {obj["metadata"]["name"] for obj in resources.webhooks_and_apiservice(self.namespace, "")}
+        ours.update(REGISTERED_BY_APISERVER)
+        for gvr in (groups.VALIDATING_WEBHOOKS, groups.MUTATING_WEBHOOKS):
+            for configuration in (await self.client.list(gvr)).items:
+                name = configuration["metadata"]["name"]
+                if name not in ours and self._calls_our_apiserver(configuration):
+                    log.info("removing %s %s, left by another installation of CDI", gvr.kind, name)
+                    await self._delete(gvr, name, None)
+
+    def _calls_our_apiserver(self, configuration: Mapping[str, Any]) -> bool:
+        hooks = configuration.get("webhooks") or []
+        return bool(hooks) and all(
+            ((hook.get("clientConfig") or {}).get("service") or {}).get("namespace") == self.namespace and
+            ((hook.get("clientConfig") or {}).get("service") or {}).get("name") == resources.API_SERVICE
+            for hook in hooks)
+
     async def _apply(self, obj: Obj) -> Obj:
         gvr = KINDS[obj["kind"]]
         namespace = obj["metadata"].get("namespace")
@@ -275,7 +334,7 @@ class Operator:
         for gvr, names in COMPONENT_CREATED.items():
             for name in names:
                 await self._delete(gvr, name, self.namespace)
-        for own in ("cdi-api-pvc-mutate", "cdi-api-datavolume-mutate"):  # cdi-apiserver registers these itself
+        for own in REGISTERED_BY_APISERVER:
             await self._delete(groups.MUTATING_WEBHOOKS, own, None)
         await self._delete(groups.CDICONFIGS, groups.CDI_CONFIG_NAME, None)
         for profile in (await self.client.list(groups.STORAGEPROFILES)).items:

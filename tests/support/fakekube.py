@@ -183,6 +183,10 @@ class FakeKube(KubeClient):
                     force: bool | None = None) -> Obj:
         if (patch_type == "json") != isinstance(patch, Sequence):
             raise ValueError("a JSON patch is a list of operations, and only a JSON patch is")
+        if patch_type == "apply" and isinstance(patch, Mapping):
+            where = self._ns(gvr, namespace, patch) if gvr.namespaced else ""
+            if self._objects.get(gvr, {}).get((where, name)) is None:
+                return await self.create(gvr, patch, namespace, dry_run=dry_run)  # server-side apply creates
         current = self._get(gvr, name, namespace)
         if not isinstance(patch, Mapping):
             patched: Obj = json_patch(copy.deepcopy(current), [dict(op) for op in patch])

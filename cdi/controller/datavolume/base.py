@@ -94,6 +94,15 @@ def own_datavolumes(ctx: Context, handles: Callable[[Body], bool], keys: list[st
     return found
 
 
+def _finished(view: DataVolumeView, pvc: Body | None) -> bool:
+    """A DataVolume whose claim is there and filled, as its status or the claim says: its source, whatever it
+    is, is read no more (CDI filled it before cdi took over, from a source cdi refuses to start from). Its
+    claim gone, it would have to be filled again, which such a source cannot."""
+    if pvc is None:
+        return False
+    return view.phase == "Succeeded" or ClaimView(pvc).annotations.get(ann.POD_PHASE) == "Succeeded"
+
+
 class DataVolumeReconciler(Reconciler):
     """The flow every source kind shares; a subclass per kind fills in what differs."""
 
@@ -148,10 +157,10 @@ class DataVolumeReconciler(Reconciler):
         if not self.handles(dv):
             return None  # another source kind's
         view = DataVolumeView(dv)
-        unsupported = unsupported_source(view.spec)
-        if unsupported is not None:
-            return await self._refuse(dv, unsupported)
         pvc = self.ctx.cached(groups.PVCS, name, namespace)
+        unsupported = unsupported_source(view.spec)
+        if unsupported is not None and not _finished(view, pvc):
+            return await self._refuse(dv, unsupported)
         if pvc is None:
             if ann.PRE_POPULATED in view.annotations:
                 # as CDI: the claim is on its way (a restore); the DataVolume waits for it, never fills it
@@ -392,7 +401,8 @@ class DataVolumeReconciler(Reconciler):
             # (CDI says Succeeded a moment earlier, while its claim is still Pending)
             return None, 0.5
         if pod_phase == "Succeeded":
-            status["phase"], status["progress"] = "Succeeded", PROGRESS_COMPLETE
+            if status.get("phase") != "Succeeded":  # a finished DataVolume's progress is what it ended with
+                status["phase"], status["progress"] = "Succeeded", PROGRESS_COMPLETE
             return (NORMAL, self.succeeded_reason, self.succeeded_message.format(name)), None
         if claim_phase == "Pending" and populating:
             # the claim binds only once the prime's volume is handed over: the phase follows the pod

@@ -73,6 +73,18 @@ def is_clone(dv: Body) -> bool:
     return view.source_ref is not None or view.source_kind in ("pvc", "snapshot")
 
 
+def clone_phase_of(target: Body) -> str:
+    """The target claim's clonePhase. A claim an older CDI cloned without its clone populator (host-assisted,
+    in place: `k8s.io/CloneRequest`) has none; once its copy succeeded (`k8s.io/CloneOf`, the upload
+    server's phase), it is Succeeded, and nothing is cloned or looked at again."""
+    annotations = ClaimView(target).annotations
+    phase = annotations.get(ann.CLONE_PHASE)
+    if phase is None and ann.CLONE_REQUEST in annotations and \
+            (annotations.get(ann.CLONE_OF) == "true" or annotations.get(ann.POD_PHASE) == "Succeeded"):
+        return SUCCEEDED
+    return phase or ""
+
+
 def clone_source_name(dv: Body) -> str:
     return f"volume-clone-source-{DataVolumeView(dv).uid}"
 
@@ -151,7 +163,7 @@ class CloneReconciler(Reconciler):
             return await self._check_token(dv) or await self._create_target(dv)
         if ClaimView(target).deleting:
             return None
-        phase = ClaimView(target).annotations.get(ann.CLONE_PHASE, "")
+        phase = clone_phase_of(target)
         # a step is taken only once the DataVolume shows the current phase, so that every phase shows
         # (with its event) however short it is
         if phase in (SUCCEEDED, ERROR) or view.phase != PHASE_MAP.get(phase):
@@ -374,12 +386,12 @@ class CloneReconciler(Reconciler):
             status["phase"] = phase
         elif pvc is not None:
             status["claimName"] = ClaimView(pvc).name
-            clone_phase = ClaimView(pvc).annotations.get(ann.CLONE_PHASE, "")
+            clone_phase = clone_phase_of(pvc)
             restarts = ClaimView(pvc).annotations.get(ann.POD_RESTARTS, "")
             if restarts.isdigit():
                 status["restartCount"] = int(restarts)
             status["phase"] = PHASE_MAP.get(clone_phase, status.get("phase") or "CloneScheduled")
-            if status["phase"] == "Succeeded":
+            if status["phase"] == "Succeeded" and old_phase != "Succeeded":  # a finished one keeps its progress
                 status["progress"] = PROGRESS_COMPLETE
             elif status["phase"] == "CloneInProgress":
                 await self._refresh_progress(view, pvc, status)

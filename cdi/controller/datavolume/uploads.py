@@ -30,7 +30,7 @@ from cdi.api import env, groups, tlsprofile
 from cdi.api.targetvolume import TargetVolume, default_path
 from cdi.api.upload import CLIENT_NAME, UPLOAD_PORT, upload_resource_name, upload_service_name
 from cdi.api.uploadrequest import UploadServerRequest
-from cdi.api.views import ClaimView, PodView
+from cdi.api.views import ClaimView, ObjectView, PodView
 from cdi.common.imageprobe import ACCESS_STREAM, needs_scratch
 from cdi.controller import quota
 from cdi.controller.claims import (
@@ -120,10 +120,28 @@ class UploadReconciler(Reconciler):
             wffc = (storage_class or {}).get("volumeBindingMode") == "WaitForFirstConsumer"
             if not (wffc and not waits_for_first_consumer(self.ctx, pvc)):
                 return None
+        if pod is not None and ann.CREATED_BY_UPLOAD_CONTROLLER in PodView(pod).annotations:
+            await self._replace_cdis(pvc, pod)
+            return None
         if pod is None:
             await self._create(pvc)
             return None
         return await self._observe(pvc, pod)
+
+    async def _replace_cdis(self, pvc: Body, pod: Body) -> None:
+        """An upload server CDI's controller started (a cluster cdi took over from CDI): its headless Service
+        cannot route cdi's proxy to it, and its certificates are CDI's. It goes, with its Service, as CDI's
+        controller lets its own go when their deadline passes, and the pod watch brings the claim back for
+        cdi's. No upload is cut: CDI's proxy, the only way to it, went with CDI."""
+        claim = ClaimView(pvc)
+        service = await get_if_present(self.ctx, groups.SERVICES, upload_service_name(claim.name), claim.namespace)
+        if service is not None and ann.CREATED_BY_UPLOAD_CONTROLLER in ObjectView(service).annotations:
+            await delete_if_present(self.ctx, groups.SERVICES, upload_service_name(claim.name), claim.namespace,
+                                    cached=False)
+        self.log.info("%s: replacing CDI's upload server %s", claim.key, PodView(pod).name)
+        await annotate(self.ctx, pvc, {ann.POD_PHASE: "", ann.POD_READY: "false"})
+        await delete_if_present(self.ctx, groups.PODS, PodView(pod).name, claim.namespace, cached=False,
+                                grace_period_seconds=0)
 
     async def _create(self, pvc: Body) -> None:
         claim = ClaimView(pvc)
@@ -218,6 +236,12 @@ class UploadReconciler(Reconciler):
         if running:
             changes.update({ann.CONDITION_RUNNING: "true", ann.CONDITION_RUNNING_REASON: "Pod is running",
                             ann.CONDITION_RUNNING_MESSAGE: ""})
+        if phase == "Succeeded" and termination(pod)[1].get("deadlinePassed"):
+            # CDI's upload server ends when its certificates' deadline passes, with nothing uploaded: CDI
+            # starts another, and so does cdi (a pod CDI started before cdi took over can end so)
+            await annotate(self.ctx, pvc, {ann.POD_PHASE: "", ann.POD_READY: "false"})
+            await delete_if_present(self.ctx, groups.PODS, PodView(pod).name, PodView(pod).namespace, cached=False)
+            return None
         if phase == "Succeeded":
             _, result = termination(pod)
             changes.update({ann.POD_READY: "false", ann.CONDITION_RUNNING: "false",

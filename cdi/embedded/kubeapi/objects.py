@@ -470,6 +470,16 @@ class Objects:
         await self._validate_admission(request)
         if rtype.key == "apiextensions.k8s.io/customresourcedefinitions" and subresource == "":
             self._prepare_crd(obj, old)
+        elif rtype.key == "apiextensions.k8s.io/customresourcedefinitions":  # a migration rewrites storedVersions
+            stored = list((obj.get("status") or {}).get("storedVersions") or [])
+            storage = next((v["name"] for v in obj["spec"].get("versions") or [] if v.get("storage")), "")
+            causes = _stored_version_causes(obj["spec"], stored)
+            if storage and storage not in stored:
+                listed = ", ".join(f'"{v}"' for v in stored)
+                causes.append(Cause("status.storedVersions", f"Invalid value: []string{{{listed}}}: must have the "
+                                                             f"storage version {storage}"))
+            if causes:
+                raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", name, causes)
         current = self.store.get(rtype.key, ns, name)
         if current is None:
             raise errors.not_found(rtype.plural, rtype.group, name)
@@ -603,13 +613,15 @@ class Objects:
         if spec.get("scope") not in ("Namespaced", "Cluster"):
             causes.append(Cause("spec.scope", f'Unsupported value: "{spec.get("scope")}": supported values: '
                                               '"Cluster", "Namespaced"', "FieldValueNotSupported"))
+        stored = sorted({v["name"] for v in spec.get("versions") or [] if v.get("storage")} |
+                        set(((old or {}).get("status") or {}).get("storedVersions") or []))
+        causes += _stored_version_causes(spec, stored)
         if causes:
             raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", obj["metadata"]["name"], causes)
         stamp = now()
         status = obj.setdefault("status", {})
         status["acceptedNames"] = {k: v for k, v in names.items()}
-        status["storedVersions"] = sorted({v["name"] for v in spec["versions"] if v.get("storage")} |
-                                          set(((old or {}).get("status") or {}).get("storedVersions") or []))
+        status["storedVersions"] = stored
         status["conditions"] = [
             {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
              "message": "no conflicts found", "lastTransitionTime": stamp},
@@ -712,3 +724,11 @@ class Objects:
 class _Retry(Exception):
     """The object changed while a patch was being admitted; apply the patch again."""
 
+
+
+def _stored_version_causes(spec: Obj, stored: list[str]) -> list[Cause]:
+    """kube-apiserver's rule: every version objects may still be stored in (status.storedVersions) stays
+    declared in spec.versions, served or not, until a migration drops it from storedVersions."""
+    declared = {v.get("name") for v in spec.get("versions") or []}
+    return [Cause(f"status.storedVersions[{i}]", f'Invalid value: "{version}": must appear in spec.versions')
+            for i, version in enumerate(stored) if version not in declared]

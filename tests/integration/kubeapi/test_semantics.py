@@ -232,6 +232,43 @@ async def test_crds_created_through_the_api_are_served(api: Api) -> None:
     assert status == 404
 
 
+async def test_a_stored_version_stays_declared_until_a_migration_drops_it(api: Api) -> None:
+    """kube-apiserver's rule, which installing over an older CRD meets: a version the CRD's status says
+    objects may still be stored in cannot leave spec.versions; a status write (a storage migration) that
+    drops it from storedVersions can, and must keep the storage version."""
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+
+    def crd(*versions: tuple[str, bool]) -> dict[str, object]:
+        return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "gadgets.example.com"},
+                "spec": {"group": "example.com", "scope": "Cluster",
+                         "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+                         "versions": [{"name": n, "served": True, "storage": s, "schema": schema}
+                                      for n, s in versions]}}
+
+    created = await api.ok("POST", crds, crd(("v1alpha1", True)))
+    assert created["status"]["storedVersions"] == ["v1alpha1"]
+    moved = await api.ok("PUT", f"{crds}/gadgets.example.com", {
+        **crd(("v1alpha1", False), ("v1beta1", True)),
+        "metadata": {"name": "gadgets.example.com", "resourceVersion": created["metadata"]["resourceVersion"]}})
+    assert moved["status"]["storedVersions"] == ["v1alpha1", "v1beta1"]
+    status, body = await api.call("PATCH", f"{crds}/gadgets.example.com", crd(("v1beta1", True)),
+                                  content_type="application/merge-patch+json")
+    assert status == 422, body
+    assert 'status.storedVersions[0]: Invalid value: "v1alpha1": must appear in spec.versions' in body["message"]
+    status, body = await api.call("PATCH", f"{crds}/gadgets.example.com/status",
+                                  {"status": {"storedVersions": ["v1alpha1"]}},
+                                  content_type="application/merge-patch+json")
+    assert status == 422 and "must have the storage version v1beta1" in body["message"], body
+    await api.ok("PATCH", f"{crds}/gadgets.example.com/status", {"status": {"storedVersions": ["v1beta1"]}},
+                 content_type="application/merge-patch+json")
+    dropped = await api.ok("PATCH", f"{crds}/gadgets.example.com", crd(("v1beta1", True)),
+                           content_type="application/merge-patch+json")
+    assert [v["name"] for v in dropped["spec"]["versions"]] == ["v1beta1"]
+    assert dropped["status"]["storedVersions"] == ["v1beta1"]
+
+
 async def test_protobuf_bodies_from_typed_clients_are_understood(api: Api) -> None:
     # What `kubectl create configmap x --from-literal=a=b` sends: k8s\0 + runtime.Unknown{TypeMeta, raw}
     def field(number: int, payload: bytes) -> bytes:
