@@ -20,6 +20,7 @@ from cdi.controller.watches import Watch
 from cdi.kube import (
     Conflict,
     EventRecorder,
+    Forbidden,
     Informer,
     KubeClient,
     NotFound,
@@ -96,7 +97,8 @@ class Reconciler:
     They declare what brings a key back in `watches()` (and `initial_keys()`); the manager runs those.
 
     Errors (and `RetryLater`) are retried with per-key exponential backoff; a 409 is retried promptly (the
-    cache is merely behind); a 404 means the object went away while reconciling, which is no error."""
+    cache is merely behind); a 404 means the object went away while reconciling, and a 403 from a namespace
+    being deleted that it is going, which are no errors."""
 
     name = "reconciler"
 
@@ -148,6 +150,15 @@ class Reconciler:
                 self.queue.add_rate_limited(key)
             except asyncio.CancelledError:
                 raise
+            except Forbidden as exc:
+                if exc.namespace_terminating:  # the namespace goes, and with it what this would have made
+                    outcome = "gone"
+                    self.queue.forget(key)
+                    self.log.debug("%s: its namespace is being deleted: %s", key, exc)
+                else:
+                    outcome = "error"
+                    self.log.exception("reconciling %s failed", key)
+                    self.queue.add_rate_limited(key)
             except Exception:
                 outcome = "error"
                 self.log.exception("reconciling %s failed", key)

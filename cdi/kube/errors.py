@@ -96,6 +96,13 @@ class Unauthorized(ApiError):
 class Forbidden(ApiError):
     code = 403
 
+    @property
+    def namespace_terminating(self) -> bool:
+        """Refused because the namespace is being deleted (the NamespaceLifecycle admission's cause): whatever
+        the request would have made there is going with it."""
+        return any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating"
+                   for c in self.details.get("causes") or [])
+
 
 class NotFound(ApiError):
     code = 404
