@@ -6,6 +6,7 @@ loads the images when they changed."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -118,14 +119,20 @@ def start_process(name: str, argv: list[str], env: dict[str, str] | None = None)
     return process.pid
 
 
-def restart_process(name: str, extra: list[str] | None = None, drop: tuple[str, ...] = ()) -> int:
-    """The kit's running process `name` stopped and started again with the command line and environment it
-    had, less the flags starting with `drop`, plus `extra`."""
+def command_of(name: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of the kit's running process `name`."""
     pid = _pid(name)
     assert pid is not None, f"the kit's {name} does not run"
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
     env = dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
                if "=" in line)
+    return argv, env
+
+
+def restart_process(name: str, extra: list[str] | None = None, drop: tuple[str, ...] = ()) -> int:
+    """The kit's running process `name` stopped and started again with the command line and environment it
+    had, less the flags starting with `drop`, plus `extra`."""
+    argv, env = command_of(name)
     stop_process(name)
     return start_process(name, [a for a in argv if not a.startswith(drop)] + (extra or []), env)
 
@@ -207,6 +214,16 @@ class RealK8s:
                 self.timings["up.sh"] = round(time.monotonic() - up_started, 1)
         if starting is not None and starting.returncode != 0:
             raise AssertionError(f"up.sh failed ({starting.returncode}):\n{output[-3000:]}")
+        for _ in range(2):
+            # up.sh starts the kubelet as soon as containerd answers, and a kubelet that finds containerd's CRI
+            # not serving yet exits ("server is not initialized yet") while up.sh goes on content with the
+            # node's earlier Ready condition: the kit's next start is clean
+            if subprocess.run([str(self.kit / "status.sh")], capture_output=True, check=False).returncode == 0:
+                break
+            subprocess.run([str(self.kit / "down.sh")], capture_output=True, check=False, timeout=120)
+            self._timed("up.sh again", [str(self.kit / "up.sh")], 900)
+        status = subprocess.run([str(self.kit / "status.sh")], capture_output=True, text=True, check=False)
+        assert status.returncode == 0, f"the kit does not run whole after up.sh:\n{status.stdout}"
         inputs = (IMAGES_DIR / ".inputs").read_text().strip()
         stamp = STATE / "cdi-images-loaded"
         if not stamp.exists() or stamp.read_text().strip() != inputs:
@@ -301,12 +318,29 @@ class RealK8s:
         """The node's container runtime and kubelet restarted, as node maintenance (or a crash and its service
         manager) does: running containers stay (their shims keep them), the kubelet finds them again and
         registers the CSI drivers anew. Back when the node is Ready and both drivers are registered."""
+        kubelet = command_of("kubelet")
+        stop_process("kubelet")
         restart_process("containerd")
-        self._wait_containerd()  # a kubelet that finds no runtime socket exits
-        restart_process("kubelet")
+        self._wait_containerd()
+        since = time.time()
+
+        def back() -> bool:
+            if _pid("kubelet") is None:
+                # started again while containerd's CRI is not serving yet ("server is not initialized yet"),
+                # a kubelet exits: as its service manager would, start it again
+                start_process("kubelet", *kubelet)
+                return False
+            return self._kubelet_heard_since(since)
+        wait_for(back, timeout=120, interval=1.0, message="the restarted kubelet renewing its node's lease")
         wait_for(lambda: self.condition(self.get("node", "realk8s"), "Ready") == "True", timeout=120, interval=1.0,
                  message="the node Ready after its kubelet's restart")
         self.ensure_drivers_registered()
+
+    def _kubelet_heard_since(self, since: float) -> bool:
+        """Has the node's kubelet renewed its Lease after `since` (a Ready condition can be a dead one's)?"""
+        lease = self.get("lease", "realk8s", "kube-node-lease") or {}
+        renewed = (lease.get("spec") or {}).get("renewTime")
+        return bool(renewed) and datetime.datetime.fromisoformat(renewed.replace("Z", "+00:00")).timestamp() > since
 
     def ensure_drivers_registered(self) -> None:
         """Both CSI drivers registered with the kubelet, else every claim of theirs stays unmounted (`driver name
