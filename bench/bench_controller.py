@@ -56,23 +56,9 @@ LEASES = GVR("coordination.k8s.io", "v1", "leases", "Lease", True)
 PODS = GVR("", "v1", "pods", "Pod", True)
 LEASE_NAME = "cdi-controller-leader-election-helper"
 CONTROLLER_LABEL = "cdi.kubevirt.io=cdi-deployment"
-IMAGE_NAME = "disk.qcow2"
 
 
-# -- the image and the file server the importer pods read it from ----------------------------------------
-
-
-def make_image(directory: Path, virtual_mib: int = 8, data_mib: int = 4) -> Path:
-    """A qcow2 of `virtual_mib` MiB with `data_mib` MiB of random data at its start: a small real import
-    (the importer converts it), the same bytes in every run of the benchmark and the test."""
-    raw = directory / "disk.raw"
-    with raw.open("wb") as out:
-        out.truncate(virtual_mib << 20)
-        out.write(os.urandom(data_mib << 20))
-    image = directory / IMAGE_NAME
-    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(image)], check=True)
-    raw.unlink()
-    return image
+# -- the file server the importer pods read the image from --------------------------------------------
 
 
 @contextlib.asynccontextmanager
@@ -101,8 +87,12 @@ class Usage:
     rss_bytes: int
 
 
+NO_PROCESS_METRICS = ("the controller's /metrics has no process_cpu_seconds_total / process_resident_memory_bytes "
+                      "(an image from before they were exported): its CPU and memory are not measured")
+
+
 class ControllerProbe(Protocol):
-    async def read(self) -> Usage: ...
+    async def read(self) -> Usage | None: ...
 
     def describe(self) -> str: ...
 
@@ -113,7 +103,7 @@ class ProcessProbe:
     def __init__(self, pid: int) -> None:
         self.pid = pid
 
-    async def read(self) -> Usage:
+    async def read(self) -> Usage | None:
         return self.stat()
 
     def stat(self) -> Usage:
@@ -143,7 +133,8 @@ class LeaderPodProbe:
         lease = await self.client.get(LEASES, LEASE_NAME, self.namespace)
         holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
         pods = await self.client.list(PODS, self.namespace, label_selector=CONTROLLER_LABEL)
-        # ours names itself `<pod>-<pid>`, controller-runtime `<pod>_<uuid>`: the longest pod name it starts with
+        # the holder is `<pod>_<uuid>` (ours, as controller-runtime's; `<pod>-<pid>` before): the longest pod name
+        # it starts with
         names = sorted((p["metadata"]["name"] for p in pods.items if holder.startswith(p["metadata"]["name"])),
                        key=len)
         if not names:
@@ -152,7 +143,7 @@ class LeaderPodProbe:
         self.pod = names[-1]
         return self.pod
 
-    async def read(self) -> Usage:
+    async def read(self) -> Usage | None:
         path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}:{self.port}/proxy/metrics"
         text = (await self.client.request("GET", path, accept="text/plain")).text
         values: dict[str, float] = {}
@@ -161,7 +152,7 @@ class LeaderPodProbe:
                 if sample.name in ("process_cpu_seconds_total", "process_resident_memory_bytes"):
                     values[sample.name] = sample.value
         if len(values) < 2:
-            raise SystemExit(f"{path} has no process_cpu_seconds_total / process_resident_memory_bytes")
+            return None
         return Usage(values["process_cpu_seconds_total"], int(values["process_resident_memory_bytes"]))
 
     def describe(self) -> str:
@@ -181,6 +172,8 @@ class Sampler:
 
     async def sample(self) -> None:
         usage = await self.probe.read()
+        if usage is None:
+            return
         self.reads += 1
         self.first = self.first or usage
         self.last = usage
@@ -198,8 +191,8 @@ class Sampler:
 
 def report(outcome: scale.Outcome, sampler: Sampler, peak_rss: int, where: str, controller: str) -> dict[str, Any]:
     n = outcome.count
-    assert sampler.first is not None and sampler.last is not None
-    cpu = sampler.last.cpu_seconds - sampler.first.cpu_seconds
+    first, last_usage = sampler.first, sampler.last
+    cpu = last_usage.cpu_seconds - first.cpu_seconds if first and last_usage else None
     requests = outcome.api_requests_total()
     last = outcome.last_succeeded_seconds
     rows: list[tuple[str, str]] = [
@@ -215,10 +208,12 @@ def report(outcome: scale.Outcome, sampler: Sampler, peak_rss: int, where: str, 
         ("ratio to the creates alone", f"{last / outcome.creates_seconds:.1f}x" if last else "-"),
         ("create -> Succeeded, median / p95",
          f"{outcome.latency(0.5) or 0:.1f} s / {outcome.latency(0.95) or 0:.1f} s"),
-        ("controller CPU per DataVolume", f"{1000 * cpu / n:.1f} ms ({cpu:.1f} s in all)"),
-        ("controller memory: start, peak", f"{sampler.first.rss_bytes / 2**20:.0f} MiB, {peak_rss / 2**20:.0f} MiB"),
+        ("controller CPU per DataVolume", f"{1000 * cpu / n:.1f} ms ({cpu:.1f} s in all)" if cpu is not None
+         else "n/a"),
+        ("controller memory: start, peak", f"{first.rss_bytes / 2**20:.0f} MiB, {peak_rss / 2**20:.0f} MiB" if first
+         else "n/a"),
         ("controller memory per DataVolume (peak - start)",
-         f"{(peak_rss - sampler.first.rss_bytes) / n / 1024:.0f} KiB"),
+         f"{(peak_rss - first.rss_bytes) / n / 1024:.0f} KiB" if first else "n/a"),
         ("API requests per DataVolume", f"{requests / n:.1f} ({requests} in all, the benchmark's own "
                                         f"{outcome.own_requests} taken out)"),
     ]
@@ -233,11 +228,14 @@ def report(outcome: scale.Outcome, sampler: Sampler, peak_rss: int, where: str, 
     for step, seconds in outcome.step_medians().items():
         print(f"  {step:28} {seconds:6.2f}")
     problems = outcome.problems()
+    if first is None:
+        print(f"\nNOTE: {NO_PROCESS_METRICS}")
     if problems:
         print("\nPROBLEMS:\n  " + "\n  ".join(problems))
     return {"rows": dict(rows), "cpu_seconds": cpu, "peak_rss_bytes": peak_rss, "api_requests": requests,
             "api_by_kind": {f"{v} {r} {c}": k for (v, r, c), k in outcome.api_requests.items()},
             "steps": outcome.step_medians(), "problems": problems, "last_succeeded_seconds": last,
+            "timelines": {name: vars(t) for name, t in outcome.timelines.items()},
             "count": n}
 
 
@@ -341,7 +339,7 @@ async def serving(args: argparse.Namespace, served: Path | None, embedded_at: tu
     if served is None:
         return await on(None)
     async with file_server(served, args.serve_host) as base:
-        return await on(f"{base}/{IMAGE_NAME}")
+        return await on(f"{base}/{scale.IMAGE_NAME}")
 
 
 def main() -> int:
@@ -364,7 +362,7 @@ def main() -> int:
     if not args.blank_only:
         served = work / "served"
         served.mkdir()
-        make_image(served)
+        scale.make_image(served)
     if args.kubeconfig:
         result = asyncio.run(serving(args, served, None))
     else:

@@ -18,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import statistics
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,7 +35,21 @@ from cdi.kube import KubeClient
 from cdi.kube.errors import AlreadyExists, ApiError
 
 Obj = dict[str, Any]
+IMAGE_NAME = "disk.qcow2"
 RequestKey = tuple[str, str, str]  # (verb, resource[/subresource], code) of apiserver_request_total
+
+
+def make_image(directory: Path, virtual_mib: int = 8, data_mib: int = 4) -> Path:
+    """A qcow2 of `virtual_mib` MiB with `data_mib` MiB of random data at its start: a small real import
+    (the importer converts it), of the same shape in every run of the benchmark and the test."""
+    raw = directory / "disk.raw"
+    with raw.open("wb") as out:
+        out.truncate(virtual_mib << 20)
+        out.write(os.urandom(data_mib << 20))
+    image = directory / IMAGE_NAME
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(image)], check=True)
+    raw.unlink()
+    return image
 
 
 @dataclass(frozen=True)
