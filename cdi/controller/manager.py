@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 CACHED = (groups.DATAVOLUMES, groups.PVCS, groups.PODS, groups.STORAGECLASSES, groups.STORAGEPROFILES,
           groups.CDICONFIGS, groups.CDIS, groups.VOLUMESNAPSHOTCLASSES, groups.NODES, groups.PVS,
           groups.DATASOURCES, groups.VOLUMESNAPSHOTS, groups.VOLUMESNAPSHOTCONTENTS, groups.DATAIMPORTCRONS,
-          groups.VOLUMEIMPORTSOURCES, groups.VOLUMEUPLOADSOURCES, groups.VOLUMECLONESOURCES, groups.CSIDRIVERS)
+          groups.VOLUMEIMPORTSOURCES, groups.VOLUMEUPLOADSOURCES, groups.VOLUMECLONESOURCES, groups.CSIDRIVERS,
+          groups.EVENTS)
 # kinds only some clusters serve (OpenShift's Routes): cached and watched only where the API server serves
 # them when the controller starts, as CDI's watchRoutes; elsewhere their cache stays empty
 IF_SERVED = frozenset({groups.ROUTES})

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
-from cdi.api.groups import GVR
+from cdi.api.groups import GVR, PODS, PVS
 from cdi.common.backoff import backoff_delay
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.objects import DeleteOptions, Objects, RequestContext
@@ -27,11 +27,53 @@ Finalizers = list[str]  # named here: inside LocalApi, `list` is its method
 MERGE = "application/merge-patch+json"
 
 
+CLAIM_INDEX = "claim"  # pods by the claims their volumes name, volumes by their claimRef
+
+
+def _claims_of_pod(pod: Mapping[str, Any]) -> Iterable[str]:
+    namespace = (pod.get("metadata") or {}).get("namespace", "")
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        if claim:
+            yield f"{namespace}/{claim}"
+
+
+def _claim_of_volume(pv: Mapping[str, Any]) -> Iterable[str]:
+    ref = (pv.get("spec") or {}).get("claimRef") or {}
+    if ref.get("name"):
+        yield f"{ref.get('namespace', '')}/{ref['name']}"
+    if ref.get("uid"):
+        yield f"uid:{ref['uid']}"
+
+
 class LocalApi:
-    """Typed-by-GVR access to the in-process API (`cdi.api.groups` constants name the kinds)."""
+    """Typed-by-GVR access to the in-process API (`cdi.api.groups` constants name the kinds).
+
+    The node and the storage controllers look up pods and volumes by claim on every claim event; they do it
+    through indexes the store keeps (as a kube controller through its informer's indexers), not by decoding
+    every pod or volume each time: that made the embedded control plane's cost per DataVolume grow with the
+    number of DataVolumes (issue 29: 114 ms at 100, 520 ms at 500)."""
 
     def __init__(self, objects: Objects) -> None:
         self.objects = objects
+        objects.store.add_index(self.rtype(PODS).key, CLAIM_INDEX, _claims_of_pod)
+        objects.store.add_index(self.rtype(PVS).key, CLAIM_INDEX, _claim_of_volume)
+
+    def _indexed(self, gvr: GVR, value: str) -> list[Obj]:
+        rtype = self.rtype(gvr)
+        return [self.objects.view(rtype, entry) for _, _, entry in self.objects.store.by_index(rtype.key, CLAIM_INDEX,
+                                                                                                value)]
+
+    def pods_of_claim(self, namespace: str, claim: str) -> list[Obj]:
+        """Pods with a volume of claim `namespace/claim` (any phase)."""
+        return self._indexed(PODS, f"{namespace}/{claim}")
+
+    def volumes_of_claim(self, namespace: str, claim: str, uid: str = "") -> list[Obj]:
+        """PersistentVolumes whose claimRef names `namespace/claim` or, given `uid`, that claim's uid."""
+        found = {pv["metadata"]["name"]: pv for pv in self._indexed(PVS, f"{namespace}/{claim}")}
+        if uid:
+            found.update((pv["metadata"]["name"], pv) for pv in self._indexed(PVS, f"uid:{uid}"))
+        return [found[name] for name in sorted(found)]
 
     def rtype(self, gvr: GVR) -> ResourceType:
         rtype = self.objects.registry.lookup(gvr.group, gvr.version, gvr.plural)

@@ -65,6 +65,13 @@ class _Pending:
     reason: str
     message: str
 
+    @property
+    def key(self) -> tuple[str, ...]:
+        """What makes two events the same one (a repeat bumps the first one's count)."""
+        ref = self.ref
+        return (ref["apiVersion"], ref["kind"], str(ref.get("namespace") or "default"), ref["name"],
+                str(ref.get("uid", "")), self.type, self.reason, self.message)
+
 
 class EventRecorder:
     """Records Events for one component (`source.component`, `reportingComponent`)."""
@@ -78,6 +85,7 @@ class EventRecorder:
         self.cache_size = cache_size
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(max_pending)
         self._recorded: OrderedDict[tuple[str, ...], _Recorded] = OrderedDict()
+        self._queued: dict[tuple[str, ...], int] = {}  # what record() accepted and the worker has not written
         self._worker: asyncio.Task[None] | None = None
         self.dropped = 0  # refused by record() (invalid, or the queue was full)
         self.failed = 0  # the API refused to store them
@@ -91,13 +99,21 @@ class EventRecorder:
             if not ref["name"] or not ref["kind"]:
                 raise ValueError("the object needs kind and metadata.name")
             self._ensure_worker()
-            self._queue.put_nowait(_Pending(ref, type, reason, message[:MAX_MESSAGE]))
+            pending = _Pending(ref, type, reason, message[:MAX_MESSAGE])
+            self._queue.put_nowait(pending)
+            self._queued[pending.key] = self._queued.get(pending.key, 0) + 1
         except asyncio.QueueFull:
             self.dropped += 1
             log.warning("event queue full; dropped %s event %s on %s", type, reason, _describe(obj))
         except Exception as exc:
             self.dropped += 1
             log.warning("not recording %s event %s on %s: %s", type, reason, _describe(obj), exc)
+
+    def recorded(self, obj: Mapping[str, Any], type: EventType, reason: str, message: str) -> bool:
+        """Whether this event about `obj` was recorded by this recorder (and is still in its cache) or is
+        queued: what a caller that must not repeat an event asks before the event can be listed back."""
+        key = _Pending(object_reference(obj), type, reason, message[:MAX_MESSAGE]).key
+        return key in self._queued or key in self._recorded
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued event has been written (or given up on)."""
@@ -146,13 +162,17 @@ class EventRecorder:
                 self.failed += 1
                 log.exception("could not record %s event %s", pending.type, pending.reason)
             finally:
+                left = self._queued.get(pending.key, 1) - 1
+                if left > 0:
+                    self._queued[pending.key] = left
+                else:
+                    self._queued.pop(pending.key, None)
                 self._queue.task_done()
 
     async def _write(self, pending: _Pending) -> None:
         ref = pending.ref
         namespace = str(ref.get("namespace") or "default")
-        key = (ref["apiVersion"], ref["kind"], namespace, ref["name"], str(ref.get("uid", "")),
-               pending.type, pending.reason, pending.message)
+        key = pending.key
         now = rfc3339()
         seen = self._recorded.get(key)
         if seen is not None:

@@ -135,6 +135,9 @@ class Informer:
         for key, obj in self._cache.items():
             self._index(name, func, key, obj)
 
+    def has_index(self, name: str) -> bool:
+        return name in self._indexers
+
     def by_index(self, name: str, value: str) -> builtins.list[Obj]:
         keys = self._indices[name].get(value, set())
         return [self._cache[k] for k in sorted(keys) if k in self._cache]

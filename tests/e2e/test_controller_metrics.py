@@ -52,6 +52,13 @@ def test_cdi_resource_ready(shared_cdi_up: CdiUp) -> None:
     assert "# HELP kubevirt_cdi_cr_ready CDI install ready" in metrics(shared_cdi_up)
 
 
+def test_process_series_say_what_the_controller_costs(shared_cdi_up: CdiUp) -> None:
+    """The process series every Go controller exports (what a scale benchmark reads from the leader pod)."""
+    text = metrics(shared_cdi_up)
+    assert (value(text, "process_cpu_seconds_total") or 0) > 0
+    assert (value(text, "process_resident_memory_bytes") or 0) > 10 << 20
+
+
 def _stalled_import(k: Kubectl, up: CdiUp, server: FileServer, image: Image, name: str) -> str:
     """A DataVolume whose import is held a third of the way in, once the controller exports its progress."""
     server.close_gate(4 << 20)

@@ -155,7 +155,8 @@ class PopulatorReconciler(Reconciler):
             return self.keys_waiting_on_class(ObjectView(storage).name)
         return [Watch(groups.PVCS, self.keys_for_claim), Watch(self.source_gvr, self.keys_for_source),
                 Watch(groups.STORAGECLASSES, waiting), Watch(groups.STORAGEPROFILES, waiting),
-                quota.quota_watch(self.ctx, groups.PVCS, lambda pvc: refers_to(pvc, self.source_kind))]
+                quota.quota_watch(self.ctx, groups.PVCS, lambda pvc: refers_to(pvc, self.source_kind)),
+                Watch(groups.EVENTS, self.keys_for_event)]
 
     def keys_for_claim(self, pvc: Body) -> Iterable[str]:
         """A claim event: the claim itself if it names our kind; its owner if it is our prime."""
@@ -164,6 +165,18 @@ class PopulatorReconciler(Reconciler):
             yield view.key
         if view.annotations.get(ann.POPULATOR_KIND) == self.source_kind:
             owner = owning_claim(pvc)
+            if owner:
+                yield owner
+
+    def keys_for_event(self, event: Body) -> Iterable[str]:
+        """An event about one of our prime claims: the claim it works for, which repeats it (CDI's
+        addEventWatcher), read from the cache once it is there."""
+        involved = event.get("involvedObject") or {}
+        if involved.get("kind") != "PersistentVolumeClaim":
+            return
+        prime = self.ctx.cached(groups.PVCS, str(involved.get("name", "")), involved.get("namespace"))
+        if prime is not None and ClaimView(prime).annotations.get(ann.POPULATOR_KIND) == self.source_kind:
+            owner = owning_claim(prime)
             if owner:
                 yield owner
 

@@ -16,11 +16,12 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from cdi.embedded.kubeapi import bodies, discovery, errors, fieldlabels
+from cdi.embedded.kubeapi import bodies, discovery, errors, fieldlabels, requestmetrics
 from cdi.embedded.kubeapi.aggregator import Aggregator
 from cdi.embedded.kubeapi.authz import Attributes, RbacAuthorizer
 from cdi.embedded.kubeapi.errors import StatusError
 from cdi.embedded.kubeapi.objects import DeleteOptions, Objects, RequestContext, UserInfo, WatchEvent
+from cdi.embedded.kubeapi.requestmetrics import RequestMetrics, labels_of
 from cdi.embedded.kubeapi.resources import ResourceType
 from cdi.embedded.kubeapi.selectors import FieldSelector, parse_field_selector, parse_label_selector
 from cdi.embedded.kubeapi.tables import table
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 _PUBLIC = {"/healthz", "/livez", "/readyz", "/version"}
 USER = web.RequestKey("user", UserInfo)
+# the status of a response whose headers went out (a watch or a log stream answers before it ends)
+PREPARED_STATUS = web.RequestKey("prepared_status", int)
 IMPERSONATE_EXTRA = "impersonate-extra-"
 
 
@@ -147,6 +150,7 @@ class ApiHandlers:
             "authentication.k8s.io/selfsubjectreviews": self._self_review,
         }
         self.bookmark_interval = 10.0
+        self.request_metrics = RequestMetrics()
 
     def _authorize(self, request: web.Request, attrs: Attributes) -> None:
         user = request.get(USER)
@@ -223,6 +227,28 @@ class ApiHandlers:
     @web.middleware
     async def middleware(self, request: web.Request,
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Answers every request (errors as `Status` bodies) and counts it in `apiserver_request_total` when it
+        ends, with the code the client got: a stream's once its headers went out even if the client then
+        went away, 0 for a request that ended before any answer (as kube-apiserver's counter says)."""
+        code = 0
+        try:
+            response = await self._answer(request, handler)
+            code = response.status
+            return response
+        except web.HTTPException as exc:
+            code = exc.status
+            raise
+        finally:
+            self.request_metrics.count(
+                labels_of(request.method, request.path, request.query, request.headers.get("Content-Type", "")),
+                code or request.get(PREPARED_STATUS, 0))
+
+    @staticmethod
+    async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        request[PREPARED_STATUS] = response.status
+
+    async def _answer(self, request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         try:
             if request.path not in _PUBLIC:
                 user = self.auth.authenticate(request)
@@ -252,7 +278,7 @@ class ApiHandlers:
             web.get("/version", self.version), web.get("/healthz", self.healthz), web.get("/livez", self.healthz),
             web.get("/readyz", self.healthz), web.get("/api", self.api), web.get("/apis", self.apis),
             web.get("/openapi/v2", self.openapi_v2), web.get("/openapi/v3", self.openapi_index),
-            web.get("/openapi/v3/{path:.*}", self.openapi_gv),
+            web.get("/openapi/v3/{path:.*}", self.openapi_gv), web.get("/metrics", self.metrics),
             web.route("*", "/api/{version}", self.api_version_or_resource),
             web.route("*", "/api/{version}/{rest:.*}", self.resource),
             web.get("/apis/{group}", self.group), web.route("*", "/apis/{group}/{version}", self.group_version),
@@ -264,6 +290,13 @@ class ApiHandlers:
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """`apiserver_request_total` and the process's series, to whoever may `get` the non-resource URL
+        `/metrics` (kube-apiserver's `system:monitoring`; the admin)."""
+        self._authorize_path(request)
+        return web.Response(body=self.request_metrics.exposition(),
+                            headers={"Content-Type": requestmetrics.CONTENT_TYPE})
 
     async def api(self, request: web.Request) -> web.Response:
         self._authorize_path(request)

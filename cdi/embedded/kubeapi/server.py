@@ -227,6 +227,7 @@ class ApiServer:
         self.quotas.start()
         self._tasks.append(asyncio.create_task(self._default_service_accounts(), name="serviceaccounts"))
         app = web.Application(middlewares=[self.handlers.middleware], client_max_size=bodies.MAX_BYTES)
+        app.on_response_prepare.append(self.handlers.on_response_prepare)
         app.add_routes(self.handlers.routes())
         # handler_cancellation: a watch whose client disconnected ends at once instead of holding its
         # subscription until the next event for it.

@@ -13,7 +13,7 @@ import contextlib
 import os
 import sqlite3
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ from typing import Any
 import orjson
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+# the values an object is found under in one index (client-go's IndexFunc), from the object as stored
+IndexFunc = Callable[[Mapping[str, Any]], Iterable[str]]
 
 
 def _private(path: Path) -> None:
@@ -114,6 +116,10 @@ class Store:
         self._objects: dict[str, dict[tuple[str, str], Entry]] = {}
         self._by_uid: dict[str, tuple[str, str, str]] = {}
         self._dependents: dict[str, set[tuple[str, str, str]]] = {}
+        self._indexers: dict[str, dict[str, IndexFunc]] = {}  # key -> index name -> function
+        # (key, index name) -> value -> (namespace, name) of the objects found under it, and the reverse
+        self._indexed: dict[tuple[str, str], dict[str, set[tuple[str, str]]]] = {}
+        self._values: dict[tuple[str, str], dict[tuple[str, str], tuple[str, ...]]] = {}
         self._history: deque[Change] = deque(maxlen=history)
         self._subscribers: dict[str | None, set[Subscription]] = {}
         self._rv = 0
@@ -175,6 +181,49 @@ class Store:
     def dependents(self, owner_uid: str) -> set[tuple[str, str, str]]:
         return set(self._dependents.get(owner_uid, ()))
 
+    def add_index(self, key: str, name: str, function: IndexFunc) -> None:
+        """Keep the objects under `key` findable by what `function` says of each (client-go's Indexers, which
+        the in-process controllers have no informer cache for): kept on every write, so that a controller
+        looking for "the volumes claiming this claim" reads a set instead of decoding the whole kind on
+        every event, which made each DataVolume's cost grow with the number of DataVolumes."""
+        self._indexers.setdefault(key, {})[name] = function
+        self._indexed[(key, name)] = {}
+        self._values[(key, name)] = {}
+        for namespace, object_name, entry in self.items(key):
+            self._index_values(key, name, function, (namespace, object_name), entry.obj())
+
+    def by_index(self, key: str, name: str, value: str) -> list[tuple[str, str, Entry]]:
+        """The objects under `key` that index `name` finds under `value`, sorted as `items`."""
+        found = []
+        bucket = self._objects.get(key, {})
+        for ref in sorted(self._indexed[(key, name)].get(value, ())):
+            entry = bucket.get(ref)
+            if entry is not None:
+                found.append((ref[0], ref[1], entry))
+        return found
+
+    def _index_values(self, key: str, name: str, function: IndexFunc, ref: tuple[str, str],
+                      obj: Mapping[str, Any] | None) -> None:
+        """File `ref` under the values `function` gives `obj` (under none when None: removed)."""
+        indexed, values = self._indexed[(key, name)], self._values[(key, name)]
+        for old in values.pop(ref, ()):
+            refs = indexed.get(old)
+            if refs is not None:
+                refs.discard(ref)
+                if not refs:
+                    del indexed[old]
+        if obj is None:
+            return
+        new = tuple(dict.fromkeys(function(obj)))
+        if new:
+            values[ref] = new
+            for value in new:
+                indexed.setdefault(value, set()).add(ref)
+
+    def _reindex(self, key: str, ref: tuple[str, str], obj: Mapping[str, Any] | None) -> None:
+        for name, function in self._indexers.get(key, {}).items():
+            self._index_values(key, name, function, ref, obj)
+
     # -- writes ------------------------------------------------------------------------------------
 
     def put(self, key: str, namespace: str, name: str, obj: dict[str, Any]) -> Entry:
@@ -189,6 +238,7 @@ class Store:
         if previous is not None:
             self._unindex(key, namespace, name, previous)
         self._index(key, namespace, name, entry)
+        self._reindex(key, (namespace, name), obj)
         self._publish(Change(self._rv, key, namespace, name, MODIFIED if previous else ADDED, entry, previous))
         return entry
 
@@ -205,6 +255,7 @@ class Store:
         self._db.execute("INSERT OR REPLACE INTO meta VALUES ('rv', ?)", (str(self._rv),))
         self._db.execute("COMMIT")
         self._unindex(key, namespace, name, previous)
+        self._reindex(key, (namespace, name), None)
         self._publish(Change(self._rv, key, namespace, name, DELETED, entry, previous))
         return entry
 

@@ -80,8 +80,8 @@ class Scheduler(Controller):
 
         def from_claim(_: str, pvc: Obj) -> Iterable[Key]:
             ns = pvc["metadata"]["namespace"]
-            for pod in self.api.list(PODS, ns):
-                if not (pod.get("spec") or {}).get("nodeName") and pvc["metadata"]["name"] in claim_names(pod):
+            for pod in self.api.pods_of_claim(ns, pvc["metadata"]["name"]):
+                if not (pod.get("spec") or {}).get("nodeName"):
                     yield ns, pod["metadata"]["name"]
 
         return [(PODS, pod_key), (PVCS, from_claim), (NODES, lambda _t, _o: self.all_keys())]

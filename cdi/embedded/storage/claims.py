@@ -78,15 +78,8 @@ def is_populated_elsewhere(source: Obj | None) -> bool:
 
 def pods_using(api: LocalApi, namespace: str, claim: str) -> list[Obj]:
     """Pods that still need the claim: not finished, referencing it by name."""
-    out = []
-    for pod in api.list(PODS, namespace):
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        for volume in (pod.get("spec") or {}).get("volumes") or []:
-            if (volume.get("persistentVolumeClaim") or {}).get("claimName") == claim:
-                out.append(pod)
-                break
-    return out
+    return [pod for pod in api.pods_of_claim(namespace, claim)
+            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
 
 
 def pv_handle(pv: Obj) -> tuple[str, str] | None:
@@ -169,7 +162,7 @@ class ClaimController(Controller):
             await self._maybe_expand(pvc, pv)
             return
         # a volume already claiming this claim (ours after a crash, or one a populator handed over)
-        for pv in self.api.list(PVS):
+        for pv in self.api.volumes_of_claim(ns, name, meta["uid"]):
             ref = (pv.get("spec") or {}).get("claimRef") or {}
             mine = ref.get("uid") == meta["uid"] or (ref.get("name") == name and ref.get("namespace") == ns and
                                                      not ref.get("uid"))
@@ -432,9 +425,10 @@ class VolumeController(Controller):
             name = (pvc.get("spec") or {}).get("volumeName")
             if name:
                 yield "", name
-            for pv in self.api.list(PVS):
+            meta = pvc["metadata"]
+            for pv in self.api.volumes_of_claim(meta["namespace"], meta["name"], meta["uid"]):
                 ref = (pv.get("spec") or {}).get("claimRef") or {}
-                if ref.get("uid") == pvc["metadata"]["uid"] and pv["metadata"]["name"] != name:
+                if ref.get("uid") == meta["uid"] and pv["metadata"]["name"] != name:
                     yield "", pv["metadata"]["name"]
 
         return [(PVS, volume_key), (PVCS, from_claim)]

@@ -32,3 +32,14 @@ async def test_events_of_the_prime_are_repeated_once_on_the_users_claim(kube: Fa
     assert await copy_events(ctx, prime, target) == 0  # not twice
     assert [e for e in await events_of(ctx, "disk") if e[1] == "ImportFailed"] == \
         [("Warning", "ImportFailed", "[prime-1] : http://x/disk.img does not exist (HTTP 404)")]
+
+
+async def test_a_copy_not_yet_written_is_not_queued_again(kube: FakeKube, ctx: Context) -> None:
+    """Reconciles come faster than the recorder writes and the cache hears back: the copy still happens once."""
+    prime, target = claim(kube, "prime-2"), claim(kube, "disk2")
+    ctx.recorder.record(prime, "Warning", "ImportFailed", "refused")
+    await ctx.recorder.flush(5)
+    assert await copy_events(ctx, prime, target) == 1
+    assert await copy_events(ctx, prime, target) == 0  # queued, not written yet
+    assert await events_of(ctx, "disk2") == [("Warning", "ImportFailed", "[prime-2] : refused")]
+    assert [e["count"] for e in kube.objects(groups.EVENTS) if e["involvedObject"]["name"] == "disk2"] == [1]
