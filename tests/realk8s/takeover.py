@@ -22,7 +22,6 @@ edit undone and its namespace gone, so that the tier's install steps that follow
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
 import json
 import subprocess
@@ -30,14 +29,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
-
 from cdi.api.crds import cdi_crds
 from cdi.operator.resources import Images, example_cr
-from tests.support.cdistate import CdiState, Classes, Kube, Left, Pods, cdi_shipped_crds
+from tests.support.cdistate import CdiState, Classes, Kube, Left, Pods, cdi_shipped_crds, rsa_ca
 from tests.support.realk8s import DEBIAN_IMAGE, REPO, RealK8s
 from tests.support.takeover import check_untouched, snapshot
 from tests.support.waiting import wait_for
@@ -69,18 +63,8 @@ def cdi_cli(*argv: str) -> str:
 # -- CDI's installation, as its operator left it ----------------------------------------------------------
 
 def rsa_ca_secret(name: str) -> dict[str, Any]:
-    """A signer as CDI's operator keeps it (library-go: RSA, kubernetes.io/tls)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{CDI_NS}_{name}@1700000000")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(hours=47))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                serialization.NoEncryption())
+    """A signer as CDI's operator keeps it (kubernetes.io/tls)."""
+    pem, key_pem = rsa_ca(name, CDI_NS)
     return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
             "metadata": {"name": name, "namespace": CDI_NS},
             "data": {"tls.crt": base64.b64encode(pem).decode(), "tls.key": base64.b64encode(key_pem).decode()}}

@@ -39,6 +39,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
 from tests.support.waiting import wait_for
 
 Obj = dict[str, Any]
@@ -370,25 +375,24 @@ class CdiState:
         self.finish(dv, finished("imported-legacy", "Import Complete"))
 
     def blank(self) -> None:
-        dv = self.dv("blank", {"blank": {}})
-        self.populated_claim(dv, "VolumeImportSource", f"volume-import-source-{dv['metadata']['uid']}", {},
-                             prime_annotations={_A + "storage.import.source": "none",
-                                                _A + "storage.populator.kind": "VolumeImportSource",
-                                                RUNNING_MESSAGE: "Import Complete",
-                                                _A + "storage.populator.progress": "100.0%"})
-        self.finish(dv, finished("blank", "Import Complete"))
+        self.populated_import("blank", {"blank": {}}, "none")
 
     def vddk(self) -> None:
         """A VMware import CDI finished: cdi fails new ones (no VDDK library), never this one."""
-        source = {"vddk": {"url": "https://vcenter.cdi-takeover.invalid/sdk", "uuid": "52260566-b032-36cb-55b1",
-                           "backingFile": "[datastore1] vm/vm.vmdk", "thumbprint": "20:6C:8A:5D", "secretRef": "vddk"}}
-        dv = self.dv("vddk", source)
+        self.populated_import("vddk", {"vddk": {
+            "url": "https://vcenter.cdi-takeover.invalid/sdk", "uuid": "52260566-b032-36cb-55b1",
+            "backingFile": "[datastore1] vm/vm.vmdk", "thumbprint": "20:6C:8A:5D", "secretRef": "vddk"}}, "vddk")
+
+    def populated_import(self, name: str, source: Obj, kind: str) -> None:
+        """A DataVolume CDI's import populator finished: its VolumeImportSource named in the claim, the prime
+        claim's last words on the claim."""
+        dv = self.dv(name, source)
         self.populated_claim(dv, "VolumeImportSource", f"volume-import-source-{dv['metadata']['uid']}", {},
-                             prime_annotations={_A + "storage.import.source": "vddk",
+                             prime_annotations={_A + "storage.import.source": kind,
                                                 _A + "storage.populator.kind": "VolumeImportSource",
                                                 RUNNING_MESSAGE: "Import Complete",
                                                 _A + "storage.populator.progress": "100.0%"})
-        self.finish(dv, finished("vddk", "Import Complete"))
+        self.finish(dv, finished(name, "Import Complete"))
 
     def uploaded(self) -> None:
         dv = self.dv("uploaded", {"upload": {}})
@@ -659,3 +663,19 @@ def cdi_shipped_crds(ours: list[Obj]) -> list[Obj]:
                 version.pop("subresources", None)
         crds.append(crd)
     return crds
+
+
+def rsa_ca(name: str, namespace: str = "cdi") -> tuple[bytes, bytes]:
+    """A signer as CDI's operator makes them (library-go: RSA 2048, CN `<namespace>_<name>@<time>`): PEM
+    certificate and key."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{namespace}_{name}@1700000000")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(hours=47))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                              serialization.NoEncryption()))

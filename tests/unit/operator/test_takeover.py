@@ -5,18 +5,15 @@ the in-memory fake client. The real-cluster scenario (tests/realk8s/takeover.py)
 from __future__ import annotations
 
 import base64
-import datetime
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 
 from cdi.api import groups
 from cdi.common import pki
 from cdi.operator.reconciler import Operator
 from cdi.operator.resources import DEPLOYMENTS, Images
+from tests.support.cdistate import rsa_ca
 from tests.support.fakekube import FakeKube
 
 Obj = dict[str, Any]
@@ -25,21 +22,6 @@ SPEC = {"imagePullPolicy": "IfNotPresent", "uninstallStrategy": "BlockUninstallI
         "config": {"featureGates": ["HonorWaitForFirstConsumer"]},
         "certConfig": {"ca": {"duration": "72h", "renewBefore": "24h"}},
         "infra": {"nodeSelector": {"kubernetes.io/os": "linux"}}}
-
-
-def rsa_ca(name: str) -> tuple[bytes, bytes]:
-    """A CA as CDI's operator makes them (library-go: RSA 2048), PEM certificate and key."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"cdi_{name}@1700000000")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(hours=47))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    return (cert.public_bytes(serialization.Encoding.PEM),
-            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                              serialization.NoEncryption()))
 
 
 def hook_config(name: str, service: str, namespace: str = NS) -> Obj:
