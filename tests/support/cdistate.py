@@ -315,13 +315,7 @@ class CdiState:
         bound = self.wait_bound(prime)
         self.fill(prime, name)
         volume = bound["spec"]["volumeName"]
-        target = self.json("get", "pvc", name, "-n", self.namespace)
-        self.kube("patch", "pv", volume, "--type=json", "-p", json.dumps([{"op": "replace", "path": "/spec/claimRef",
-                                                                        "value": {
-            "namespace": self.namespace, "name": name, "uid": target["metadata"]["uid"],
-            "resourceVersion": target["metadata"]["resourceVersion"]}}]))
-        self.wait_bound(name)
-        self.kube("delete", "pvc", prime, "-n", self.namespace, "--wait=true")
+        self.rebind(prime, volume, name)
         # what the populator copies from the prime once it succeeded (CDI's desiredAnnotations, the progress)
         final = {**worker_done(prime_annotations.get(RUNNING_MESSAGE, "")), _A + "storage.pod.schedulable": "true"}
         progress = prime_annotations.get(_A + "storage.populator.progress")
@@ -383,6 +377,17 @@ class CdiState:
             "url": "https://vcenter.cdi-takeover.invalid/sdk", "uuid": "52260566-b032-36cb-55b1",
             "backingFile": "[datastore1] vm/vm.vmdk", "thumbprint": "20:6C:8A:5D", "secretRef": "vddk"}}, "vddk")
 
+    def rebind(self, temporary: str, volume: str, name: str) -> None:
+        """CDI's Rebind: the volume a temporary claim was filled on handed to the claim `name`, the temporary
+        deleted."""
+        target = self.json("get", "pvc", name, "-n", self.namespace)
+        self.kube("patch", "pv", volume, "--type=json", "-p", json.dumps([{
+            "op": "replace", "path": "/spec/claimRef", "value": {
+                "namespace": self.namespace, "name": name, "uid": target["metadata"]["uid"],
+                "resourceVersion": target["metadata"]["resourceVersion"]}}]))
+        self.wait_bound(name)
+        self.kube("delete", "pvc", temporary, "-n", self.namespace, "--wait=true")
+
     def populated_import(self, name: str, source: Obj, kind: str) -> None:
         """A DataVolume CDI's import populator finished: its VolumeImportSource named in the claim, the prime
         claim's last words on the claim."""
@@ -414,13 +419,7 @@ class CdiState:
         self.create(self.prime_manifest(target, temporary, {}))
         volume = self.wait_bound(temporary)["spec"]["volumeName"]
         self.fill(temporary, name)
-        target = self.json("get", "pvc", name, "-n", self.namespace)
-        self.kube("patch", "pv", volume, "--type=json", "-p", json.dumps([{"op": "replace", "path": "/spec/claimRef",
-                                                                        "value": {
-            "namespace": self.namespace, "name": name, "uid": target["metadata"]["uid"],
-            "resourceVersion": target["metadata"]["resourceVersion"]}}]))
-        self.wait_bound(name)
-        self.kube("delete", "pvc", temporary, "-n", self.namespace, "--wait=true")
+        self.rebind(temporary, volume, name)
         self.annotate("pvc", name, {_A + "clonePhase": "Succeeded", _A + "cloneType": "csi-clone",
                                     "k8s.io/CloneOf": "true", _A + "storage.populator.progress": "100.0%",
                                     _A + "storage.clone.token": CLONE_TOKEN, RUNNING: "false",
