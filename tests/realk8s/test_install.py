@@ -322,6 +322,20 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
                for case in ET.parse(tmp_path / "e2e.xml").getroot().iter("testcase") for prop in case.iter("property")}
     timings["measured"] = figures
     print("realk8s: measured by the scenarios:", json.dumps(figures, indent=1))
+    # -- scale: 100 DataVolumes at once (half blank, half small HTTP imports), each Succeeded with one worker
+    # pod, with the controller's CPU, memory and the API requests per DataVolume (bench/bench_controller.py's
+    # mode for a real cluster; bench/RESULTS.md has its runs with 500)
+    t0 = time.monotonic()
+    figures_file = tmp_path / "scale.json"
+    scaled = k8s.run(sys.executable, "bench/bench_controller.py", "--kubeconfig", KUBECONFIG, "--serve-host", NODE_IP,
+                     "--storage-class", CLASS, "--count", "100", "--timeout", "600", "--json", str(figures_file),
+                     check=False, timeout=900, cwd=REPO)
+    assert scaled.returncode == 0, f"the scale scenario:\n{scaled.stdout[-4000:]}\n{scaled.stderr[-2000:]}"
+    timings["scale (100 DataVolumes)"] = round(time.monotonic() - t0, 1)
+    figures.update({f"scale, 100 DataVolumes: {key}": value
+                    for key, value in json.loads(figures_file.read_text())["rows"].items()})
+    print("realk8s: the scale scenario:\n" + scaled.stdout[-3000:])
+
     # the controller's ClusterRole covers everything it did meanwhile: no request of its was refused (a refused
     # cleanup once failed each reconcile after an import, on every real cluster and never on `cdi up`)
     controllers = k8s.kubectl("get", "pods", "-n", "cdi", "-l", "cdi.kubevirt.io=cdi-deployment", "-o", "name")
