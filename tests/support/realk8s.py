@@ -37,8 +37,6 @@ def kit_dir() -> Path | None:
 
 STATE = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))  # the kit's state directory
 CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
-CONTAINERD_PID = STATE / "pids" / "containerd.pid"
-APISERVER_PID = STATE / "pids" / "kube-apiserver.pid"
 # the kit's node-driver-registrars: the directory under $STATE/csi of each one's driver socket, and its driver
 REGISTRARS = {"csi-hostpath-registrar": ("hostpath", "hostpath.csi.k8s.io"),
               "csi-nosnap-registrar": ("nosnap", "hostpath-nosnap.csi.k8s.io")}
@@ -254,11 +252,11 @@ class RealK8s:
 
     @staticmethod
     def _containerd_pid() -> int | None:
-        """The kit's containerd by its pid file, if that process is still a containerd (pids are reused)."""
+        """The kit's running containerd, if the process of its pid file is still a containerd (pids are reused)."""
+        pid = _pid("containerd")
         try:
-            pid = int(CONTAINERD_PID.read_text())
-            return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "containerd" else None
-        except (OSError, ValueError):
+            return pid if pid is not None and Path(f"/proc/{pid}/comm").read_text().strip() == "containerd" else None
+        except OSError:
             return None
 
     def hand_block_devices_to_pod_users(self) -> None:
@@ -291,8 +289,7 @@ class RealK8s:
         client certificate to `cdi-api.cdi.svc`. kube-apiserver restarts with them (its command line as the
         kit started it, plus the two flags); this holds until the kit's next start. Nothing is done when the
         running one has them."""
-        pid = int(APISERVER_PID.read_text())
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        argv, _ = command_of("kube-apiserver")
         directory = STATE / "cdi-admission"
         config = directory / "admission.yaml"
         wanted = [f"--admission-control-config-file={config}", f"--feature-gates={CROSS_NAMESPACE_GATE}"]
