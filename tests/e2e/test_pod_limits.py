@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ WORKERS = "cdi.kubevirt.io in (importer, cdi-upload-server, cdi-clone-source)"
 
 
 @pytest.fixture(scope="module")
-def big_disk(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """4 GiB of raw disk, every MiB different (nothing is zero, nothing compresses or dedups away)."""
+def big_disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """4 GiB of raw disk, every MiB different (nothing is zero, nothing compresses or dedups away); removed
+    after the module, not left to pytest's retention of old runs (CI's disk is shared with the node's volumes)."""
     path = tmp_path_factory.mktemp("limits") / "big.img"
     block = bytearray(os.urandom(1 << 20))
     digest = hashlib.sha256()
@@ -46,7 +48,8 @@ def big_disk(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
             block[:8] = i.to_bytes(8, "little")
             f.write(block)
             digest.update(block)
-    return path, digest.hexdigest()
+    yield path, digest.hexdigest()
+    path.unlink()
 
 
 class PeakMemory:
@@ -126,15 +129,21 @@ def test_four_gib_in_and_across_within_cdis_default_worker_limits(
                                 timeout=900)
         assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
         wait_phase(k, "imported", "Succeeded", timeout=900, namespace=ns)
+
+        def verified(name: str) -> None:
+            dv = k.get("dv", name, ns)
+            assert dv["status"]["phase"] == "Succeeded" and dv["status"].get("restartCount", 0) == 0, dv["status"]
+            assert read_back(k, name, SIZE, block=block, namespace=ns) == sha256, name
+        # read back and gone before the clone: two 4 GiB volumes on the node's disk at a time, not three
+        verified("uploaded")
+        k("delete", "dv", "uploaded", "-n", ns, "--wait=true", "--timeout=300s")
         cloned = clone_dv("cloned", {"pvc": {"namespace": ns, "name": "imported"}}, storage_class=TARGET.copy_class)
         cloned["spec"]["storage"]["volumeMode"] = mode
         k.apply(cloned, "-n", ns)
         wait_dv_phase(k, ns, "cloned", "Succeeded", timeout=900)
         peaks = memory.stop()
-        for name in ("imported", "uploaded", "cloned"):
-            dv = k.get("dv", name, ns)
-            assert dv["status"]["phase"] == "Succeeded" and dv["status"].get("restartCount", 0) == 0, dv["status"]
-            assert read_back(k, name, SIZE, block=block, namespace=ns) == sha256, name
+        verified("imported")
+        verified("cloned")
         assert not memory.killed, f"OOM-killed: {memory.killed}"
         assert peaks, "no worker's cgroup was read"
         assert all(0 < limit <= LIMIT for limit in memory.limits.values()), memory.limits  # CDI's default limit
@@ -143,4 +152,5 @@ def test_four_gib_in_and_across_within_cdis_default_worker_limits(
     finally:
         memory.stop()
         server.close()
-        k("delete", "namespace", ns, "--wait=false", check=False)
+        # its volumes freed before the next volume mode's are made
+        k("delete", "namespace", ns, "--wait=true", "--timeout=300s", check=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,8 @@ def kit_dir() -> Path | None:
 
 STATE = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))  # the kit's state directory
 CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
+CONTAINERD_SOCKET = Path("/run/realk8s/containerd.sock")
+PINNED_KIT_IMAGES = ("registry.k8s.io/pause:", "localhost/realk8s/")  # what the kit's images.sh imports
 # the kit's node-driver-registrars: the directory under $STATE/csi of each one's driver socket, and its driver
 REGISTRARS = {"csi-hostpath-registrar": ("hostpath", "hostpath.csi.k8s.io"),
               "csi-nosnap-registrar": ("nosnap", "hostpath-nosnap.csi.k8s.io")}
@@ -135,6 +138,34 @@ def restart_process(name: str, extra: list[str] | None = None, drop: tuple[str, 
     return start_process(name, [a for a in argv if not a.startswith(drop)] + (extra or []), env)
 
 
+def images() -> dict[str, str]:
+    """The node's images in containerd's `k8s.io` namespace: reference -> the digest it names."""
+    out = subprocess.run(["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", "images", "ls"],
+                         capture_output=True, text=True, check=True).stdout
+    return {cols[0]: cols[2] for cols in (line.split() for line in out.splitlines()[1:]) if len(cols) > 2}
+
+
+def pin_images(ours: list[str]) -> None:
+    """Keep what pods need out of the kubelet's image GC, and drop what nothing names any more.
+
+    Under disk pressure the kubelet removes every image its CRI does not report pinned. The kit pins the
+    pause and Debian images by name only, and containerd's CRI may take the pin from the image's ID
+    reference (`sha256:…`), which has no label: CI once lost the pause image that way, and every pod after
+    it failed to start ("failed to pull … registry.k8s.io/pause"). So every reference to those images and to
+    ours is pinned, and the ID references of earlier cdi builds (named by nothing since a new build took
+    their tags, 480 MiB each) are removed rather than left for the GC."""
+    refs = images()
+    keep = set(ours) | {ref for ref in refs if ref.startswith(PINNED_KIT_IMAGES)}
+    wanted = {refs[ref] for ref in keep if ref in refs}
+    named = {digest for ref, digest in refs.items() if not ref.startswith("sha256:")}
+    ctr = ["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", "images"]
+    for ref in (ref for ref, digest in refs.items() if digest in wanted):
+        subprocess.run([*ctr, "label", ref, "io.cri-containerd.pinned=pinned"], capture_output=True, check=True)
+    orphans = [ref for ref, digest in refs.items() if ref.startswith("sha256:") and digest not in named]
+    if orphans:
+        subprocess.run([*ctr, "rm", *orphans], capture_output=True, check=False)
+
+
 @dataclass
 class RealK8s:
     kit: Path
@@ -222,21 +253,28 @@ class RealK8s:
             self._timed("up.sh again", [str(self.kit / "up.sh")], 900)
         status = subprocess.run([str(self.kit / "status.sh")], capture_output=True, text=True, check=False)
         assert status.returncode == 0, f"the kit does not run whole after up.sh:\n{status.stdout}"
+        self.timings["disk free at start (GB)"] = round(shutil.disk_usage(STATE).free / 1e9, 1)
         inputs = (IMAGES_DIR / ".inputs").read_text().strip()
         stamp = STATE / "cdi-images-loaded"
-        if not stamp.exists() or stamp.read_text().strip() != inputs:
+        # the stamp holds the build's inputs, then the references load-image.sh made: a reference the
+        # kubelet's image GC took under disk pressure is loaded again, not trusted to the stamp
+        recorded = stamp.read_text().split() if stamp.exists() else []
+        if recorded[:1] != [inputs] or not set(recorded[1:]) <= set(images()):
             started = time.monotonic()
+            loaded = []
             for archive in sorted(IMAGES_DIR.glob("cdi-*.tar")):
-                self._timed(f"load {archive.name}", [str(self.kit / "load-image.sh"), str(archive)], 600)
+                out = self._timed(f"load {archive.name}", [str(self.kit / "load-image.sh"), str(archive)], 600)
+                loaded += [line.split()[1] for line in out.splitlines() if line.startswith("loaded ")]
             self.timings["load-image.sh"] = round(time.monotonic() - started, 1)
-            stamp.write_text(inputs + "\n")
+            stamp.write_text("\n".join([inputs, *loaded]) + "\n")
             # the tags did not change, so pods of an earlier install still run the earlier images
             if self.get("namespace", "cdi") is not None:
                 self.kubectl("rollout", "restart", "deployment", "-n", "cdi")
+        pin_images(stamp.read_text().split()[1:])
 
     @staticmethod
     def _wait_containerd() -> None:
-        wait_for(lambda: subprocess.run(["ctr", "--address", "/run/realk8s/containerd.sock", "version"],
+        wait_for(lambda: subprocess.run(["ctr", "--address", str(CONTAINERD_SOCKET), "version"],
                                         capture_output=True, check=False).returncode == 0,
                  timeout=60, interval=0.5, message="containerd answering")
 
@@ -402,8 +440,12 @@ class RealK8s:
         kubelet = (STATE / "logs" / "kubelet.log").read_text(errors="replace").splitlines()
         errors = [line[:300] for line in kubelet if line.startswith("E")][-8:]
         registrars = {name: _registration(name) for name in REGISTRARS}
+        # a full disk shows as pods that cannot start: the kubelet's image GC and evictions say so first
+        pressure = [line[:200] for line in kubelet if "Removing image" in line or "Eviction manager" in line][-6:]
+        free = shutil.disk_usage(STATE).free / 1e9
         return (f"the kit now:\n{status.stdout[-2500:]}registrars: {registrars}\n"
-                "the kubelet's last errors:\n" + "\n".join(errors))
+                f"disk free under {STATE}: {free:.1f} GB; the kubelet under disk pressure:\n" + "\n".join(pressure)
+                + "\nthe kubelet's last errors:\n" + "\n".join(errors))
 
     def wait_pod_done(self, name: str, namespace: str, timeout: float = 180) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
