@@ -129,6 +129,10 @@ LABEL_PROMETHEUS: Final = "prometheus.cdi.kubevirt.io"
 LABEL_APPLY_STORAGE_PROFILE: Final = _P + "applyStorageProfile"
 LABEL_OPERATOR_COMPONENT: Final = _P + "component"  # on what the operator installs: which component it is
 LABEL_OPERATOR: Final = "operator.cdi.kubevirt.io"  # on the operator's own objects (CDI's cdi-config ConfigMap)
+# CDI's operator stamps what it creates with its version (createVersion) and what it changes (updateVersion);
+# cdi's applies everything server-side, so it stamps updateVersion only: the version that last applied it
+LABEL_CREATE_VERSION: Final = "operator.cdi.kubevirt.io/createVersion"
+LABEL_UPDATE_VERSION: Final = "operator.cdi.kubevirt.io/updateVersion"
 
 # finalizers
 DATAVOLUME_FINALIZER: Final = _P + "dataVolumeFinalizer"

@@ -389,8 +389,10 @@ def operator_namespace_rules() -> list[Obj]:
 
 
 def operator_install(namespace: str = groups.CDI_NAMESPACE, images: Images | None = None,
-                     pull_policy: str = "IfNotPresent") -> list[Obj]:
-    """`cdi-operator.yaml`: the namespace, CDI's CRDs, the operator's account, RBAC and Deployment."""
+                     pull_policy: str = "IfNotPresent", version: str | None = None) -> list[Obj]:
+    """`cdi-operator.yaml`: the namespace, CDI's CRDs, the operator's account, RBAC and Deployment. The operator's
+    version (`OPERATOR_VERSION`, what it writes to the `CDI` resource and upgrades by) is the images' tag unless
+    `version` says otherwise, as CDI's manifest generator takes `-operator-version` beside `-docker-tag`."""
     images = images or Images()
     objects: list[Obj] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": namespace, "labels": {ann.LABEL_COMPONENT: "", "pod-security.kubernetes.io/enforce": "restricted"}}}]
@@ -410,7 +412,7 @@ def operator_install(namespace: str = groups.CDI_NAMESPACE, images: Images | Non
     deployment = _deployment(OPERATOR, namespace, label=OPERATOR, image=images.of("cdi-operator"), account=OPERATOR,
                              replicas=1, cr_spec=spec, port=8080, probe_path="/readyz", probe_scheme="HTTP",
                              args=["--namespace", namespace, "--listen", "0.0.0.0:8080"],
-                             env=[*images.env(), {"name": "OPERATOR_VERSION", "value": images.tag},
+                             env=[*images.env(), {"name": "OPERATOR_VERSION", "value": version or images.tag},
                                   {"name": "PULL_POLICY", "value": pull_policy}])
     deployment["metadata"]["labels"]["operator.cdi.kubevirt.io"] = ""
     objects.append(deployment)

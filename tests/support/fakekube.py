@@ -2,7 +2,8 @@
 milliseconds without `cdi up`.
 
 It keeps objects per GVR the way an API server does where reconcilers rely on it: uids,
-resourceVersions checked on replace (409 when stale), `generateName`, a new claim's or pod's `Pending`
+resourceVersions checked on replace (409 when stale), `generateName`, `generation` (1 at create, one
+more at each write that changes anything but metadata and status), a new claim's or pod's `Pending`
 phase, the status subresource (a main-resource write keeps the status, a status write keeps the rest),
 finalizers (a delete sets `deletionTimestamp` while any remain), merge/JSON/strategic patches, label and
 field selectors, and ResourceQuotas refusing creates that go over them, reusing the embedded API
@@ -53,6 +54,11 @@ class Write:
 def all_gvrs() -> list[GVR]:
     """Every kind `cdi.api.groups` names."""
     return [value for value in vars(groups).values() if isinstance(value, GVR)]
+
+
+def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What `generation` counts changes of: all but metadata and status."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
 def _now() -> str:
@@ -150,6 +156,7 @@ class FakeKube(KubeClient):
         if gvr.namespaced:
             self._admit_quota(gvr, obj)
         obj = self._stamp(gvr, obj)
+        obj["metadata"]["generation"] = 1
         if gvr in (groups.PVCS, groups.PODS):  # the API server's default for a new claim or pod
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         if not dry_run:
@@ -288,6 +295,9 @@ class FakeKube(KubeClient):
 
     async def _update(self, verb: str, gvr: GVR, obj: Obj, subresource: str | None, dry_run: bool) -> Obj:
         obj["metadata"]["resourceVersion"] = str(self._version())
+        before = self._objects.get(gvr, {}).get(self._key(gvr, obj))
+        if before is not None and not subresource and _content(before) != _content(obj):
+            obj["metadata"]["generation"] = int(before["metadata"].get("generation") or 1) + 1  # as the API server
         if dry_run:
             return copy.deepcopy(obj)
         meta = obj["metadata"]

@@ -36,6 +36,21 @@ def test_manifests_install_the_operator_with_the_images_and_namespace_asked_for(
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+def test_the_operators_version_is_the_tag_unless_said_otherwise() -> None:
+    """CDI's release sets OPERATOR_VERSION to its image tag; its manifest generator also takes another."""
+    def version(*argv: str) -> str:
+        deployment = next(d for d in cdi("manifests", *argv) if d["kind"] == "Deployment")
+        env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        return str(env["OPERATOR_VERSION"])
+
+    assert version() == Images().tag
+    assert version("--tag", "0.1.0-dev.541.g3fcd25e") == "0.1.0-dev.541.g3fcd25e"
+    assert version("--tag", "latest", "--operator-version", "0.0.9") == "0.0.9"
+    refused = subprocess.run([sys.executable, "-m", "cdi.cli.main", "manifests", "--operator-version", "1.0.0+build"],
+                             capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and "not a label value" in refused.stderr
+
+
 def test_manifests_cr_is_an_example_cdi_resource() -> None:
     (cr,) = cdi("manifests", "--cr")
     assert (cr["apiVersion"], cr["kind"], cr["metadata"]["name"]) == ("cdi.kubevirt.io/v1beta1", "CDI", "cdi")

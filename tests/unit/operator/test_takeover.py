@@ -98,11 +98,13 @@ async def test_a_pass_over_what_cdis_operator_left_takes_it_over() -> None:
     assert bundle is not None
     trusted = x509.load_pem_x509_certificates(bundle["data"]["ca-bundle.crt"].encode())
     assert x509.load_pem_x509_certificate(cdis_ca) in trusted and ours.certificate() in trusted
-    # the CDI resource: the admin's spec, CDI's finalizer, not refused (Deploying cdi's components)
+    # the CDI resource: the admin's spec, CDI's finalizer, not refused: upgrading from CDI's version to cdi's
+    # (lower, but CDI's components are not cdi's: no downgrade), as CDI's operator upgrades
     now = kube.object(groups.CDIS, "cdi")
     assert now is not None
     assert now["spec"] == SPEC and now["metadata"]["finalizers"] == ["operator.cdi.kubevirt.io"]
-    assert now["status"]["phase"] == "Deployed" and now["status"]["operatorVersion"] == Images().tag
+    assert now["status"]["phase"] == "Upgrading" and now["status"]["operatorVersion"] == Images().tag
+    assert now["status"]["targetVersion"] == Images().tag
     assert now["status"]["observedVersion"] == "v1.62.0"  # until cdi's components are ready
     # CDI's cdi-config as it was: the way back to CDI's operator
     after = kube.object(groups.CONFIGMAPS, "cdi-config", NS)
@@ -139,7 +141,7 @@ async def test_once_its_components_are_ready_the_resource_says_they_are_cdis() -
     for deployment in kube.objects(DEPLOYMENTS, NS):
         want = deployment["spec"]["replicas"]
         deployment["status"] = {"observedGeneration": deployment["metadata"].get("generation", 1),
-                                "readyReplicas": want, "updatedReplicas": want}
+                                "replicas": want, "readyReplicas": want, "updatedReplicas": want}
         kube.add(DEPLOYMENTS, deployment)
     cdis = kube.object(groups.CDIS, "cdi")
     assert cdis is not None
