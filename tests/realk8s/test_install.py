@@ -306,8 +306,8 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     # one line per scenario, written as it ends, so a run cut short still says where it stood
     log = tmp_path / "e2e.log"
     returncode = k8s.run_logged(log, "env", *(f"{name}={value}" for name, value in env.items()), sys.executable,
-                                "-m", "pytest", "tests/e2e", "-m", "anycluster or realcluster", "-n", "0",
-                                "-p", "no:cacheprovider", "-v", "-rfEs", "--maxfail=5", "--durations=15",
+                                "-m", "pytest", "tests/e2e", "-m", "(anycluster or realcluster) and not upgrade",
+                                "-n", "0", "-p", "no:cacheprovider", "-v", "-rfEs", "--maxfail=5", "--durations=15",
                                 f"--basetemp={tmp_path / 'e2e'}", "--junitxml", str(tmp_path / "e2e.xml"),
                                 timeout=1500, cwd=REPO)
     timings["e2e suite (anycluster, realcluster)"] = round(time.monotonic() - t0, 1)
@@ -400,6 +400,33 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     assert k8s.get("deployment", "cdi-operator", "cdi") is not None  # the operator stays until its manifests go
     for plural in MONITORING_CRDS:
         k8s.kubectl("delete", "crd", f"{plural}.monitoring.coreos.com", "--wait=true")
+
+    # -- upgrade in place (issue 29): the checkout's parent built and installed, work started under it, this
+    # build's manifests applied over it, then a downgrade refused (tests/e2e/test_upgrade.py, its own run)
+    t0 = time.monotonic()
+    previous, old_manifests = k8s.previous_build(tmp_path)
+    new_manifests, cr_file = tmp_path / "manifests.yaml", tmp_path / "cr.yaml"
+    new_manifests.write_text(cdi("manifests"))
+    cr_file.write_text(cdi("manifests", "--cr"))
+    log = tmp_path / "upgrade.log"
+    upgrade_env = {**env, "CDI_E2E_UPGRADE_FROM": str(old_manifests), "CDI_E2E_UPGRADE_TO": str(new_manifests),
+                   "CDI_E2E_UPGRADE_CR": str(cr_file)}
+    returncode = k8s.run_logged(log, "env", *(f"{name}={value}" for name, value in upgrade_env.items()),
+                                sys.executable, "-m", "pytest", "tests/e2e/test_upgrade.py", "-m", "upgrade", "-n", "0",
+                                "-p", "no:cacheprovider", "-v", "-rfEs", f"--basetemp={tmp_path / 'upgrade'}",
+                                "--junitxml", str(tmp_path / "upgrade.xml"), timeout=1200, cwd=REPO)
+    timings["upgrade in place (build, install, upgrade, downgrade)"] = round(time.monotonic() - t0, 1)
+    output = log.read_text(errors="replace")
+    print(output[-6000:])
+    assert returncode == 0, f"the upgrade scenario failed ({returncode}):\n{output[-20000:]}\n{k8s.diagnosis()}"
+    assert passed_and_skipped(tmp_path / "upgrade.xml") == {"passed": 1, "skipped": 0}
+    figures.update({f"{case.get('name')}: {prop.get('name')}": prop.get("value")
+                    for case in ET.parse(tmp_path / "upgrade.xml").getroot().iter("testcase")
+                    for prop in case.iter("property")})
+    k8s.kubectl("patch", "cdi", "cdi", "--type=merge", "-p", '{"spec":{"uninstallStrategy":"RemoveWorkloads"}}')
+    k8s.kubectl("delete", "cdi", "cdi", "--wait=true", timeout=300)
+    k8s.drop_images(previous)
+
     k8s.kubectl("delete", "storageclass", WFFC_CLASS)
     timings["total"] = round(time.monotonic() - started, 1)
     (IMAGES_DIR.parent / "realk8s-timings.json").write_text(json.dumps(timings, indent=1) + "\n")

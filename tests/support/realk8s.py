@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 NODE_IP = "10.244.0.1"  # the bridge address: pods reach servers bound to it in the netns
 DEBIAN_IMAGE = "localhost/realk8s/debian:bookworm"
 IMAGES_DIR = Path(os.environ.get("CDI_IMAGES_DIR", Path.home() / ".cache" / "cdi" / "images"))
+PREVIOUS_IMAGES_DIR = IMAGES_DIR.with_name(IMAGES_DIR.name + "-previous")  # the build an upgrade starts from
 
 
 def kit_dir() -> Path | None:
@@ -271,6 +272,44 @@ class RealK8s:
             if self.get("namespace", "cdi") is not None:
                 self.kubectl("rollout", "restart", "deployment", "-n", "cdi")
         pin_images(stamp.read_text().split()[1:])
+
+    def previous_build(self, workdir: Path) -> tuple[str, Path]:
+        """The build an upgrade starts from: the checkout's parent commit (a `git worktree` of it in `workdir`)
+        built with its own tag (`scripts/build-version`: below this build's), loaded and pinned on the node, and
+        its `cdi manifests` as its own command line writes them. Returns the tag and the manifests' file. A
+        checkout without its parent (a shallow clone) builds this tree under the tag `<version>-dev.0.gparent`:
+        the same upgrade path, from identical code."""
+        tree = workdir / "previous"
+        parent = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "-q", "HEAD^"],
+                                capture_output=True, text=True, check=False).stdout.strip()
+        if parent:
+            self.run("git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(tree), parent)
+            tag = self.run(str(REPO / "scripts" / "build-version"), str(tree)).stdout.strip()
+        else:
+            tree = REPO
+            version = self.run(str(REPO / "scripts" / "build-version")).stdout.split("-")[0].strip()
+            tag = f"{version}-dev.0.gparent"
+        self.timings["previous build"] = f"{parent[:12] or 'this tree'} as {tag}"
+        try:
+            self._timed("previous images/build", [str(tree / "images" / "build"), str(PREVIOUS_IMAGES_DIR)], 1500,
+                        env={"PYTHON": sys.executable, "CDI_IMAGE_TAG": tag})
+            for archive in sorted(PREVIOUS_IMAGES_DIR.glob("cdi-*.tar")):
+                self.run(str(self.kit / "load-image.sh"), str(archive), timeout=600)
+            pin_images([ref for ref in images() if ref.startswith("localhost/cdi/") and ref.endswith(f":{tag}")])
+            manifests = workdir / "previous-manifests.yaml"
+            manifests.write_text(self.run(sys.executable, "-m", "cdi.cli.main", "manifests", "--tag", tag,
+                                          cwd=tree).stdout)
+        finally:
+            if tree != REPO:
+                self.run("git", "-C", str(REPO), "worktree", "remove", "--force", str(tree), check=False)
+        return tag, manifests
+
+    def drop_images(self, tag: str) -> None:
+        """Remove the node's images of a build (by tag): 480 MiB of disk each build."""
+        refs = [ref for ref in images() if ref.startswith("localhost/cdi/") and ref.endswith(f":{tag}")]
+        if refs:
+            subprocess.run(["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", "images", "rm", *refs],
+                           capture_output=True, check=False)
 
     @staticmethod
     def _wait_containerd() -> None:
