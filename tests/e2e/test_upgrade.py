@@ -97,6 +97,24 @@ def deployed_at(k: Kubectl, version: str) -> dict[str, Any] | None:
     return cr if done else None
 
 
+def state_volume_modes(k: Kubectl) -> None:
+    """A fresh install's StorageProfiles state the modes of the classes used here, as the tier's `prepare_for_e2e`
+    does (CDI knows nothing of the kit's hostpath driver; its users state them so)."""
+    modes = [{"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem"},
+             {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block"}]
+
+    def profile(name: str) -> dict[str, Any]:
+        found = k("get", "storageprofile", name, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else {}
+    for name in sorted({TARGET.storage_class, TARGET.copy_class}):
+        wait_for(lambda n=name: profile(n), 60, 1.0, message=f"the StorageProfile of {name}")
+        if (profile(name).get("status") or {}).get("claimPropertySets"):
+            continue
+        k("patch", "storageprofile", name, "--type=merge", "-p", json.dumps({"spec": {"claimPropertySets": modes}}))
+        wait_for(lambda n=name: (profile(n).get("status") or {}).get("claimPropertySets"), 60, 1.0,
+                 message=f"the StorageProfile of {name} states its modes")
+
+
 def cdi_pod_tags(k: Kubectl) -> set[str]:
     """The image tags the pods of cdi's namespace run (the operator's and the components'), terminating ones too."""
     pods = k.json("get", "pods", "-n", TARGET.cdi_namespace)["items"]
@@ -146,6 +164,7 @@ def test_an_upgrade_in_place_finishes_the_work_in_flight_and_a_downgrade_is_refu
     k("apply", "-f", CR)
     wait_for(lambda: deployed_at(k, old), 300, 2.0, message=f"the earlier build Deployed at {old}")
     assert component_tags(k) == {old}
+    state_volume_modes(k)
 
     # -- work in flight under it ------------------------------------------------------------------------
     ns = new_namespace(k, "upgrade")
