@@ -24,6 +24,9 @@ the two is stated here once, never in a test:
 | `CDI_E2E_UNLISTED_PROVISIONER` | a provisioner CDI does not know (default `hostpath.csi.k8s.io`) | `unlisted...` |
 | `CDI_E2E_NODE_LOCAL` | `1`: the cluster's node is this machine (its pods' processes are in this `/proc`) | (none) |
 | `CDI_E2E_NODE_RESTART` | a command that restarts the node's kubelet and container runtime | (none) |
+| `CDI_E2E_NODES` | how many nodes the cluster has (`multinode` scenarios need 2) | `1` |
+| `CDI_E2E_NODE_DOWN` | a command that cuts the power of the second node | (none) |
+| `CDI_E2E_NODE_UP` | a command that brings the second node back | (none) |
 
 `unlisted...` is `unlisted.local.storage.cdi.kubevirt.io`; a class of the unlisted provisioner gets a
 StorageProfile without `claimPropertySets`, as CDI gives one to a driver it does not know.
@@ -69,6 +72,9 @@ class Target:
     unlisted_provisioner: str = "unlisted.local.storage.cdi.kubevirt.io"
     node_local: bool = False
     node_restart: tuple[str, ...] = ()
+    nodes: int = 1
+    node_down: tuple[str, ...] = ()
+    node_up: tuple[str, ...] = ()
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> Target:
@@ -84,7 +90,9 @@ class Target:
                    env.get("CDI_E2E_WEBHOOK_CLIENT_AUTH", "0") == "1",
                    env.get("CDI_E2E_CROSS_NAMESPACE_GATE", "0") == "1",
                    env.get("CDI_E2E_UNLISTED_PROVISIONER", "hostpath.csi.k8s.io"),
-                   env.get("CDI_E2E_NODE_LOCAL", "0") == "1", tuple(shlex.split(env.get("CDI_E2E_NODE_RESTART", ""))))
+                   env.get("CDI_E2E_NODE_LOCAL", "0") == "1", tuple(shlex.split(env.get("CDI_E2E_NODE_RESTART", ""))),
+                   int(env.get("CDI_E2E_NODES", "1")), tuple(shlex.split(env.get("CDI_E2E_NODE_DOWN", ""))),
+                   tuple(shlex.split(env.get("CDI_E2E_NODE_UP", ""))))
 
     @property
     def embedded(self) -> bool:

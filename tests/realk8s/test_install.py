@@ -45,6 +45,7 @@ KUBECONFIG = "/var/lib/realk8s/admin.kubeconfig"
 MONITORING_CRDS = {"prometheusrules": "PrometheusRule", "servicemonitors": "ServiceMonitor"}
 WFFC_CLASS = "cdi-realk8s-wffc"  # the kit's hostpath driver, WaitForFirstConsumer (the kit's own class is Immediate)
 RESTRICTED = "pod-security.kubernetes.io/enforce"
+MULTINODE_CLASSES = ("csi-hostpath-wffc", "csi-hostpath-nosnap-wffc")  # what the kit's `up.sh --nodes` adds
 
 
 def monitoring_crd(plural: str, kind: str) -> dict[str, Any]:
@@ -106,10 +107,10 @@ def clear_default_namespace(k8s: RealK8s) -> None:
     k8s.kubectl("label", "namespace", "default", f"{RESTRICTED}-", check=False)
 
 
-def prepare_for_e2e(k8s: RealK8s) -> None:
+def prepare_for_e2e(k8s: RealK8s, classes: tuple[str, ...] = (CLASS, COPY_CLASS, WFFC_CLASS)) -> None:
     """The cluster as the e2e suite expects it: a WaitForFirstConsumer class, `default` enforcing the
-    restricted profile (as the namespaces the suite creates do), and StorageProfiles that state the access
-    and volume modes of the hostpath driver, which CDI does not know, as a user of CDI states them."""
+    restricted profile (as the namespaces the suite creates do), and StorageProfiles of `classes` that state
+    the access and volume modes of the hostpath driver, which CDI does not know, as a user of CDI states them."""
     clear_default_namespace(k8s)
     k8s.apply(json.dumps({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": WFFC_CLASS},
                           "provisioner": "hostpath.csi.k8s.io", "reclaimPolicy": "Delete",
@@ -117,7 +118,7 @@ def prepare_for_e2e(k8s: RealK8s) -> None:
     k8s.kubectl("label", "namespace", "default", f"{RESTRICTED}=restricted", "--overwrite")
     modes = [{"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem"},
              {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block"}]
-    for name in (CLASS, COPY_CLASS, WFFC_CLASS):
+    for name in classes:
         wait_for(lambda n=name: k8s.get("storageprofile", n), timeout=60, interval=1.0,
                  message=f"the StorageProfile of {name}")
         k8s.kubectl("patch", "storageprofile", name, "--type=merge",
@@ -306,8 +307,9 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     # one line per scenario, written as it ends, so a run cut short still says where it stood
     log = tmp_path / "e2e.log"
     returncode = k8s.run_logged(log, "env", *(f"{name}={value}" for name, value in env.items()), sys.executable,
-                                "-m", "pytest", "tests/e2e", "-m", "(anycluster or realcluster) and not upgrade",
-                                "-n", "0", "-p", "no:cacheprovider", "-v", "-rfEs", "--maxfail=5", "--durations=15",
+                                "-m", "pytest", "tests/e2e", "-m",
+                                "(anycluster or realcluster) and not multinode and not upgrade", "-n", "0",
+                                "-p", "no:cacheprovider", "-v", "-rfEs", "--maxfail=5", "--durations=15",
                                 f"--basetemp={tmp_path / 'e2e'}", "--junitxml", str(tmp_path / "e2e.xml"),
                                 timeout=1500, cwd=REPO)
     timings["e2e suite (anycluster, realcluster)"] = round(time.monotonic() - t0, 1)
@@ -335,6 +337,39 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     figures.update({f"scale, 100 DataVolumes: {key}": value
                     for key, value in json.loads(figures_file.read_text())["rows"].items()})
     print("realk8s: the scale scenario:\n" + scaled.stdout[-3000:])
+
+    # -- several nodes: the kit grown to two (`up.sh --nodes 2`), the `multinode` scenarios
+    # (tests/e2e/test_multinode.py: WaitForFirstConsumer on the consumer's node, a host-assisted clone across
+    # nodes, workers beside their volumes, node 2's power cut mid-import), then back to one node
+    t0 = time.monotonic()
+    k8s.add_node()
+    try:
+        prepare_for_e2e(k8s, (CLASS, COPY_CLASS, WFFC_CLASS, *MULTINODE_CLASSES))  # the main run's objects go
+        log = tmp_path / "multinode.log"
+        several = {**env, "CDI_E2E_NODES": "2", "CDI_E2E_NODE_DOWN": f"{KIT}/down.sh --node 2",
+                   "CDI_E2E_NODE_UP": f"{KIT}/up.sh --nodes 2"}
+        returncode = k8s.run_logged(log, "env", *(f"{name}={value}" for name, value in several.items()),
+                                    sys.executable, "-m", "pytest", "tests/e2e/test_multinode.py", "-m", "multinode",
+                                    "-n", "0", "-p", "no:cacheprovider", "-v", "-rfEs", "-s",
+                                    f"--basetemp={tmp_path / 'multinode'}", "--junitxml",
+                                    str(tmp_path / "multinode.xml"), timeout=600, cwd=REPO)
+        output = log.read_text(errors="replace")
+        print(output[-6000:])
+        assert returncode == 0, (f"the several-node scenarios failed ({returncode}):\n{output[-20000:]}\n"
+                                 f"{k8s.diagnosis()}")
+        ran = passed_and_skipped(tmp_path / "multinode.xml")
+        assert ran["passed"] >= 6 and ran["skipped"] == 0, ran
+        figures.update({f"several nodes, {case.get('name')}: {prop.get('name')}": prop.get("value")
+                        for case in ET.parse(tmp_path / "multinode.xml").getroot().iter("testcase")
+                        for prop in case.iter("property")})
+    finally:
+        # the scenarios' namespaces go while node 2 runs: its provisioners delete the volumes they made there
+        left = k8s.kubectl("get", "namespaces", "-l", "cdi-e2e", "-o", "name").stdout.split()
+        multinode = [name for name in left if name.startswith("namespace/mn-")]
+        if multinode:
+            k8s.kubectl("delete", *multinode, "--wait=true", timeout=300, check=False)
+        k8s.remove_node()
+    timings["several nodes"] = round(time.monotonic() - t0, 1)
 
     # the controller's ClusterRole covers everything it did meanwhile: no request of its was refused (a refused
     # cleanup once failed each reconcile after an import, on every real cluster and never on `cdi up`)

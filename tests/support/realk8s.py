@@ -40,6 +40,8 @@ def kit_dir() -> Path | None:
 STATE = Path(os.environ.get("REALK8S_STATE", "/var/lib/realk8s"))  # the kit's state directory
 CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
 CONTAINERD_SOCKET = Path("/run/realk8s/containerd.sock")
+NODE2 = "realk8s-n2"  # the second node of the kit's `up.sh --nodes 2`
+NODE2_SOCKET = Path("/run/realk8s/n2/containerd.sock")  # its own containerd, with its own image store
 PINNED_KIT_IMAGES = ("registry.k8s.io/pause:", "localhost/realk8s/")  # what the kit's images.sh imports
 # the kit's node-driver-registrars: the directory under $STATE/csi of each one's driver socket, and its driver
 REGISTRARS = {"csi-hostpath-registrar": ("hostpath", "hostpath.csi.k8s.io"),
@@ -86,6 +88,14 @@ def _registration(registrar: str) -> str | None:
     statuses = [line for line in (STATE / "logs" / f"{registrar}.log").read_text(errors="replace").splitlines()
                 if mark in line and "NotifyRegistrationStatus" in line]
     return "registered" if statuses and "plugin_registered:true" in statuses[-1] else None
+
+
+def _registration_or_none(registrar: str) -> str | None:
+    """`_registration` for a report: None too when the registrar has no pid file."""
+    try:
+        return _registration(registrar)
+    except (OSError, ValueError):
+        return None
 
 
 def _pid(name: str) -> int | None:
@@ -139,15 +149,16 @@ def restart_process(name: str, extra: list[str] | None = None, drop: tuple[str, 
     return start_process(name, [a for a in argv if not a.startswith(drop)] + (extra or []), env)
 
 
-def images() -> dict[str, str]:
-    """The node's images in containerd's `k8s.io` namespace: reference -> the digest it names."""
-    out = subprocess.run(["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", "images", "ls"],
+def images(socket: Path = CONTAINERD_SOCKET) -> dict[str, str]:
+    """A node's images in containerd's `k8s.io` namespace: reference -> the digest it names."""
+    out = subprocess.run(["ctr", "--address", str(socket), "-n", "k8s.io", "images", "ls"],
                          capture_output=True, text=True, check=True).stdout
     return {cols[0]: cols[2] for cols in (line.split() for line in out.splitlines()[1:]) if len(cols) > 2}
 
 
-def pin_images(ours: list[str]) -> None:
-    """Keep what pods need out of the kubelet's image GC, and drop what nothing names any more.
+def pin_images(ours: list[str], socket: Path = CONTAINERD_SOCKET) -> None:
+    """Keep what pods need out of the kubelet's image GC, and drop what nothing names any more (on the node
+    of the containerd at `socket`: each node has its own store and its own kubelet collecting it).
 
     Under disk pressure the kubelet removes every image its CRI does not report pinned. The kit pins the
     pause and Debian images by name only, and containerd's CRI may take the pin from the image's ID
@@ -155,11 +166,11 @@ def pin_images(ours: list[str]) -> None:
     it failed to start ("failed to pull … registry.k8s.io/pause"). So every reference to those images and to
     ours is pinned, and the ID references of earlier cdi builds (named by nothing since a new build took
     their tags, 480 MiB each) are removed rather than left for the GC."""
-    refs = images()
+    refs = images(socket)
     keep = set(ours) | {ref for ref in refs if ref.startswith(PINNED_KIT_IMAGES)}
     wanted = {refs[ref] for ref in keep if ref in refs}
     named = {digest for ref, digest in refs.items() if not ref.startswith("sha256:")}
-    ctr = ["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", "images"]
+    ctr = ["ctr", "--address", str(socket), "-n", "k8s.io", "images"]
     for ref in (ref for ref, digest in refs.items() if digest in wanted):
         subprocess.run([*ctr, "label", ref, "io.cri-containerd.pinned=pinned"], capture_output=True, check=True)
     orphans = [ref for ref, digest in refs.items() if ref.startswith("sha256:") and digest not in named]
@@ -255,6 +266,9 @@ class RealK8s:
         status = subprocess.run([str(self.kit / "status.sh")], capture_output=True, text=True, check=False)
         assert status.returncode == 0, f"the kit does not run whole after up.sh:\n{status.stdout}"
         self.timings["disk free at start (GB)"] = round(shutil.disk_usage(STATE).free / 1e9, 1)
+        if self.extra_nodes():
+            # a run cut short in its several-node phase leaves the kit with two nodes: the tier starts on one
+            self.remove_node()
         inputs = (IMAGES_DIR / ".inputs").read_text().strip()
         stamp = STATE / "cdi-images-loaded"
         # the stamp holds the build's inputs, then the references load-image.sh made: a reference the
@@ -310,6 +324,61 @@ class RealK8s:
         if refs:
             subprocess.run(["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", "images", "rm", *refs],
                            capture_output=True, check=False)
+
+    def extra_nodes(self) -> list[str]:
+        """The nodes besides `realk8s` that the kit has (a Node object, or a running kubelet of node k)."""
+        names = self.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+        running = [f"realk8s-{pid.name.split('-', 1)[0]}" for pid in (STATE / "pids").glob("n[2-9]-kubelet.pid")
+                   if _pid(pid.name.removesuffix(".pid")) is not None]
+        return sorted({name for name in [*names, *running] if name != "realk8s"})
+
+    def _csinode_drivers(self, node: str) -> set[str]:
+        return {d["name"] for d in ((self.get("csinode", node) or {}).get("spec") or {}).get("drivers") or []}
+
+    def add_node(self) -> None:
+        """The kit grown to two nodes (`up.sh --nodes 2`, on the running cluster), ready for cdi: node
+        `realk8s-n2` Ready, both nodes' CSINodes listing both drivers (going from one node to several restarts
+        node 1's CSI processes with topology and deletes node 1's CSINode, which its kubelet makes anew), and
+        cdi's images in node 2's own image store, pinned there as on node 1 (`pin_images`: its kubelet
+        collects images under disk pressure like node 1's)."""
+        self._timed("up.sh --nodes 2", [str(self.kit / "up.sh"), "--nodes", "2"], 600)
+        wait_for(lambda: self.condition(self.get("node", NODE2), "Ready") == "True", timeout=180, interval=1.0,
+                 message=f"node {NODE2} Ready")
+        self.ensure_drivers_registered()  # node 1's registrars were restarted
+        drivers = {driver for _, driver in REGISTRARS.values()}
+        for node in ("realk8s", NODE2):
+            def listed(n: str = node) -> bool:
+                return drivers <= self._csinode_drivers(n)
+            try:
+                wait_for(listed, timeout=120, interval=1.0, message=f"the CSINode of {node} listing {sorted(drivers)}")
+            except AssertionError as failed:
+                states = {f"n2-{name}": _registration_or_none(f"n2-{name}") for name in REGISTRARS}
+                raise AssertionError(f"{failed}\nnode 2's registrars: {states} (logs in {STATE / 'logs'})") from None
+        ours = (STATE / "cdi-images-loaded").read_text().split()[1:]
+
+        def node2_has_ours() -> bool:
+            on_node1, on_node2 = images(), images(NODE2_SOCKET)
+            return all(on_node2.get(ref) == on_node1.get(ref) for ref in ours)
+        # node 2's image store outlives the node (`nodes/n2`): an earlier run's load is kept if it is current
+        if not node2_has_ours():
+            started = time.monotonic()
+            for archive in sorted(IMAGES_DIR.glob("cdi-*.tar")):  # into every running node: node 2's too
+                self._timed(f"load {archive.name} (several nodes)", [str(self.kit / "load-image.sh"), str(archive)],
+                            600)
+            self.timings["load-image.sh (several nodes)"] = round(time.monotonic() - started, 1)
+            assert node2_has_ours(), f"cdi's images not on {NODE2} after load-image.sh: {sorted(ours)}"
+        pin_images(ours, NODE2_SOCKET)
+        pin_images(ours)  # imported into node 1 again: its references pinned as before
+
+    def remove_node(self) -> None:
+        """The kit back to one node (`up.sh --nodes 1`): node 2 stopped and its Node deleted, node 1's CSI
+        processes restarted without topology (its CSINode made anew): back when node 1 is Ready and both
+        drivers are registered there."""
+        self._timed("up.sh --nodes 1", [str(self.kit / "up.sh"), "--nodes", "1"], 600)
+        wait_for(lambda: not self.extra_nodes(), timeout=120, interval=1.0, message="node realk8s alone")
+        wait_for(lambda: self.condition(self.get("node", "realk8s"), "Ready") == "True", timeout=120, interval=1.0,
+                 message="node realk8s Ready on its own")
+        self.ensure_drivers_registered()
 
     @staticmethod
     def _wait_containerd() -> None:
