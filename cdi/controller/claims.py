@@ -102,6 +102,12 @@ async def ensure_scratch(ctx: Context, pvc: Body) -> str:
     }
     if scratch_class:
         claim["spec"]["storageClassName"] = scratch_class
+    # a populator's worker pod is put on the target's selected node directly (`nodeName`), so the scheduler,
+    # which names the node of a WaitForFirstConsumer claim, never sees it: the scratch claim is given that node
+    # (CDI's newScratchPersistentVolumeClaimSpec), or it waits for a consumer forever and the pod with it
+    annotations = ClaimView(pvc).annotations
+    if ann.POPULATOR_KIND in annotations and annotations.get(ann.SELECTED_NODE):
+        claim["metadata"]["annotations"][ann.SELECTED_NODE] = annotations[ann.SELECTED_NODE]
     try:
         await ctx.client.create(groups.PVCS, claim, namespace)
     except AlreadyExists:

@@ -61,6 +61,15 @@ class Watch:
         self._process = k.popen("get", *args, "--watch", "-o", f"jsonpath={template}{{\"\\n\"}}")
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        # kubectl's complaints are drained as they come (a full stderr pipe would stop the watch silently)
+        self.errors: list[str] = []
+        self._drain = threading.Thread(target=self._read_errors, daemon=True)
+        self._drain.start()
+
+    def _read_errors(self) -> None:
+        assert self._process.stderr is not None
+        for line in self._process.stderr:
+            self.errors = [*self.errors[-20:], line.rstrip()]
 
     def _read(self) -> None:
         assert self._process.stdout is not None
@@ -73,6 +82,7 @@ class Watch:
                 entry.update({name: value for name, value in fields.items() if value or name not in entry})
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
+        assert self._process.poll() is None, f"the watch ended ({self._process.returncode}): {self.errors}"
         with self._lock:
             return {key: dict(value) for key, value in self.seen.items()}
 
