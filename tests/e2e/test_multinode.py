@@ -58,6 +58,7 @@ class Watch:
         self.seen: dict[str, dict[str, Any]] = {}
         self._parse = parse
         self._lock = threading.Lock()
+        self._args = args
         self._process = k.popen("get", *args, "--watch", "-o", f"jsonpath={template}{{\"\\n\"}}")
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -73,6 +74,7 @@ class Watch:
 
     def _read(self) -> None:
         assert self._process.stdout is not None
+        self._started = time.monotonic()
         for line in self._process.stdout:
             if not line.strip():
                 continue
@@ -82,7 +84,9 @@ class Watch:
                 entry.update({name: value for name, value in fields.items() if value or name not in entry})
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        assert self._process.poll() is None, f"the watch ended ({self._process.returncode}): {self.errors}"
+        assert self._process.poll() is None, (f"the watch {self._args} ended ({self._process.returncode}) after "
+                                              f"{time.monotonic() - self._started:.0f} s, {len(self.seen)} seen: "
+                                              f"{self.errors}")
         with self._lock:
             return {key: dict(value) for key, value in self.seen.items()}
 
@@ -95,7 +99,7 @@ class Watch:
 def _pod_line(cols: list[str]) -> tuple[str, dict[str, Any]]:
     uid, namespace, name, node, kind, claims = (cols + [""] * 6)[:6]
     return uid, {"namespace": namespace, "name": name, "node": node, "kind": kind,
-                 "claims": [c for c in claims.split(",") if c]}
+                 "claims": claims.split()}
 
 
 def _claim_line(cols: list[str]) -> tuple[str, dict[str, Any]]:
@@ -114,7 +118,8 @@ class Placement:
     a prime claim deleted once its volume moved to the target is still known."""
 
     def __init__(self, k: Kubectl) -> None:
-        volumes_of_pod = "{range .spec.volumes[*]}{.persistentVolumeClaim.claimName},{end}"
+        # (a `{range}` in a watch's template ends kubectl's watch after the first object, exit 0: a list instead)
+        volumes_of_pod = "{.spec.volumes[*].persistentVolumeClaim.claimName}"
         self.pods = Watch(k, ["pods", "-A", "-l", WORKERS],
                           "{.metadata.uid}|{.metadata.namespace}|{.metadata.name}|{.spec.nodeName}|"
                           "{.metadata.labels.cdi\\.kubevirt\\.io}|" + volumes_of_pod, _pod_line)
