@@ -110,11 +110,16 @@ class CloneTarget:
         for key in ("dataSourceRef", "dataSource", "volumeName"):
             spec.pop(key, None)
         spec["resources"]["requests"]["storage"] = size
+        annotations = {ann.BIND_IMMEDIATE: "true"}
         if data_source is not None:
             spec["dataSource"] = data_source
+        elif self.view.annotations.get(ann.SELECTED_NODE):
+            # a copy is made where the target's consumer runs (a WaitForFirstConsumer target waited for it):
+            # the provisioner makes the temporary volume on that node, and the upload server runs beside it
+            annotations[ann.SELECTED_NODE] = self.view.annotations[ann.SELECTED_NODE]
         return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": temp_claim_name(self.claim), "namespace": self.source_namespace,
-                             "labels": self.temporary_labels(), "annotations": {ann.BIND_IMMEDIATE: "true"}},
+                             "labels": self.temporary_labels(), "annotations": annotations},
                 "spec": spec}
 
     def temporary_labels(self) -> dict[str, str]:

@@ -49,6 +49,7 @@ from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_s
 from cdi.controller.datavolume.base import datavolume_watches
 from cdi.controller.owners import owner_reference
 from cdi.controller.populators.clones import unnamed_source
+from cdi.controller.populators.datavolumes import pending_population
 from cdi.controller.progress import format_progress
 from cdi.controller.runtime import Context, Reconciler, RetryLater, write_status
 from cdi.controller.watches import Watch
@@ -164,6 +165,10 @@ class CloneReconciler(Reconciler):
         if ClaimView(target).deleting:
             return None
         phase = clone_phase_of(target)
+        if phase in ("", PENDING) and pending_population(self.ctx, target):
+            # as CDI's clone populator (claimReadyForPopulation): a WaitForFirstConsumer target waits for the
+            # node the scheduler picks for its consumer, and the clone is then made there
+            return await self._status(dv, target, phase="PendingPopulation")
         # a step is taken only once the DataVolume shows the current phase, so that every phase shows
         # (with its event) however short it is
         if phase in (SUCCEEDED, ERROR) or view.phase != PHASE_MAP.get(phase):

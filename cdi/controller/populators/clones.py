@@ -79,6 +79,9 @@ class ClonePopulator(PopulatorReconciler):
         """Pick the strategy (CDI's planner) and record it with the source on the claim."""
         if ClaimView(pvc).phase not in ("", "Pending"):
             return None
+        ready, _ = self._ready_for_population(pvc)
+        if not ready:
+            return None  # CDI's reconcilePending: a WaitForFirstConsumer claim waits for its consumer's node
         if not await reference_granted(self.ctx, pvc):
             return GRANT_POLL
         source = self.population_source(pvc)
