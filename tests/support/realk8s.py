@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cdi
 from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -301,8 +302,7 @@ class RealK8s:
             tag = self.run(str(REPO / "scripts" / "build-version"), str(tree)).stdout.strip()
         else:
             tree = REPO
-            version = self.run(str(REPO / "scripts" / "build-version")).stdout.split("-")[0].strip()
-            tag = f"{version}-dev.0.gparent"
+            tag = f"{cdi.__version__}-dev.0.gparent"  # the package version, git or not
         self.timings["previous build"] = f"{parent[:12] or 'this tree'} as {tag}"
         try:
             self._timed("previous images/build", [str(tree / "images" / "build"), str(PREVIOUS_IMAGES_DIR)], 1500,
