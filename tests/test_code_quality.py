@@ -42,10 +42,11 @@ def test_mypy_strict(package: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# Every `cdi.kubevirt.io/...` name (annotations, labels, finalizers) and every worker env name is a constant
-# in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart (a key read under one name and written
+# Every `cdi.kubevirt.io/...` and `extensions.cdi.dev/...` name (annotations, labels, finalizers) and every worker
+# env name is a constant in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart (a key read under one name and written
 # under another is a feature that silently stops working). Tests may spell them: they check the names.
 CONTRACT_PREFIX = "cdi.kubevirt.io/"
+EXTENSION_PREFIX = "extensions.cdi.dev/"  # ours (`cdi.api.annotations.EXTENSION_PREFIX`): the same rule
 
 
 def _worker_env_names() -> tuple[frozenset[str], tuple[str, ...]]:
@@ -70,7 +71,7 @@ def test_contract_names_are_spelled_only_in_cdi_api() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 value = node.value
-                if value.startswith(CONTRACT_PREFIX) or value in names or value.startswith(prefixes):
+                if value.startswith((CONTRACT_PREFIX, EXTENSION_PREFIX, *prefixes)) or value in names:
                     offences.append(f"{relative}:{node.lineno}: {value!r}")
     assert not offences, "spell these with the constants of cdi/api:\n" + "\n".join(offences)
 

@@ -115,6 +115,18 @@ CLONE_SOURCE: Final = _P + "storage.clone.source"  # kind/namespace/name of what
 CERTIFICATES_HASH: Final = _P + "certificates"
 CUSTOMIZER_IDENTIFIER: Final = _P + "customizer-identifier"
 
+# extensions: what CDI has no answer for lives under one prefix of our own, never in CDI's namespace of keys,
+# so that a DataVolume written for CDI means the same here, and a key of ours is never taken for one of CDI's
+# (the README's "Extensions" table lists them, with the CDI issue each answers)
+EXTENSION_PREFIX: Final = "extensions.cdi.dev/"
+# set by users (or `cdi image-upload --checksum`) on an upload DataVolume or claim: `algorithm:hex` the bytes
+# received must hash to (the upload server checks; a mismatch fails as an import's ChecksumMismatch does)
+UPLOAD_CHECKSUM: Final = EXTENSION_PREFIX + "upload.checksum"
+# written when an import or upload succeeded: the sha256 of the bytes as the source delivered them (before
+# decompression or conversion), and the format the worker detected (`qcow2`, `raw.xz`, ...)
+SOURCE_SHA256: Final = EXTENSION_PREFIX + "source.sha256"
+SOURCE_FORMAT: Final = EXTENSION_PREFIX + "source.format"
+
 # labels
 LABEL_APP: Final = "app"
 LABEL_APP_VALUE: Final = "containerized-data-importer"
