@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             labels=result.labels,
             virtual_size=result.virtual_size,
             checksum=result.checksum,
+            source_sha256=result.source_sha256,
             bytes_transferred=result.bytes_transferred,
             source_format=result.source_format,
             route=result.route,

@@ -39,7 +39,8 @@ target checks); `_kubevirt` below picks one for a disk image (`_compressed` for 
 
 When a route needs scratch and none is mounted, the import stops with `ScratchSpaceRequired`
 after reading only the first MiBs. Checksums are verified over the bytes as the source delivered
-them, before the target is finalized; a mismatch (or any other permanent failure) removes what
+them, before the target is finalized, and their sha256 is reported (`ImportResult.source_sha256`: hashed
+by the thread that reads or collects them, in the same pass); a mismatch (or any other permanent failure) removes what
 was written, so the next attempt starts clean.
 """
 
@@ -87,7 +88,8 @@ class ImportResult:
     preallocation_applied: bool
     source_format: str
     route: str
-    checksum: str | None = None
+    checksum: str | None = None  # `algorithm:hex` of the checksum asked for, verified
+    source_sha256: str | None = None  # hex sha256 of the source's bytes as received (None: not every byte was seen)
     bytes_transferred: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     resumed_bytes: int = 0
@@ -212,7 +214,8 @@ class _Import:
             preallocation_applied=applied,
             source_format=ctx.format,
             route=ctx.route,
-            checksum=ctx.hasher.actual() if ctx.hasher else None,
+            checksum=ctx.hasher.actual(),
+            source_sha256=ctx.source_sha256(),
             bytes_transferred=ctx.origin.meter.total,
             labels=dict(ctx.origin.labels),
             resumed_bytes=ctx.resumed_bytes,

@@ -34,6 +34,7 @@ class TerminationMessage:
     route: str | None = None
     retries: int | None = None
     source_digest: str | None = None  # poll mode: the source's current version
+    source_sha256: str | None = None  # hex sha256 of the source's bytes as received (the controller records it)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -53,6 +54,7 @@ class TerminationMessage:
             "route": self.route,
             "retries": self.retries,
             "sourceDigest": self.source_digest,
+            "sourceSha256": self.source_sha256,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         return out

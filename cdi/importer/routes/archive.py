@@ -35,12 +35,11 @@ def archive_route(ctx: ImportContext) -> int:
     written = archive.extract(reader, root, ctx.usable, lambda _n: ctx.progress.update(meter.total))
     reader.drain()
     ctx.origin.finish()
-    if ctx.hasher is not None:
-        try:
-            ctx.hasher.verify(ctx.origin.name)
-        except ImporterError:
-            archive.clear_directory(root)
-            raise
+    try:
+        ctx.hasher.verify(ctx.origin.name)
+    except ImporterError:
+        archive.clear_directory(root)
+        raise
     ctx.progress.begin(SYNC)
     syncfs(root)
     return written

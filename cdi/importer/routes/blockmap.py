@@ -104,7 +104,7 @@ def mapped(ctx: ImportContext, route: str, m: qcow2.Qcow2Map, cluster_writer: Cl
     ctx.route = route
     size = m.header.size
     ctx.check_size(size, ctx.format)
-    cover = ctx.hasher is not None
+    cover = True  # every byte of the file, in order: its sha256 is recorded (and checked, if one was asked for)
     spans = qcow2.plan_spans(m, ctx.options.span_size, cover_all=cover)
     plan: dict[str, object] = {
         "route": ctx.route,
@@ -124,7 +124,7 @@ def mapped(ctx: ImportContext, route: str, m: qcow2.Qcow2Map, cluster_writer: Cl
         if not writer.known_zero:
             for offset, length in m.zero_ranges():
                 writer.zero_range(offset, length)
-        if start and ctx.hasher is not None:  # the image's bytes are not on the target: fetch to hash
+        if start and ctx.verifying:  # the image's bytes are not on the target: fetch to hash
             ctx.rehash_fetched(ranges, spans[:start], workers=ctx.options.workers, window=ctx.options.window)
         ctx.progress.update(done)
         checkpoint = ctx.checkpointer(writer, plan, start, done)

@@ -66,7 +66,9 @@ class ImportContext:
         self.options = options
         self.progress = progress
         self.stop = stop
-        self.hasher: Hasher | None = options.checksum.hasher() if options.checksum else None
+        # the source's bytes, hashed in order by the thread that already touches them: sha256 always (the
+        # result records it), and the expected checksum's algorithm when one was asked for
+        self.hasher = Hasher(options.checksum)
         self.usable = target.usable(options.requested_size, options.filesystem_overhead)
         self.state_path = target.state_path(options.scratch_dir) if options.resume else None
         self.scratch_file = options.scratch_dir / SCRATCH_FILE_NAME if options.scratch_dir else None
@@ -89,18 +91,31 @@ class ImportContext:
                 self.scratch_file.unlink()
 
     # -- the source -----------------------------------------------------------------------------------
+    @property
+    def verifying(self) -> bool:
+        """Whether a checksum was asked for: only then is fetching bytes a second time worth it where a
+        route would otherwise not see every source byte in order (nbdkit; the prefix of a resumed
+        qcow2, vmdk or xz, which is not on the target as it came); without one, such an import records
+        no sha256 (`source_sha256`)."""
+        return self.hasher.expected is not None
+
     def wire(self) -> Stream:
         """The source's byte stream, hashed as it comes off the wire."""
-        stream = self.origin.stream()
-        if self.hasher is not None:
-            hasher = self.hasher
-            return TapStream(stream, hasher.update)
-        return stream
+        return TapStream(self.origin.stream(), self.hasher.update)
 
     @property
     def wire_is_pushed(self) -> bool:
-        """Whether reading `wire()` costs nothing but the wait for its producer (`WriteBehind`, depth 0)."""
-        return self.origin.pushed and self.hasher is None
+        """Whether `wire()` only hands on chunks another thread produced (`WriteBehind`, depth 0: each chunk
+        is hashed and written by the thread that reads it, then handed back to its producer)."""
+        return self.origin.pushed
+
+    def source_sha256(self) -> str | None:
+        """The sha256 of the source's bytes, when the route hashed every one of them: as many as the
+        source sends (or, when it never said, as many as came off the wire). None where the route saw
+        only part of them (nbdkit without a checksum, a stream whose image ended before its bytes did)."""
+        size = self.origin.wire_size
+        whole = self.origin.meter.total if size is None else size
+        return self.hasher.sha256() if self.hasher.count == whole else None
 
     def read_at(self, offset: int, length: int) -> bytes | None:
         ranges = self.origin.ranges
@@ -150,8 +165,7 @@ class ImportContext:
     def finish(self, image_size: int) -> bool:
         """Verify what only the end can verify, then resize/preallocate/flush the target."""
         self.origin.finish()
-        if self.hasher is not None:
-            self.hasher.verify(self.origin.name)
+        self.hasher.verify(self.origin.name)
         self.progress.begin(RESIZE)
         applied = self.target.finalize(image_size, self.usable, self.options.preallocation)
         self.progress.begin(SYNC)
@@ -223,8 +237,7 @@ class ImportContext:
         fetched = done
         try:
             for s, buf in fetcher:
-                if self.hasher is not None:
-                    self.hasher.update(memoryview(buf)[: s.length])
+                self.hasher.update(memoryview(buf)[: s.length])
                 fetched += s.length
                 self.progress.update(fetched)
                 checkpoint.done(s.index + 1, fetched)
@@ -236,7 +249,6 @@ class ImportContext:
 
     def rehash_fetched(self, ranges: RangeReader, spans: Sequence[Span], *, workers: int, window: int) -> None:
         """Hash spans a previous attempt already wrote (their source bytes are not on the target)."""
-        assert self.hasher is not None
         for s, buf in RangeFetcher(
             ranges, spans, workers=workers, window=window, stop=self.stop, on_cancel=self.origin.abort
         ):

@@ -24,7 +24,9 @@ def nbdkit_convert(ctx: ImportContext, info: ImageInfo, spec: NbdSpec) -> tuple[
         qinfo = qemu.info(server.uri, info.qemu_format)
         size = formats.check_qemu_info(qinfo, info)
         ctx.check_size(size, info.format)
-        hashing = _HashPass(ctx) if ctx.hasher is not None else None
+        # qemu-img reads out of order: a second pass hashes the source, worth it only for a checksum asked
+        # for (without one, this route records no sha256: `ImportContext.source_sha256`)
+        hashing = _HashPass(ctx) if ctx.verifying else None
         try:
             ctx.convert(server.uri, info, size, extra_error=lambda: f" (nbdkit: {server.log()})")
         finally:
@@ -47,7 +49,6 @@ class _HashPass:
         try:
             ranges = self.ctx.origin.ranges
             assert ranges is not None
-            assert self.ctx.hasher is not None
             stream = PrefetchStream(
                 ranges, 0, ranges.size, workers=2, stop=self.ctx.stop, on_cancel=self.ctx.origin.abort
             )

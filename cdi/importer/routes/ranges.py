@@ -28,7 +28,7 @@ def ranges_raw(ctx: ImportContext, info: ImageInfo) -> tuple[int, bool]:
     start, fd, done = ctx.open_resumable(plan, size)
     try:
         writer = ctx.writer(fd, ctx.target.known_zero_when_fresh)
-        if start and ctx.hasher is not None:
+        if start:
             resume.rehash_prefix(fd, start * span, ctx.hasher)
         ctx.plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
         ctx.progress.begin(TRANSFER_DATA_FILE, size)

@@ -43,8 +43,7 @@ def scratch_convert(ctx: ImportContext, stream: Stream, info: ImageInfo, why: st
     finally:
         os.close(fd)
     ctx.origin.finish()
-    if ctx.hasher is not None:
-        ctx.hasher.verify(ctx.origin.name)
+    ctx.hasher.verify(ctx.origin.name)
     qinfo = qemu.info(str(ctx.scratch_file), info.qemu_format)
     size = formats.check_qemu_info(qinfo, info)
     ctx.check_size(size, info.format)

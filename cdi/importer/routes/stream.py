@@ -26,7 +26,7 @@ def stream_raw(ctx: ImportContext, stream: Stream, info: ImageInfo, start: int =
     fd = _open_continued(ctx, start) if start else ctx.target.open(True, None)
     try:
         writer = ctx.writer(fd, ctx.target.known_zero_when_fresh)
-        if start and ctx.hasher is not None:
+        if start:
             resume.rehash_prefix(fd, start, ctx.hasher)
         ctx.plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
         ctx.progress.begin(TRANSFER_DATA_FILE, ctx.origin.wire_size)

@@ -36,7 +36,7 @@ def xz_blocks_route(ctx: ImportContext, layout: xz_blocks.XzLayout, info: ImageI
     ctx.route = ROUTE_XZ
     size = layout.uncompressed
     ctx.check_size(size, f"{info.format}, uncompressed size from the xz index")
-    cover = ctx.hasher is not None
+    cover = True  # every compressed byte, in order: its sha256 is recorded (and checked, if one was asked for)
     spans = layout.spans(cover)
     plan: dict[str, object] = {
         "route": ctx.route,
@@ -51,7 +51,7 @@ def xz_blocks_route(ctx: ImportContext, layout: xz_blocks.XzLayout, info: ImageI
         writer = ctx.writer(fd, ctx.target.known_zero_when_fresh)
         ctx.plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
         ctx.progress.begin(TRANSFER_DATA_FILE, sum(s.length for s in spans))
-        if start and ctx.hasher is not None:  # the compressed bytes are not on the target: refetch
+        if start and ctx.verifying:  # the compressed bytes are not on the target: refetch
             ctx.rehash_fetched(ranges, spans[:start], workers=workers, window=workers + 1)
         checkpoint = ctx.checkpointer(writer, plan, start, done)
         ctx.fetch_spans(
