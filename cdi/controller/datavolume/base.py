@@ -50,7 +50,10 @@ Event = tuple[EventType, str, str]
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
-                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT)
+                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT, ann.UPLOAD_CHECKSUM)
+# what a finished worker recorded on the claim that its DataVolume shows too (our extension: an audit of what
+# a golden image holds reads the DataVolume)
+_RECORDED_ANNOTATIONS = (ann.SOURCE_SHA256, ann.SOURCE_FORMAT)
 
 
 def _passes_label(key: str) -> bool:
@@ -184,6 +187,7 @@ class DataVolumeReconciler(Reconciler):
             await self.ctx.client.patch(groups.DATAVOLUMES, name, {"metadata": {"annotations": {
                 ann.PRE_POPULATED: ClaimView(pvc).name}}}, namespace)
         await self._delayed_annotations(view, pvc)
+        await self._recorded_annotations(view, pvc)
         requeue = await self._update_status(dv, pvc, requires_work=requires_work)
         if claim_uses_populator(pvc) and ClaimView(pvc).phase == "Bound" and \
                 ClaimView(pvc).annotations.get(ann.POD_PHASE) == "Succeeded":
@@ -223,6 +227,15 @@ class DataVolumeReconciler(Reconciler):
         patch = {"metadata": {"ownerReferences": owners, "resourceVersion": ClaimView(pvc).resource_version}}
         adopted: Obj = await self.ctx.client.patch(groups.PVCS, view.name, patch, view.namespace)
         return adopted
+
+    async def _recorded_annotations(self, view: DataVolumeView, pvc: Body) -> None:
+        """What the worker recorded on the claim (the sha256 and format it received), onto the DataVolume."""
+        claimed = ClaimView(pvc).annotations
+        changes = {key: claimed[key] for key in _RECORDED_ANNOTATIONS
+                   if claimed.get(key) and view.annotations.get(key) != claimed[key]}
+        if changes:
+            await self.ctx.client.patch(groups.DATAVOLUMES, view.name, {"metadata": {"annotations": changes}},
+                                        view.namespace)
 
     async def _delayed_annotations(self, view: DataVolumeView, pvc: Body) -> None:
         """CDI's delayed annotations: a DataVolume's `storage.populatedFor` reaches its claim only once the

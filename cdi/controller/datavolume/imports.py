@@ -105,6 +105,17 @@ def termination(pod: Body) -> tuple[str, Obj]:
     return "", {}
 
 
+def received(result: Body) -> dict[str, str]:
+    """What a finished worker says it received, as the claim's annotations: the checksum it verified, and
+    (our extension, for audits of what a golden image holds) the sha256 and format of the source's bytes."""
+    out: dict[str, str] = {}
+    for key, field in ((ann.IMPORT_CHECKSUM_RESULT, "checksum"), (ann.SOURCE_SHA256, "sourceSha256"),
+                       (ann.SOURCE_FORMAT, "sourceFormat")):
+        if result.get(field):
+            out[key] = str(result[field])
+    return out
+
+
 def _time(seconds_from_now: float) -> str:
     moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds_from_now)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -285,9 +296,7 @@ class ImportReconciler(Reconciler):
             changes[ann.PREALLOCATION_APPLIED] = "true"
         if result.get("retries"):  # failures retried inside the pod: not restarts (restartCount counts pods)
             changes[ann.IMPORT_RETRIES] = str(int(result["retries"]))
-        checksum = result.get("checksum")
-        if checksum:
-            changes[ann.IMPORT_CHECKSUM_RESULT] = str(checksum)
+        changes.update(received(result))
         labels = result.get("labels") or {}
         patch: Obj = {"metadata": {"annotations": dict(changes)}}
         if labels:

@@ -16,7 +16,10 @@ async upload was accepted ends the server with a non-zero exit and a termination
 `reason` and `retryable`: a permanent one (`retryable: false`, e.g. ConversionFailed) ends the
 DataVolume in `Failed` with that reason (pod, Service and scratch removed, nothing restarted); a
 transient one shows in the Running condition while the pod restarts (`restartPolicy: OnFailure`)
-and waits for a new upload."""
+and waits for a new upload. A body that does not hash to the claim's `extensions.cdi.dev/upload.checksum`
+(our extension) is answered 400 and ends the server `ChecksumMismatch` (permanent): the DataVolume fails, as
+an import's mismatch does. A completed upload records the checksum it verified, and the sha256 and format
+of the bytes it received (`received`)."""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from cdi.controller.claims import (
     scratch_name,
     waits_for_first_consumer,
 )
-from cdi.controller.datavolume.imports import termination
+from cdi.controller.datavolume.imports import received, termination
 from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
 from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Reconciler
@@ -194,7 +197,9 @@ class UploadReconciler(Reconciler):
             client_name=annotations.get(ann.UPLOAD_CLIENT_NAME) or CLIENT_NAME,  # a clone source's, or the proxy's
             tls_profile=tlsprofile.of_config(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)),
             # where the server keeps the resume offset of a raw upload across its restarts
-            state_dir=env.UPLOAD_STATE_DIR_DEFAULT if block and not scratch else "")
+            state_dir=env.UPLOAD_STATE_DIR_DEFAULT if block and not scratch else "",
+            # only what the user wrote on the DataVolume or claim: a request can never choose its own checksum
+            checksum=annotations.get(ann.UPLOAD_CHECKSUM, "").strip())
         mounts: list[Obj] = [{"name": "tls", "mountPath": env.TLS_DIR_DEFAULT, "readOnly": True}]
         volumes: list[Obj] = [{"name": "cdi-data-vol", "persistentVolumeClaim": {"claimName": name}},
                               {"name": "tls", "secret": {"secretName": resource}}]
@@ -249,8 +254,7 @@ class UploadReconciler(Reconciler):
                             ann.CONDITION_RUNNING_MESSAGE: str(result.get("message") or "Upload Complete")})
             if result.get("preallocationApplied"):
                 changes[ann.PREALLOCATION_APPLIED] = "true"
-            if result.get("checksum"):
-                changes[ann.IMPORT_CHECKSUM_RESULT] = str(result["checksum"])
+            changes.update(received(result))
             await annotate(self.ctx, pvc, changes)
             await self._cleanup(pvc, pod)
             return None

@@ -43,6 +43,7 @@ MIRRORED_ANNOTATIONS = (
     ann.POD_PHASE, ann.POD_READY, ann.POD_RESTARTS, ann.PREALLOCATION_REQUESTED, ann.PREALLOCATION_APPLIED,
     ann.CONDITION_RUNNING, ann.CONDITION_RUNNING_MESSAGE, ann.CONDITION_RUNNING_REASON, ann.POD_SCHEDULABLE,
     ann.IMPORT_FATAL_ERROR, ann.IMPORT_REASON, ann.IMPORT_RETRIES, ann.IMPORT_CHECKSUM_RESULT, ann.REQUIRES_SCRATCH,
+    ann.SOURCE_SHA256, ann.SOURCE_FORMAT,
 )
 
 
@@ -233,7 +234,7 @@ class PopulatorReconciler(Reconciler):
         if ann.RETAIN_AFTER_COMPLETION in claim_annotations:
             annotations[ann.RETAIN_AFTER_COMPLETION] = claim_annotations[ann.RETAIN_AFTER_COMPLETION]
         for key in (ann.MULTUS_NETWORKS, ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT,
-                    ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT):
+                    ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT, ann.UPLOAD_CHECKSUM):
             if claim_annotations.get(key):
                 annotations[key] = claim_annotations[key]
         annotations.update(self.prime_annotations(pvc, source))
