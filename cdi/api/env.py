@@ -60,6 +60,9 @@ LISTEN_PORT: Final = "LISTEN_PORT"
 UPLOAD_STATE_DIR: Final = "UPLOAD_STATE_DIR"
 UPLOAD_IDLE_TIMEOUT: Final = "UPLOAD_IDLE_TIMEOUT"
 UPLOAD_CHECKPOINT_BYTES: Final = "UPLOAD_CHECKPOINT_BYTES"
+# the upload server's, ours: `algorithm:hex` the received bytes must hash to, from the claim's
+# `extensions.cdi.dev/upload.checksum` (never from a request: only what the user wrote on the volume counts)
+UPLOAD_CHECKSUM: Final = "UPLOAD_CHECKSUM"
 
 # the clone source's (CDI's names): where to send, its client certificate and key and the server's CA (PEM
 # text), the source's volume mode (`block` or `filesystem`) and where it is mounted; ours: the name the

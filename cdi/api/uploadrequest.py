@@ -10,7 +10,8 @@ TLS_MIN_VERSION (CDIConfig's TLS profile when the pod was made), and the target 
 (`targetvolume`: UPLOAD_IMAGE_SIZE, FILESYSTEM_OVERHEAD, PREALLOCATION, OWNER_UID). Ours: UPLOAD_STATE_DIR
 (where a Block volume's server keeps its resume record when no scratch is mounted), and, never set by
 the controller, LISTEN_ADDRESS / LISTEN_PORT (CDI's upload server has them as flags),
-UPLOAD_IDLE_TIMEOUT and UPLOAD_CHECKPOINT_BYTES (for tests and benchmarks)."""
+UPLOAD_IDLE_TIMEOUT and UPLOAD_CHECKPOINT_BYTES (for tests and benchmarks), and UPLOAD_CHECKSUM (the
+`algorithm:hex` of the claim's `extensions.cdi.dev/upload.checksum`: the bytes received must hash to it)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdi.api import env, tlsprofile, upload
+from cdi.api.checksum import ChecksumSyntaxError, parse_checksum
 from cdi.api.envvalues import EnvError, byte_count, env_value, pod_ip_from_status, port, positive_float
 from cdi.api.targetvolume import FILESYSTEM_IMAGE, TargetVolume
 from cdi.api.tlsprofile import TLSProfileSpec
@@ -46,6 +48,7 @@ class UploadServerRequest:
     listen_port: int = upload.UPLOAD_PORT
     idle_timeout: float | None = None  # seconds a request body may stay silent before the upload counts as cut off
     checkpoint_bytes: int | None = None  # of a raw upload between two checkpoints of its resume record; 0: none
+    checksum: str = ""  # `algorithm:hex` the received bytes must hash to; "": none expected
 
     def to_env(self) -> list[Obj]:
         """The upload-server container's `env`. What the controller never sets stays out when it is the
@@ -59,7 +62,8 @@ class UploadServerRequest:
         ]
         tuning = ((env.UPLOAD_STATE_DIR, self.state_dir or None), (env.LISTEN_ADDRESS, self.listen_address or None),
                   (env.LISTEN_PORT, None if self.listen_port == upload.UPLOAD_PORT else self.listen_port),
-                  (env.UPLOAD_IDLE_TIMEOUT, self.idle_timeout), (env.UPLOAD_CHECKPOINT_BYTES, self.checkpoint_bytes))
+                  (env.UPLOAD_IDLE_TIMEOUT, self.idle_timeout), (env.UPLOAD_CHECKPOINT_BYTES, self.checkpoint_bytes),
+                  (env.UPLOAD_CHECKSUM, self.checksum or None))
         out.extend(env_value(name, f"{value:g}" if isinstance(value, float) else str(value))
                    for name, value in tuning if value is not None)
         return out
@@ -76,6 +80,13 @@ class UploadServerRequest:
         content_type = environ.get(env.UPLOAD_CONTENT_TYPE, "").strip() or env.CONTENT_KUBEVIRT
         if content_type not in (env.CONTENT_KUBEVIRT, env.CONTENT_ARCHIVE):
             raise EnvError(f"unknown {env.UPLOAD_CONTENT_TYPE} {content_type!r}: expected kubevirt or archive")
+        checksum = environ.get(env.UPLOAD_CHECKSUM, "").strip()
+        if checksum:
+            try:
+                algorithm, digest = parse_checksum(checksum)
+            except ChecksumSyntaxError as exc:
+                raise EnvError(f"{env.UPLOAD_CHECKSUM}: {exc}") from exc
+            checksum = f"{algorithm}:{digest}"
         return cls(
             volume=volume, content_type=content_type,
             client_name=environ.get(env.CLIENT_NAME, "") or upload.CLIENT_NAME,
@@ -87,4 +98,5 @@ class UploadServerRequest:
             listen_port=port(environ, env.LISTEN_PORT, upload.UPLOAD_PORT),
             idle_timeout=positive_float(environ, env.UPLOAD_IDLE_TIMEOUT),
             checkpoint_bytes=byte_count(environ, env.UPLOAD_CHECKPOINT_BYTES),
+            checksum=checksum,
         )

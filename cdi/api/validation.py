@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from cdi.api import annotations as ann
 from cdi.api.checksum import ChecksumSyntaxError, parse_checksum
 from cdi.api.quantity import QuantityError, parse_bytes
 
@@ -216,7 +217,20 @@ def validate_datavolume(dv: Body, old: Body | None = None) -> list[Cause]:
     name = str((dv.get("metadata") or {}).get("name", ""))
     if len(name) > 253:
         return [Cause("", "Name cannot be longer than 253 characters")]
-    return validate_datavolume_spec(dv.get("spec") or {})
+    return _extension_causes(dv) + validate_datavolume_spec(dv.get("spec") or {})
+
+
+def _extension_causes(dv: Body) -> list[Cause]:
+    """Our extension annotations with a syntax: refused at admission rather than by the worker pod."""
+    annotations: Body = (dv.get("metadata") or {}).get("annotations") or {}
+    checksum = annotations.get(ann.UPLOAD_CHECKSUM)
+    if checksum is None:
+        return []
+    try:
+        parse_checksum(str(checksum))
+    except ChecksumSyntaxError as exc:
+        return [Cause(f"metadata.annotations[{ann.UPLOAD_CHECKSUM}]", f"Invalid checksum format: {exc}")]
+    return []
 
 
 POPULATOR_NAME_MAX = 63  # CDI's DNS1035LabelMaxLength for populator sources

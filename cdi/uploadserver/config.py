@@ -22,7 +22,7 @@ from cdi.api import tlsprofile
 from cdi.api.envvalues import EnvError
 from cdi.api.tlsprofile import TLSProfileSpec
 from cdi.api.uploadrequest import UploadServerRequest
-from cdi.importer import BlockTarget, FileTarget, ImporterError, Reason, Target
+from cdi.importer import BlockTarget, Checksum, FileTarget, ImporterError, Reason, Target
 
 IDLE_TIMEOUT = 120.0  # seconds without body data before an upload counts as cut off (UPLOAD_IDLE_TIMEOUT)
 CHECKPOINT_BYTES = 64 << 20  # bytes of a raw upload written between two checkpoints of its resume record
@@ -56,6 +56,7 @@ class UploadServerConfig:
     # bytes of a raw upload written between two checkpoints of the resume record (`session._Checkpoints`); 0: none
     # while the body arrives (what `bench/bench_upload.py --checkpoints` compares against)
     checkpoint_bytes: int = CHECKPOINT_BYTES
+    checksum: Checksum | None = None  # UPLOAD_CHECKSUM: what the received bytes must hash to
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> UploadServerConfig:
@@ -88,6 +89,7 @@ class UploadServerConfig:
             state_dir=state_dir,
             tls_profile=request.tls_profile,
             checkpoint_bytes=CHECKPOINT_BYTES if request.checkpoint_bytes is None else request.checkpoint_bytes,
+            checksum=Checksum.parse(request.checksum),
         )
 
     @property

@@ -65,7 +65,8 @@ def serve(config: UploadServerConfig) -> term.TerminationMessage:
         return term.TerminationMessage(
             message=COMPLETE_MESSAGE, reason=Reason.COMPLETE, retryable=False,
             preallocation_applied=result.preallocation_applied, virtual_size=result.virtual_size,
-            checksum=result.checksum, bytes_transferred=session.bytes_received, source_format=result.source_format,
+            checksum=result.checksum, source_sha256=result.source_sha256, bytes_transferred=session.bytes_received,
+            source_format=result.source_format,
             route=result.route)
     if session.fatal is not None:
         return term.TerminationMessage(message=session.fatal.message, reason=session.fatal.reason,

@@ -310,6 +310,10 @@ class UploadSession:
         else:
             log.error("processing the upload failed after it was accepted", exc_info=exc)
             fatal = ImporterError(Reason.INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}")
+        self._fail(fatal)
+
+    def _fail(self, fatal: ImporterError) -> None:
+        """The server must exit with this failure (its termination message says it to the controller)."""
         with self._lock:
             self.fatal = fatal
         self.finished.set()
@@ -424,7 +428,7 @@ class Upload:
         options = ImportOptions(
             content_type=envnames.CONTENT_ARCHIVE if archive else envnames.CONTENT_KUBEVIRT,
             requested_size=config.image_size, filesystem_overhead=config.filesystem_overhead,
-            preallocation=config.preallocation, scratch_dir=config.scratch_dir)
+            preallocation=config.preallocation, scratch_dir=config.scratch_dir, checksum=config.checksum)
         threading.Thread(target=self._import, args=(options,), name="upload-import", daemon=True).start()
 
     def __enter__(self) -> Upload:
@@ -564,6 +568,10 @@ class Upload:
             return Outcome(400, f"Saving stream failed: {failure.message}", headers)
         self._session._reset()
         log.error("upload refused: %s", failure)
+        if failure.reason == Reason.CHECKSUM_MISMATCH:
+            # the claim says what the image must be and these bytes are not it: the end, as for an import
+            # (the client is told, then the server exits and the DataVolume fails with the reason)
+            self._session._fail(failure)
         if failure.reason in _SPACE_REASONS:
             return Outcome(400, f"{TOO_LARGE_PREFIX}: {failure.message}")
         status = 500 if failure.retryable else 400

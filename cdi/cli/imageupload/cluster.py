@@ -13,6 +13,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.checksum import ChecksumSyntaxError, parse_checksum
 from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
 from cdi.api.sizing import DEFAULT_FILESYSTEM_OVERHEAD
@@ -48,6 +49,7 @@ class Request:
     force_bind: bool = False
     no_create: bool = False
     upload_format: str = ""  # for the `storage.upload.format` annotation (`ann.UPLOAD_FORMAT`)
+    checksum: str = ""  # `algorithm:hex` for the `extensions.cdi.dev/upload.checksum` annotation (ours)
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -69,6 +71,8 @@ def datavolume_body(request: Request) -> Obj:
     if mode:
         storage["volumeMode"] = mode
     annotations = {ann.UPLOAD_FORMAT: request.upload_format} if request.upload_format else {}
+    if request.checksum:
+        annotations[ann.UPLOAD_CHECKSUM] = request.checksum
     if request.force_bind:
         annotations[ann.BIND_IMMEDIATE] = ""
     spec: Obj = {"source": {"upload": {}}, "storage": storage}
@@ -91,6 +95,8 @@ def pvc_body(request: Request) -> Obj:
     annotations = {ann.UPLOAD_TARGET: "", ann.CONTENT_TYPE: "archive" if request.archive else "kubevirt"}
     if request.upload_format:
         annotations[ann.UPLOAD_FORMAT] = request.upload_format
+    if request.checksum:
+        annotations[ann.UPLOAD_CHECKSUM] = request.checksum
     if request.force_bind:
         annotations[ann.BIND_IMMEDIATE] = ""
     metadata: Obj = {"name": request.name, "namespace": request.namespace, "annotations": annotations}
@@ -105,6 +111,23 @@ def datasource_body(request: Request) -> Obj:
         metadata["labels"] = dict(request.labels)
     return {"apiVersion": groups.CDI_API_VERSION, "kind": "DataSource", "metadata": metadata,
             "spec": {"source": {"pvc": {"name": request.name, "namespace": request.namespace}}}}
+
+
+def _check_checksum(request: Request, expected: str) -> None:
+    """`--checksum` on a volume that exists must be what it says: the upload server checks only what the
+    DataVolume or claim the user wrote says (its pod was made from it), never what a client sends, so a
+    checksum given on the command line alone would be checked by nobody."""
+    if not request.checksum:
+        return
+    try:
+        same = bool(expected) and parse_checksum(expected) == parse_checksum(request.checksum)
+    except ChecksumSyntaxError:
+        same = False
+    if not same:
+        raise ClusterError(
+            f"{request.key} expects {f'checksum {expected}' if expected else 'no checksum'}, not {request.checksum}: "
+            f"the upload server checks what the DataVolume or PVC says; create it with the annotation "
+            f"{ann.UPLOAD_CHECKSUM}={request.checksum}")
 
 
 class Cluster:
@@ -164,10 +187,12 @@ class Cluster:
         except NotFound:
             if request.kind == "dv" and not request.no_create:
                 try:
-                    await self.client.get(groups.DATAVOLUMES, request.name, request.namespace)
-                    return {}  # the DataVolume exists and its PVC is on the way
+                    dv = await self.client.get(groups.DATAVOLUMES, request.name, request.namespace)
                 except NotFound:
                     pass
+                else:
+                    _check_checksum(request, DataVolumeView(dv).annotations.get(ann.UPLOAD_CHECKSUM, ""))
+                    return {}  # the DataVolume exists and its PVC is on the way
             if request.no_create:
                 raise ClusterError(f"PVC {request.key} not found (and --no-create was given)") from None
             return None
@@ -182,6 +207,8 @@ class Cluster:
         populated = ClaimView(pvc).populator_ref.get("kind") == "VolumeUploadSource"  # its prime takes it
         if not request.no_create and ann.UPLOAD_TARGET not in annotations and not populated:
             raise ClusterError(f"PVC {request.name} not available for upload")
+        if ann.UPLOAD_TARGET in annotations or populated:  # else `mark_upload_target` writes the checksum
+            _check_checksum(request, annotations.get(ann.UPLOAD_CHECKSUM, ""))
         return pvc
 
     async def create(self, request: Request) -> str:
@@ -199,6 +226,8 @@ class Cluster:
         wanted = {ann.UPLOAD_TARGET: ""}
         if request.upload_format:
             wanted[ann.UPLOAD_FORMAT] = request.upload_format
+        if request.checksum:  # written with the mark, so the upload server's pod is made with it
+            wanted[ann.UPLOAD_CHECKSUM] = request.checksum
         await self.client.patch(groups.PVCS, request.name, {"metadata": {"annotations": wanted}}, request.namespace)
 
     async def wait_ready(self, request: Request, timeout: float, say: Any) -> None:

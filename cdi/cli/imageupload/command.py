@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cdi.api import annotations as ann
+from cdi.api.checksum import ChecksumSyntaxError, parse_checksum
 from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.cli.imageupload.cluster import INSTANCETYPE_LABELS, Cluster, ClusterError, Request, ssl_context
 from cdi.cli.imageupload.preflight import (
@@ -53,6 +55,8 @@ EXAMPLES = """examples:
   cdi image-upload pvc fedora-pvc --size=10Gi --volume-mode=block --image-path=/images/fedora.raw
   # through an explicit upload proxy URL
   cdi image-upload dv fedora-dv --uploadproxy-url=https://cdi-uploadproxy.example.com --image-path=fedora.img
+  # verified: the upload server fails the upload (ChecksumMismatch) unless the bytes it received hash to it
+  cdi image-upload dv fedora-dv --size=10Gi --image-path=fedora.qcow2 --checksum=sha256:$(sha256sum fedora.qcow2)
   # an archive (tar) into a Filesystem DataVolume
   cdi image-upload dv files-dv --size=1Gi --archive-path=/tmp/files.tar
   # and a DataSource of the same name pointing at the result, labelled for instance types
@@ -75,6 +79,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--volume-mode", default="", help="block or filesystem (default: the storage profile's)")
     parser.add_argument("--block-volume", action="store_true", help="DEPRECATED: --volume-mode=block")
     parser.add_argument("--no-create", action="store_true", help="don't create a DataVolume/PVC; use an existing one")
+    parser.add_argument("--checksum", default="",
+                        help="ALGORITHM:HEX (sha256, sha512, sha1, md5) the image file must hash to: written on the "
+                             f"DataVolume/PVC created ({ann.UPLOAD_CHECKSUM}) and checked by the upload server "
+                             "against the bytes it receives; an existing one must carry it already")
     parser.add_argument("--force-bind", action="store_true",
                         help="bind the PVC now, ignoring WaitForFirstConsumer")
     parser.add_argument("--insecure", action="store_true", help="do not verify the upload proxy's certificate")
@@ -137,7 +145,20 @@ def parse(args: argparse.Namespace) -> tuple[str, str, str, bool, str]:
         raise UsageError("--default-instancetype/--default-preference must be given with their -kind flags")
     if (args.default_instancetype or args.default_preference) and args.no_create:
         raise UsageError("--default-instancetype and --default-preference cannot be used with --no-create")
+    if args.checksum:
+        try:
+            parse_checksum(args.checksum)
+        except ChecksumSyntaxError as exc:
+            raise UsageError(f"--checksum: {exc}") from None
     return kind, args.name, size, archive, volume_mode
+
+
+def _normal_checksum(text: str) -> str:
+    """`algorithm:hex` in lower case, as the annotation is written ("" for none)."""
+    if not text:
+        return ""
+    algorithm, digest = parse_checksum(text)
+    return f"{algorithm}:{digest}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,7 +196,8 @@ async def upload(args: argparse.Namespace) -> int:
         request = Request(kind=kind, name=name, namespace=args.namespace or client.namespace or "default", size=size,
                           storage_class=args.storage_class, access_mode=args.access_mode, volume_mode=volume_mode,
                           archive=archive, force_bind=args.force_bind, no_create=args.no_create,
-                          upload_format="" if archive else image.annotation, labels=labels)
+                          upload_format="" if archive else image.annotation, labels=labels,
+                          checksum=_normal_checksum(args.checksum))
         cluster = Cluster(client, kubeconfig)
         return await _upload(args, request, image, cluster)
     except ApiError as exc:
