@@ -42,9 +42,10 @@ def test_mypy_strict(package: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# Every `cdi.kubevirt.io/...` and `extensions.cdi.dev/...` name (annotations, labels, finalizers) and every worker
-# env name is a constant in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart (a key read under one name and written
-# under another is a feature that silently stops working). Tests may spell them: they check the names.
+# Every `cdi.kubevirt.io/...` and `extensions.cdi.dev/...` name (annotations, labels, finalizers) and every
+# worker env name is a constant in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart (a key read
+# under one name and written under another is a feature that silently stops working). Tests may spell them:
+# they check the names.
 CONTRACT_PREFIX = "cdi.kubevirt.io/"
 EXTENSION_PREFIX = "extensions.cdi.dev/"  # ours (`cdi.api.annotations.EXTENSION_PREFIX`): the same rule
 

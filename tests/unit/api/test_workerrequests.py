@@ -103,6 +103,7 @@ UPLOADS = {
         volume=TargetVolume(path="/tmp/volume/disk.img", size="5Mi"), cert_file="/tmp/tls.crt",
         key_file="/tmp/tls.key", client_ca_file="", listen_address="127.0.0.1", listen_port=18443,
         idle_timeout=2.5, checkpoint_bytes=0),
+    "an expected checksum": UploadServerRequest(volume=VOLUMES["filesystem"], checksum="sha512:" + "ab" * 64),
 }
 
 
@@ -123,6 +124,15 @@ def test_the_upload_server_reads_what_its_pod_was_asked(request_: UploadServerRe
     assert (config.listen_host, config.listen_port) == (request_.listen_address or POD_IP, request_.listen_port)
     assert config.idle_timeout == (request_.idle_timeout or 120.0)
     assert config.checkpoint_bytes == (64 << 20 if request_.checkpoint_bytes is None else request_.checkpoint_bytes)
+    assert str(config.checksum or "") == request_.checksum
+
+
+def test_the_upload_servers_checksum_is_normalised_and_a_bad_one_refused() -> None:
+    environ = kubelet(UploadServerRequest(volume=VOLUMES["filesystem"]).to_env())
+    spelled = UploadServerRequest.from_environ({**environ, env.UPLOAD_CHECKSUM: " SHA256:" + "AB" * 32})
+    assert spelled.checksum == "sha256:" + "ab" * 32
+    with pytest.raises(EnvError, match="UPLOAD_CHECKSUM: unsupported hash algorithm 'crc32'"):
+        UploadServerRequest.from_environ({**environ, env.UPLOAD_CHECKSUM: "crc32:00"})
 
 
 def test_the_upload_servers_environment_has_cdis_names() -> None:
