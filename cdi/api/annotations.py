@@ -115,6 +115,16 @@ CLONE_SOURCE: Final = _P + "storage.clone.source"  # kind/namespace/name of what
 CERTIFICATES_HASH: Final = _P + "certificates"
 CUSTOMIZER_IDENTIFIER: Final = _P + "customizer-identifier"
 
+# extensions: ours, under a prefix of our own (not CDI's `cdi.kubevirt.io/`), each a row of the README's
+# "Extensions" table; a DataVolume written for CDI carries none and behaves as CDI's
+EXTENSION_PREFIX: Final = "extensions.cdi.dev/"
+# on a DataVolume (passed to its claims, like CDI's pass-through annotations): its worker pods' resources
+# (a JSON ResourceRequirements) and placement (a JSON NodePlacement, the shape of the CDI CR's spec.workload)
+WORKER_RESOURCES: Final = EXTENSION_PREFIX + "worker.resources"
+WORKER_PLACEMENT: Final = EXTENSION_PREFIX + "worker.placement"
+# on CDIConfig `config`: an admin's cap on what worker.resources may ask (JSON: resource name -> quantity)
+WORKER_MAX_RESOURCES: Final = EXTENSION_PREFIX + "worker.maxResources"
+
 # labels
 LABEL_APP: Final = "app"
 LABEL_APP_VALUE: Final = "containerized-data-importer"
