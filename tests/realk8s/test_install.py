@@ -379,7 +379,9 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     controllers = k8s.kubectl("get", "pods", "-n", "cdi", "-l", "cdi.kubevirt.io=cdi-deployment", "-o", "name")
     for pod in controllers.stdout.split():
         log = k8s.kubectl("logs", "-n", "cdi", pod).stdout
-        refused = [line for line in log.splitlines() if "403 Forbidden" in line]
+        # (not a namespace being deleted, which refuses everyone's writes: the several-node phase clears the
+        # suite's namespaces while the controller still records events in them)
+        refused = [line for line in log.splitlines() if "403 Forbidden" in line and "is being terminated" not in line]
         assert not refused, f"{pod} was refused {len(refused)} requests, e.g. {refused[:3]}"
 
     # a DataVolume in a namespace that enforces the restricted profile: its worker pod is admitted and placed
