@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
@@ -47,12 +47,9 @@ _PLACEMENT = ("nodeSelector", "tolerations", "affinity")
 _TOLERATION = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _OPERATORS = ("Exists", "Equal")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution",
-                              "preferredDuringSchedulingIgnoredDuringExecution"},
-             "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution",
-                             "preferredDuringSchedulingIgnoredDuringExecution"},
-             "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution",
-                                 "preferredDuringSchedulingIgnoredDuringExecution"}}
+_SCHEDULING = frozenset({"requiredDuringSchedulingIgnoredDuringExecution",
+                         "preferredDuringSchedulingIgnoredDuringExecution"})
+_AFFINITY = dict.fromkeys(("nodeAffinity", "podAffinity", "podAntiAffinity"), _SCHEDULING)  # kind -> its two keys
 
 
 class OverrideError(ValueError):
@@ -69,7 +66,7 @@ def _object(text: str, key: str) -> dict[str, Any]:
     return value
 
 
-def _unknown(obj: Body, known: set[str] | tuple[str, ...], key: str, where: str = "") -> None:
+def _unknown(obj: Body, known: Collection[str], key: str, where: str = "") -> None:
     extra = sorted(set(obj) - set(known))
     if extra:
         raise OverrideError(f"{key}: unknown field {where}{extra[0]!r} (known: {', '.join(sorted(known))})")
