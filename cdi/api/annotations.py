@@ -115,10 +115,16 @@ CLONE_SOURCE: Final = _P + "storage.clone.source"  # kind/namespace/name of what
 CERTIFICATES_HASH: Final = _P + "certificates"
 CUSTOMIZER_IDENTIFIER: Final = _P + "customizer-identifier"
 
-# extensions: what CDI has no answer for lives under one prefix of our own, never in CDI's namespace of keys,
-# so that a DataVolume written for CDI means the same here, and a key of ours is never taken for one of CDI's
-# (the README's "Extensions" table lists them, with the CDI issue each answers)
+# extensions: ours, under one prefix of our own (not CDI's `cdi.kubevirt.io/`), each a row of the README's
+# "Extensions" table; a DataVolume written for CDI carries none and behaves as CDI's, and a key of ours is never
+# taken for one of CDI's
 EXTENSION_PREFIX: Final = "extensions.cdi.dev/"
+# on a DataVolume (passed to its claims, like CDI's pass-through annotations): its worker pods' resources
+# (a JSON ResourceRequirements) and placement (a JSON NodePlacement, the shape of the CDI CR's spec.workload)
+WORKER_RESOURCES: Final = EXTENSION_PREFIX + "worker.resources"
+WORKER_PLACEMENT: Final = EXTENSION_PREFIX + "worker.placement"
+# on CDIConfig `config`: an admin's cap on what worker.resources may ask (JSON: resource name -> quantity)
+WORKER_MAX_RESOURCES: Final = EXTENSION_PREFIX + "worker.maxResources"
 # set by users (or `cdi image-upload --checksum`) on an upload DataVolume or claim: `algorithm:hex` the bytes
 # received must hash to (the upload server checks; a mismatch fails as an import's ChecksumMismatch does)
 UPLOAD_CHECKSUM: Final = EXTENSION_PREFIX + "upload.checksum"

@@ -20,7 +20,8 @@ from cdi.api.validation import (
     validate_volume_import_source,
     validate_volume_upload_source,
 )
-from cdi.api.views import ClaimView, DataVolumeView, dig
+from cdi.api.views import ClaimView, DataVolumeView, ObjectView, dig
+from cdi.api.workeroverrides import worker_override_causes
 from cdi.kube import KubeClient, NotFound
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ class Admission:
         dv: Mapping[str, Any] = request.get("object") or {}
         old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
         causes = validate_datavolume(dv, old)
+        if not causes:
+            causes = worker_override_causes(dv, old, await self._worker_cap(dv))
         if not causes and request.get("operation") == "CREATE":
             causes = await self._claim_conflict(dv, request.get("namespace", ""))
         return review_response(review, causes)
@@ -119,6 +122,16 @@ class Admission:
             return review_response(review)
         old = request.get("oldObject") if request.get("operation") == "UPDATE" else None
         return review_response(review, validate(request.get("object") or {}, old))
+
+    async def _worker_cap(self, dv: Mapping[str, Any]) -> str | None:
+        """CDIConfig's `worker.maxResources`, read only for a DataVolume that asks for worker resources."""
+        if ann.WORKER_RESOURCES not in DataVolumeView(dv).annotations:
+            return None
+        try:
+            config = await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
+        except NotFound:
+            return None
+        return ObjectView(config).annotations.get(ann.WORKER_MAX_RESOURCES)
 
     async def _claim_conflict(self, dv: Mapping[str, Any], namespace: str) -> list[Cause]:
         """A PVC of the DataVolume's name that is not a DataVolume's would be taken over silently."""

@@ -14,6 +14,10 @@ as in CDI:
   class and service account; the latter two also become the pod's `priorityClassName` and
   `serviceAccountName`;
 - a populator's pod runs on the node its claim was selected for (`SetNodeNameIfPopulator`);
+- ours, an extension: the worker overrides of the DataVolume the claim was made for (`worker.resources`,
+  `worker.placement`, `cdi.api.workeroverrides`), on top of the cluster's resources and placement, with
+  resources clamped to CDIConfig's `worker.maxResources`; they travel DataVolume -> claim -> prime
+  claim -> pod as the pass-through annotations do;
 - Service environment variables off (`enableServiceLinks: false`, a namespace with many Services
   would otherwise overflow the worker's environment).
 
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import groups
+from cdi.api import groups, workeroverrides
 from cdi.api.views import ObjectView
 from cdi.common import verbosity as verbosity_
 from cdi.controller.claims import config_status
@@ -69,19 +73,64 @@ class PodSettings:
     image_pull_secrets: tuple[Body, ...] = ()
     node_placement: Body = field(default_factory=dict)
     verbosity: int = verbosity_.DEFAULT  # CDIConfig `logVerbosity`: `-v=N` of the programs' containers
+    # CDIConfig's `worker.maxResources` (None: no cap); `resource_overrides` False when that cap is malformed
+    max_resources: Mapping[str, str] | None = None
+    resource_overrides: bool = True
 
 
 def pod_settings(ctx: Context) -> PodSettings:
     """What the cluster's configuration says about worker pods, from the controller's caches."""
     status = config_status(ctx)
     cdi = next(iter(ctx.cached_list(groups.CDIS)), None) or {}
+    config = ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
+    cap, allowed = worker_cap(config)
     return PodSettings(
         pull_policy=ctx.settings.pull_policy,
         resources=status.get("defaultPodResourceRequirements") or None,
         image_pull_secrets=tuple(status.get("imagePullSecrets") or ()),
         node_placement=ObjectView(cdi).spec.get("workload") or {},
-        verbosity=_verbosity(ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)),
+        verbosity=_verbosity(config),
+        max_resources=cap, resource_overrides=allowed,
     )
+
+
+def worker_cap(config: Body | None) -> tuple[dict[str, str] | None, bool]:
+    """CDIConfig's cap on worker resources (None: none) and whether overrides are allowed at all (not
+    under a malformed cap: an admin's typo must not lift the limit it meant to set)."""
+    text = ObjectView(config).annotations.get(ann.WORKER_MAX_RESOURCES) if config else None
+    if text is None:
+        return None, True
+    try:
+        return workeroverrides.parse_cap(text), True
+    except workeroverrides.OverrideError:
+        return None, False
+
+
+def worker_resources(annotated: Body, settings: PodSettings) -> Body | None:
+    """The container resources of the pods serving `annotated`: CDIConfig's defaults, with the
+    DataVolume's `worker.resources` over them (clamped to the cap) where it has a well-formed one."""
+    text = ObjectView(annotated).annotations.get(ann.WORKER_RESOURCES)
+    if text is None or not settings.resource_overrides:
+        return settings.resources
+    try:
+        override = workeroverrides.parse_resources(text)
+    except workeroverrides.OverrideError:
+        return settings.resources
+    if settings.max_resources is not None:
+        override = workeroverrides.clamp(override, settings.max_resources)
+    return workeroverrides.effective_resources(settings.resources, override) or None
+
+
+def worker_placement(annotated: Body, settings: PodSettings) -> Body:
+    """The CDI CR's `spec.workload` with the DataVolume's `worker.placement` added, where well-formed."""
+    text = ObjectView(annotated).annotations.get(ann.WORKER_PLACEMENT)
+    if text is None:
+        return settings.node_placement
+    try:
+        override = workeroverrides.parse_placement(text)
+    except workeroverrides.OverrideError:
+        return settings.node_placement
+    return workeroverrides.merged_placement(settings.node_placement, override)
 
 
 def _verbosity(config: Body | None) -> int:
@@ -100,14 +149,14 @@ def passed_annotations(annotated: Body) -> dict[str, str]:
     return out
 
 
-def _restricted(container: Obj, settings: PodSettings) -> Obj:
+def _restricted(container: Obj, settings: PodSettings, resources: Body | None) -> Obj:
     container = dict(container)
     container.setdefault("imagePullPolicy", settings.pull_policy)
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     if "command" not in container and "args" not in container:
         container["args"] = [f"-v={settings.verbosity}"]  # the image's own program: CDI's verbosity flag
-    if settings.resources:
-        container["resources"] = copy.deepcopy(dict(settings.resources))
+    if resources:
+        container["resources"] = copy.deepcopy(dict(resources))
     container["securityContext"] = {
         **(container.get("securityContext") or {}),
         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
@@ -125,8 +174,9 @@ def worker_pod(*, name: str, namespace: str, component: str, annotated: Body, ow
     `annotated` is the claim (or DataVolume) whose pass-through annotations the pod takes; they win
     over the caller's own `annotations`, as CDI copies them last."""
     passed = passed_annotations(annotated)
-    initial = [_restricted(c, settings) for c in init_containers]
-    main = [_restricted(c, settings) for c in containers]
+    resources = worker_resources(annotated, settings)
+    initial = [_restricted(c, settings, resources) for c in init_containers]
+    main = [_restricted(c, settings, resources) for c in containers]
     security: Obj = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     if any(c.get("volumeMounts") for c in (*initial, *main)):
         security["fsGroup"] = WORKER_UID
@@ -134,9 +184,10 @@ def worker_pod(*, name: str, namespace: str, component: str, annotated: Body, ow
                  "securityContext": security, "enableServiceLinks": False}
     if initial:
         spec["initContainers"] = initial
+    placement = worker_placement(annotated, settings)
     for key in _PLACEMENT:
-        if settings.node_placement.get(key):
-            spec[key] = copy.deepcopy(settings.node_placement[key])
+        if placement.get(key):
+            spec[key] = copy.deepcopy(placement[key])
     if passed.get(ann.POD_PRIORITY_CLASS):
         spec["priorityClassName"] = passed[ann.POD_PRIORITY_CLASS]
     if passed.get(ann.POD_SERVICE_ACCOUNT):

@@ -14,6 +14,7 @@ from tests.support.cluster import CdiUp, Kubectl
 from tests.support.sourceservers import (  # noqa: F401 - re-exported fixtures
     ca,
     ca_dir,
+    gated_server,
     gcs,
     https_server,
     images,

@@ -8,10 +8,6 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.e2e.importing import datavolume, wait_phase
 from tests.support.cluster import CdiUp, Kubectl, wait_for
@@ -37,13 +33,6 @@ def value(text: str, series: str) -> float | None:
 def progress_series(uid: str) -> str:
     return f'kubevirt_cdi_import_progress_total{{ownerUID="{uid}"}}'
 
-
-@pytest.fixture
-def gated_server(served_dir: Path) -> Iterator[FileServer]:
-    server = FileServer(served_dir)
-    yield server
-    server.open_gate()
-    server.close()
 
 
 def test_cdi_resource_ready(shared_cdi_up: CdiUp) -> None:

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +48,6 @@ def _node_local() -> None:
     if not TARGET.node_local:
         pytest.skip("needs the node's processes on this machine (CDI_E2E_NODE_LOCAL=1)")
 
-
-@pytest.fixture
-def gated_server(served_dir: Path) -> Iterator[FileServer]:
-    server = FileServer(served_dir)
-    yield server
-    server.close()
 
 
 class PodWatch:

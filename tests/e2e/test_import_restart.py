@@ -4,22 +4,12 @@ volume at the same time; the import ends Succeeded."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.e2e.importing import datavolume, read_back, wait_phase
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.servers import FileServer
-
-
-@pytest.fixture
-def gated_server(served_dir: Path) -> Iterator[FileServer]:
-    server = FileServer(served_dir)
-    yield server
-    server.close()
 
 
 def test_restart_during_an_import(tmp_path: Path, gated_server: FileServer, images: dict[str, Image]) -> None:

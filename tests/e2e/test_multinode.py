@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -154,12 +153,6 @@ def placement(k: Kubectl) -> Iterator[Placement]:
     watched.stop()
 
 
-@pytest.fixture
-def file_server(served_dir: Path) -> Iterator[FileServer]:
-    server = FileServer(served_dir)
-    yield server
-    server.close()
-
 
 def cluster_get(k: Kubectl, kind: str, name: str) -> Any:
     """A cluster-scoped object (a node, a volume, a StorageProfile), None when it is not there."""
@@ -258,11 +251,11 @@ def clone_strategy(k: Kubectl, storage_class: str, strategy: str) -> Iterator[No
 
 
 # -- a. WaitForFirstConsumer: made on the consumer's node ----------------------------------------------------
-def test_a_wffc_import_is_made_on_its_consumers_node(k: Kubectl, placement: Placement, file_server: FileServer,
+def test_a_wffc_import_is_made_on_its_consumers_node(k: Kubectl, placement: Placement, gated_server: FileServer,
                                                      images: dict[str, Image]) -> None:
     image = images["qcow2.qcow2"]
     ns = new_namespace(k, "mn-import")
-    k.apply(datavolume("disk", {"http": {"url": f"{file_server.url}/{image.name}"}}, "64Mi", storage_class=WFFC),
+    k.apply(datavolume("disk", {"http": {"url": f"{gated_server.url}/{image.name}"}}, "64Mi", storage_class=WFFC),
             "-n", ns)
     wait_phase(k, "disk", "PendingPopulation", namespace=ns)  # as CDI: no node yet, nothing imported
     k.apply(reader("consumer", "disk", image.virtual_size, NODE2), "-n", ns)
@@ -334,18 +327,18 @@ def test_b_a_host_assisted_clone_carries_its_bytes_across_nodes(k: Kubectl, plac
 
 # -- d. a node that loses power in the middle of an import -------------------------------------------------------
 def test_d_an_import_whose_node_loses_power_ends_and_says_how(k: Kubectl, placement: Placement,
-                                                              file_server: FileServer, images: dict[str, Image],
+                                                              gated_server: FileServer, images: dict[str, Image],
                                                               record_property: Any) -> None:
     if not TARGET.node_down or not TARGET.node_up:
         pytest.skip("needs commands that cut node 2's power and bring it back (CDI_E2E_NODE_DOWN, CDI_E2E_NODE_UP)")
     image = images["raw.img"]
     ns = new_namespace(k, "mn-powercut")
-    file_server.close_gate(image.file_size // 2)
-    k.apply(datavolume("disk", {"http": {"url": f"{file_server.url}/{image.name}"}}, "64Mi", storage_class=WFFC),
+    gated_server.close_gate(image.file_size // 2)
+    k.apply(datavolume("disk", {"http": {"url": f"{gated_server.url}/{image.name}"}}, "64Mi", storage_class=WFFC),
             "-n", ns)
     k.apply(reader("consumer", "disk", image.virtual_size, NODE2), "-n", ns)
     wait_phase(k, "disk", "ImportInProgress", timeout=180, namespace=ns)
-    wait_for(lambda: file_server.served(image.name) > 0, 120, 0.2, message="the import under way")
+    wait_for(lambda: gated_server.served(image.name) > 0, 120, 0.2, message="the import under way")
     assert worker_nodes(placement, ns, "importer") == [NODE2]
 
     said: list[dict[str, Any]] = []  # each distinct thing the DataVolume said while its node was away
@@ -374,7 +367,7 @@ def test_d_an_import_whose_node_loses_power_ends_and_says_how(k: Kubectl, placem
         up = subprocess.run(TARGET.node_up, capture_output=True, text=True, timeout=600, check=False)
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
     back = time.monotonic()
-    file_server.open_gate()
+    gated_server.open_gate()
 
     def ended() -> dict[str, Any] | None:
         dv = get(k, "datavolume", "disk", ns) or {}

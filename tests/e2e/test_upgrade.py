@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +57,6 @@ def _given() -> None:
     if not TARGET.node_local:
         pytest.skip("needs the node's processes on this machine (CDI_E2E_NODE_LOCAL=1)")
 
-
-@pytest.fixture
-def gated_server(served_dir: Path) -> Iterator[FileServer]:
-    server = FileServer(served_dir)
-    yield server
-    server.close()
 
 
 def operator_version(manifests: Path) -> str:

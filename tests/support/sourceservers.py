@@ -121,6 +121,16 @@ def https_server(
     server.close()
 
 
+@pytest.fixture
+def gated_server(served_dir: Path) -> Iterator[FileServer]:
+    """Plain HTTP with Range support, a test's own: it closes the gate to hold a transfer part way (a stalled
+    import, a crash or an upgrade in the middle of one), which must never stall another test's transfer."""
+    server = FileServer(served_dir)
+    yield server
+    server.open_gate()
+    server.close()
+
+
 @pytest.fixture(scope="session")
 def plain_server(served_dir: Path) -> Iterator[FileServer]:
     """Plain HTTP, anonymous, no Range support (every GET answers 200 with the whole file)."""

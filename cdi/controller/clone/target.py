@@ -22,6 +22,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import ClaimView
+from cdi.api.workeroverrides import WORKER_OVERRIDES
 from cdi.controller import quota
 from cdi.controller.claims import delete_if_present, get_if_present
 from cdi.controller.runtime import Context
@@ -110,7 +111,9 @@ class CloneTarget:
         for key in ("dataSourceRef", "dataSource", "volumeName"):
             spec.pop(key, None)
         spec["resources"]["requests"]["storage"] = size
-        annotations = {ann.BIND_IMMEDIATE: "true"}
+        # ours: the upload server that receives a host-assisted copy is one of the target's worker pods
+        annotations = {ann.BIND_IMMEDIATE: "true",
+                       **{k: v for k, v in self.view.annotations.items() if k in WORKER_OVERRIDES}}
         if data_source is not None:
             spec["dataSource"] = data_source
         elif self.view.annotations.get(ann.SELECTED_NODE):

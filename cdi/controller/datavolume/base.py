@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import featuregates, groups
+from cdi.api import featuregates, groups, workeroverrides
 from cdi.api.envvalues import format_bool
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import (
@@ -27,6 +27,7 @@ from cdi.api.rendering import (
 )
 from cdi.api.validation import Cause, unsupported_source
 from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PersistentVolumeView
+from cdi.api.workeroverrides import WORKER_OVERRIDES
 from cdi.controller import conditions, quota
 from cdi.controller.claims import claim_keys_of_pod, cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
@@ -40,6 +41,7 @@ from cdi.controller.populators.datavolumes import (
 )
 from cdi.controller.runtime import Context, Reconciler, RetryLater, write_status
 from cdi.controller.watches import Watch
+from cdi.controller.workerpod import worker_cap
 from cdi.kube import NORMAL, WARNING, AlreadyExists, Forbidden, object_key, split_key
 from cdi.kube.events import EventType
 
@@ -50,7 +52,8 @@ Event = tuple[EventType, str, str]
 # annotations users put on a DataVolume that CDI passes to its PVC and worker pods
 _PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
-                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT, ann.UPLOAD_CHECKSUM)
+                       ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT, ann.UPLOAD_CHECKSUM,
+                       *WORKER_OVERRIDES)  # ours: the DataVolume's worker overrides (cdi.api.workeroverrides)
 # what a finished worker recorded on the claim that its DataVolume shows too (our extension: an audit of what
 # a golden image holds reads the DataVolume)
 _RECORDED_ANNOTATIONS = (ann.SOURCE_SHA256, ann.SOURCE_FORMAT)
@@ -188,6 +191,8 @@ class DataVolumeReconciler(Reconciler):
                 ann.PRE_POPULATED: ClaimView(pvc).name}}}, namespace)
         await self._delayed_annotations(view, pvc)
         await self._recorded_annotations(view, pvc)
+        if not _finished(view, pvc):
+            self._warn_if_clamped(dv, pvc)
         requeue = await self._update_status(dv, pvc, requires_work=requires_work)
         if claim_uses_populator(pvc) and ClaimView(pvc).phase == "Bound" and \
                 ClaimView(pvc).annotations.get(ann.POD_PHASE) == "Succeeded":
@@ -245,6 +250,29 @@ class DataVolumeReconciler(Reconciler):
                 ann.POPULATED_FOR not in ClaimView(pvc).annotations:
             await self.ctx.client.patch(groups.PVCS, view.name, {"metadata": {"annotations": {
                 ann.POPULATED_FOR: wanted}}}, view.namespace)
+
+    def _warn_if_clamped(self, dv: Body, pvc: Body) -> None:
+        """Ours: a DataVolume whose `worker.resources` asks above CDIConfig's cap (lowered after it was
+        admitted; admission refuses such a DataVolume) gets its worker pods clamped to the cap, and one
+        Warning that says so; under a malformed cap its override is ignored, and the Warning says that."""
+        text = ClaimView(pvc).annotations.get(ann.WORKER_RESOURCES)
+        if text is None:
+            return
+        cap, allowed = worker_cap(self.ctx.cached(groups.CDICONFIGS, groups.CDI_CONFIG_NAME))
+        try:
+            above = workeroverrides.above_cap(workeroverrides.parse_resources(text), cap or {})
+        except workeroverrides.OverrideError:
+            return
+        if not allowed:
+            message = (f"{ann.WORKER_RESOURCES} ignored: the cap {ann.WORKER_MAX_RESOURCES} on CDIConfig is "
+                       "malformed; worker pods get the default resources")
+        elif above and cap:
+            message = (f"{ann.WORKER_RESOURCES}: {', '.join(above)} above the cap {ann.WORKER_MAX_RESOURCES} on "
+                       f"CDIConfig ({workeroverrides.describe_cap(cap)}): worker pods are clamped to it")
+        else:
+            return
+        if not self.ctx.recorder.recorded(dv, WARNING, workeroverrides.CLAMPED_REASON, message):
+            self.ctx.recorder.record(dv, WARNING, workeroverrides.CLAMPED_REASON, message)
 
     async def _refuse(self, dv: Body, cause: Cause) -> float | None:
         """A source CDI admits that cannot work here: Failed at once, with the field and the reason."""

@@ -13,6 +13,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups, referencegrant
 from cdi.api.views import ClaimView, ObjectView, PersistentVolumeView
+from cdi.api.workeroverrides import WORKER_OVERRIDES
 from cdi.controller import quota
 from cdi.controller.claims import annotate
 from cdi.controller.copyevents import copy_events
@@ -234,7 +235,8 @@ class PopulatorReconciler(Reconciler):
         if ann.RETAIN_AFTER_COMPLETION in claim_annotations:
             annotations[ann.RETAIN_AFTER_COMPLETION] = claim_annotations[ann.RETAIN_AFTER_COMPLETION]
         for key in (ann.MULTUS_NETWORKS, ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT,
-                    ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT, ann.UPLOAD_CHECKSUM):
+                    ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT, ann.UPLOAD_CHECKSUM,
+                    *WORKER_OVERRIDES):
             if claim_annotations.get(key):
                 annotations[key] = claim_annotations[key]
         annotations.update(self.prime_annotations(pvc, source))
