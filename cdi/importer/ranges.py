@@ -68,9 +68,12 @@ Process = Callable[[Span, bytearray], None]
 class RangeFetcher:
     """Iterate `(span, buffer)` in span order while workers fetch ahead.
 
-    The buffer is only valid until the next iteration step. `process`, if given, runs in the worker
-    right after the fetch (out of order, in parallel). `fetch` replaces `reader.read_into` for
-    spans that need more than one read (qcow2 host runs)."""
+    The buffer is only valid until the next iteration step, unless the fetcher `lends` its buffers: then
+    each one yielded is the consumer's until it hands it back (`give_back`, from any thread), and the
+    window counts it as in flight until then (so work the consumer does behind itself, the hashing of
+    `ImportContext.fetch_spans`, holds back new fetches as the consumer itself would). `process`, if
+    given, runs in the worker right after the fetch (out of order, in parallel). `fetch` replaces
+    `reader.read_into` for spans that need more than one read (qcow2 host runs)."""
 
     def __init__(
         self,
@@ -84,8 +87,10 @@ class RangeFetcher:
         fetch: Callable[[Span, memoryview], None] | None = None,
         on_idle: Callable[[], None] | None = None,
         on_cancel: Callable[[], None] | None = None,
+        lends: bool = False,
     ) -> None:
         self.reader = reader
+        self.lends = lends
         self.spans = spans
         self.workers = max(1, min(workers, len(spans) or 1))
         self.window = max(self.workers, window)
@@ -171,12 +176,17 @@ class RangeFetcher:
                 if error is not None:
                     raise error
                 yield self.spans[index], buf
-                with self._cond:
-                    self._free.append(buf)
-                    self._cond.notify_all()
+                if not self.lends:
+                    self.give_back(buf)
             self._complete = True
         finally:
             self.close()
+
+    def give_back(self, buf: bytearray) -> None:
+        """A buffer the consumer is done with (and holds no view of) goes back to the pool, to be refilled."""
+        with self._cond:
+            self._free.append(buf)
+            self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:

@@ -31,12 +31,12 @@ import errno
 import fcntl
 import mmap
 import os
-import queue
 import struct
 import threading
 import weakref
 from typing import Final
 
+from .behind import Behind
 from .errors import is_no_space, no_space
 
 GRANULARITY: Final = 64 * 1024
@@ -346,8 +346,8 @@ class SparseWriter:
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-class WriteBehind:
-    """Writes chunks in a thread of its own, at most `depth` chunks behind the reader.
+class WriteBehind(Behind[tuple[int, bytes | bytearray]]):
+    """Writes chunks in a thread of its own, at most `depth` chunks behind the reader (`Behind`).
 
     `depth=0` writes in the caller's thread instead: for a stream whose reading costs nothing but the
     wait for a producer that already runs in a thread of its own (an upload body), a second thread
@@ -356,37 +356,10 @@ class WriteBehind:
 
     def __init__(self, writer: SparseWriter, depth: int = 4) -> None:
         self.writer = writer
-        self.queue: queue.Queue[tuple[int, bytes | bytearray] | None] = queue.Queue(depth)
-        self.error: BaseException | None = None
-        self.thread: threading.Thread | None = None
-        if depth:
-            self.thread = threading.Thread(target=self._run, name="write-behind", daemon=True)
-            self.thread.start()
+        super().__init__(self._write, depth, "write-behind")
 
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            if self.error is None:
-                try:
-                    self.writer.write_at(item[0], item[1])
-                except BaseException as exc:  # re-raised in the reading thread
-                    self.error = exc
+    def _write(self, item: tuple[int, bytes | bytearray]) -> None:
+        self.writer.write_at(item[0], item[1])
 
     def write(self, pos: int, chunk: bytes | bytearray) -> None:
-        if self.error is not None:
-            raise self.error
-        if self.thread is None:
-            self.writer.write_at(pos, chunk)
-        else:
-            self.queue.put((pos, chunk))
-
-    def close(self, quiet: bool = False) -> None:
-        """Wait for the writes queued so far; re-raise a write failure (unless already failing)."""
-        if self.thread is None:
-            return
-        self.queue.put(None)
-        self.thread.join()
-        if self.error is not None and not quiet:
-            raise self.error
+        self.put((pos, chunk))

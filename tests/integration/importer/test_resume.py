@@ -96,6 +96,9 @@ def test_sigkill_half_way_then_resume(
     assert_imported(volume, image, result, route=route, sparse=False, usable=USABLE_BIG)
     if fmt != "xz":
         assert result.message["checksum"] == f"sha256:{image.file_sha256}"
+    # the digest of the whole file, resumed prefix included (re-hashed from the target for raw, fetched again
+    # for a qcow2/vmdk with a checksum); a resumed xz without a checksum records none (README "Extensions")
+    assert result.message.get("sourceSha256") == (None if fmt == "xz" else image.file_sha256), result.message
     second = range_server.served(image.name)
     if fmt in ("raw", "xz"):  # a raw prefix is re-hashed from the target; a qcow2/vmdk one is fetched again
         assert second < image.file_size * 0.65, (
@@ -133,6 +136,7 @@ def test_sigterm_saves_a_checkpoint_and_resumes(
     result = run_importer(volume, env)
     assert_imported(volume, image, result, route="ranges", sparse=False, usable=USABLE_BIG)
     assert range_server.served(image.name) < image.file_size * 0.75
+    assert result.message["sourceSha256"] == image.file_sha256  # the resumed prefix re-hashed from the target
 
 
 def test_changed_source_starts_over(
