@@ -34,7 +34,7 @@ def archive_route(ctx: ImportContext) -> int:
     reader = archive.TarReader(stream, ctx.origin.name)
     written = archive.extract(reader, root, ctx.usable, lambda _n: ctx.progress.update(meter.total))
     reader.drain()
-    ctx.origin.finish()
+    ctx.finish_source()
     try:
         ctx.hasher.verify(ctx.origin.name)
     except ImporterError:

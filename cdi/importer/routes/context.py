@@ -24,7 +24,7 @@ from ..options import ImportOptions
 from ..progress import CONVERT, RESIZE, SYNC, Progress
 from ..ranges import RangeFetcher, RangeReader, Span
 from ..retry import Terminated
-from ..source import Origin
+from ..source import TRAILING_LIMIT, Origin
 from ..sparse_writer import SparseWriter, WriteBehind
 from ..streams import Chunk, Stream, TapStream, as_bytes
 from ..target import FILESYSTEM, SCRATCH_FILE_NAME, FileTarget, Target
@@ -77,6 +77,7 @@ class ImportContext:
         self.route = ""
         self.resumed_bytes = 0
         self.scratch_bytes = 0
+        self._wire: Stream | None = None  # the stream `wire()` handed out, hashed as it is read
         origin.meter.listeners.append(progress.transferred)
 
     # -- cleanup --------------------------------------------------------------------------------------
@@ -101,8 +102,29 @@ class ImportContext:
         return self.hasher.expected is not None
 
     def wire(self) -> Stream:
-        """The source's byte stream, hashed as it comes off the wire."""
-        return TapStream(self.origin.stream(), self.hasher.update)
+        """The source's byte stream, hashed as it comes off the wire (in the reading thread: a chunk of a
+        stream may be a view of a buffer refilled at the next read, so it is hashed before it is handed on)."""
+        self._wire = TapStream(self.origin.stream(), self.hasher.update)
+        return self._wire
+
+    def finish_source(self) -> None:
+        """The end of the source: what follows the image in its stream (a gzip's bytes after its last
+        member, an upload body's padding after a qcow2's end) is read through the hash too, so that the
+        digest and a checksum asked for cover the file as `sha256sum` sees it; then the origin's own end
+        checks (`Origin.finish`). More than `TRAILING_LIMIT` such bytes are refused, as an upload's always
+        were: an image followed by that much of something else is not what its file claims to be."""
+        wire, trailing = self._wire, 0
+        while wire is not None and (chunk := wire.read(CHUNK)):
+            trailing += len(chunk)
+            if self.origin.pushed:
+                self.origin.give_back(chunk)  # hashed (the tap runs first): its buffer may be refilled
+            del chunk
+            if trailing > TRAILING_LIMIT:
+                raise ImporterError(Reason.INVALID_IMAGE, f"{self.origin.name} goes on for more than "
+                                                          f"{TRAILING_LIMIT} bytes after the end of its image")
+        if trailing:
+            log.info("%s: %d bytes after the end of the image were read and hashed", self.origin.name, trailing)
+        self.origin.finish()
 
     @property
     def wire_is_pushed(self) -> bool:
@@ -113,7 +135,9 @@ class ImportContext:
     def source_sha256(self) -> str | None:
         """The sha256 of the source's bytes, when the route hashed every one of them: as many as the
         source sends (or, when it never said, as many as came off the wire). None where the route saw
-        only part of them (nbdkit without a checksum, a stream whose image ended before its bytes did)."""
+        only part of them: nbdkit (qemu-img reads out of order) and a resumed qcow2, vmdk, vhd(x), vdi or
+        xz (its prefix is not on the target as the source sent it), unless a checksum was asked for; a
+        registry layer (`wire_size` is the layer's, the hash the disk file's inside it)."""
         size = self.origin.wire_size
         whole = self.origin.meter.total if size is None else size
         return self.hasher.sha256() if self.hasher.count == whole else None
@@ -165,7 +189,7 @@ class ImportContext:
 
     def finish(self, image_size: int) -> bool:
         """Verify what only the end can verify, then resize/preallocate/flush the target."""
-        self.origin.finish()
+        self.finish_source()
         self.hasher.verify(self.origin.name)
         self.progress.begin(RESIZE)
         applied = self.target.finalize(image_size, self.usable, self.options.preallocation)

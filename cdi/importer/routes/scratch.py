@@ -42,7 +42,7 @@ def scratch_convert(ctx: ImportContext, stream: Stream, info: ImageInfo, why: st
         ctx.scratch_bytes = os.fstat(fd).st_blocks * 512
     finally:
         os.close(fd)
-    ctx.origin.finish()
+    ctx.finish_source()
     ctx.hasher.verify(ctx.origin.name)
     qinfo = qemu.info(str(ctx.scratch_file), info.qemu_format)
     size = formats.check_qemu_info(qinfo, info)

@@ -275,3 +275,21 @@ def test_concatenated_xz_streams_with_padding(
         volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{range_server.url}/{name}"}
     )
     assert_imported(volume, base, result, route="xz-blocks")
+
+
+def test_bytes_after_a_gzip_are_hashed_with_it(
+    images: dict[str, Image], range_server: FileServer, served_dir: Path, make_volume: Callable[..., Volume]
+) -> None:
+    """What follows the last gzip member (ignored by the decompressor, as by `gzip -d`) is downloaded and
+    hashed too: the digest and a checksum asked for are of the published file."""
+    import hashlib
+
+    base = images[file_name("raw", "gz")]
+    name = "padded.img.gz"
+    (served_dir / name).write_bytes(base.path.read_bytes() + b"not a gzip member" * 1000)
+    whole = hashlib.sha256((served_dir / name).read_bytes()).hexdigest()
+    volume = make_volume("fs")
+    result = run_importer(volume, {"IMPORTER_SOURCE": "http", "IMPORTER_ENDPOINT": f"{range_server.url}/{name}",
+                                   "IMPORTER_CHECKSUM": f"sha256:{whole}"})
+    assert_imported(volume, images[file_name("raw")], result, route="stream")
+    assert (result.message["checksum"], result.message["sourceSha256"]) == (f"sha256:{whole}", whole)

@@ -186,3 +186,44 @@ def test_streamed_qcow2_spills_to_scratch_when_memory_is_not_enough(
     body.close()
     assert info.value.reason == Reason.SCRATCH_SPACE_REQUIRED
     assert not (data / "disk.img").exists()
+
+
+TRAILING = b"\x00padding after the image\n" * 40_000  # ~1 MiB that is not a gzip member
+
+
+@pytest.mark.parametrize("name", [file_name("raw", "gz"), file_name("qcow2")])
+def test_bytes_after_the_image_are_hashed_with_it(name: str, images: dict[str, Image], tmp_path: Path) -> None:
+    """The digest (and the checksum asked for) is of the file as sent, bytes after the image's end included."""
+    import hashlib
+
+    image = images[name]
+    sent = tmp_path / f"padded-{name}"
+    sent.write_bytes(image.path.read_bytes() + TRAILING)
+    whole = hashlib.sha256(sent.read_bytes()).hexdigest()
+    data, scratch = tmp_path / "data", tmp_path / "scratch"
+    data.mkdir()
+    scratch.mkdir()
+    body = FedStream(1 << 20)
+    uploader = feed(body, sent)
+    result = import_stream(body, FileTarget(data), options(scratch, f"sha256:{whole}"), size=sent.stat().st_size)
+    uploader.join(30)
+    assert (result.checksum, result.source_sha256) == (f"sha256:{whole}", whole)
+    assert sha256_file(data / "disk.img", image.virtual_size) == image.sha256
+
+
+def test_too_much_after_the_image_is_refused(
+    images: dict[str, Image], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cdi.importer.routes import context
+
+    monkeypatch.setattr(context, "TRAILING_LIMIT", len(TRAILING) // 2)
+    image = images[file_name("raw", "gz")]
+    sent = tmp_path / "padded.gz"
+    sent.write_bytes(image.path.read_bytes() + TRAILING)
+    body = FedStream(1 << 20)
+    feed(body, sent)
+    with pytest.raises(ImporterError) as info:
+        import_stream(body, FileTarget(tmp_path), options())
+    body.close()
+    assert info.value.reason == Reason.INVALID_IMAGE
+    assert "after the end of its image" in info.value.message
