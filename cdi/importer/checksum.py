@@ -1,4 +1,5 @@
-"""Expected checksums (`IMPORTER_CHECKSUM="algo:hex"`) and the hasher that checks them while streaming.
+"""Expected checksums (`IMPORTER_CHECKSUM="algo:hex"`, parsed by `cdi.api.checksum`) and the hasher that
+checks them while streaming.
 
 The hash covers the bytes exactly as the source delivers them (the compressed bytes of a .gz, the
 qcow2 file of a qcow2), as CDI does, so that users can paste the digest their image provider
@@ -7,45 +8,25 @@ publishes."""
 from __future__ import annotations
 
 import hashlib
-import re
-from dataclasses import dataclass
 from typing import Any
+
+from cdi.api.checksum import Checksum, ChecksumSyntaxError
 
 from .errors import ImporterError, Reason
 
-_HEX_LENGTHS = {"md5": 32, "sha1": 40, "sha256": 64, "sha512": 128}
-_HEX = re.compile(r"^[0-9a-f]+$")
+__all__ = ["Checksum", "Hasher", "expected_checksum"]
 
 
-@dataclass(frozen=True)
-class Checksum:
-    algorithm: str
-    hexdigest: str
-
-    @classmethod
-    def parse(cls, spec: str) -> Checksum | None:
-        """`sha256:<hex>` (also md5, sha1, sha512); empty means no checksum."""
-        spec = spec.strip()
-        if not spec:
-            return None
-        algorithm, sep, digest = spec.partition(":")
-        algorithm, digest = algorithm.strip().lower(), digest.strip().lower()
-        if not sep or algorithm not in _HEX_LENGTHS:
-            raise ImporterError(
-                Reason.INVALID_CONFIGURATION,
-                f"invalid checksum {spec!r}: expected <algorithm>:<hex> with algorithm one of "
-                f"{', '.join(_HEX_LENGTHS)}",
-            )
-        if len(digest) != _HEX_LENGTHS[algorithm] or not _HEX.match(digest):
-            raise ImporterError(
-                Reason.INVALID_CONFIGURATION,
-                f"invalid checksum {spec!r}: a {algorithm} digest is "
-                f"{_HEX_LENGTHS[algorithm]} hex characters",
-            )
-        return cls(algorithm, digest)
-
-    def __str__(self) -> str:
-        return f"{self.algorithm}:{self.hexdigest}"
+def expected_checksum(spec: str) -> Checksum | None:
+    """The checksum a worker is asked to verify (IMPORTER_CHECKSUM, the upload's UPLOAD_CHECKSUM), parsed by
+    `cdi.api.checksum`: empty is none, and a malformed one is this pod's InvalidConfiguration (permanent)."""
+    spec = spec.strip()
+    if not spec:
+        return None
+    try:
+        return Checksum.parse(spec)
+    except ChecksumSyntaxError as exc:
+        raise ImporterError(Reason.INVALID_CONFIGURATION, f"invalid checksum {spec!r}: {exc}") from None
 
 
 class Hasher:

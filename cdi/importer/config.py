@@ -14,7 +14,7 @@ from cdi.api.envvalues import EnvError, parse_bool, positive_float
 from cdi.api.importrequest import ImportRequest
 from cdi.api.targetvolume import TargetVolume
 
-from .checksum import Checksum
+from .checksum import Checksum, expected_checksum
 from .errors import ImporterError, Reason
 from .retry import DEFAULT_BUDGET, RetryPolicy
 from .target import Paths
@@ -70,7 +70,7 @@ class ImporterConfig:
             cert_dir=Path(cert_dir_text) if cert_dir_text else None,
             insecure_tls=request.insecure_skip_verify,
             extra_headers=[*request.extra_headers, *secret_extra_headers(env)],
-            checksum=Checksum.parse(request.checksum),
+            checksum=expected_checksum(request.checksum),
             registry_arch=request.registry_arch,
             filesystem_overhead=volume.filesystem_overhead,
             preallocation=volume.preallocation,

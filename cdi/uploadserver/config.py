@@ -23,6 +23,7 @@ from cdi.api.envvalues import EnvError
 from cdi.api.tlsprofile import TLSProfileSpec
 from cdi.api.uploadrequest import UploadServerRequest
 from cdi.importer import BlockTarget, Checksum, FileTarget, ImporterError, Reason, Target
+from cdi.importer.checksum import expected_checksum
 
 IDLE_TIMEOUT = 120.0  # seconds without body data before an upload counts as cut off (UPLOAD_IDLE_TIMEOUT)
 CHECKPOINT_BYTES = 64 << 20  # bytes of a raw upload written between two checkpoints of its resume record
@@ -89,7 +90,7 @@ class UploadServerConfig:
             state_dir=state_dir,
             tls_profile=request.tls_profile,
             checkpoint_bytes=CHECKPOINT_BYTES if request.checkpoint_bytes is None else request.checkpoint_bytes,
-            checksum=Checksum.parse(request.checksum),
+            checksum=expected_checksum(request.checksum),
         )
 
     @property

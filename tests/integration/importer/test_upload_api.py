@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from cdi.importer import (
-    Checksum,
     FileTarget,
     ImporterError,
     ImportOptions,
     Reason,
     import_stream,
 )
+from cdi.importer.checksum import expected_checksum
 from cdi.uploadserver.feed import FedStream
 from tests.support.images import Image, file_name, sha256_file
 
@@ -43,7 +43,7 @@ def options(scratch: Path | None = None, checksum: str = "") -> ImportOptions:
         requested_size=REQUESTED,
         filesystem_overhead=OVERHEAD,
         scratch_dir=scratch,
-        checksum=Checksum.parse(checksum),
+        checksum=expected_checksum(checksum),
     )
 
 

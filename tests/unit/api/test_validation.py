@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cdi.api.checksum import ChecksumSyntaxError, parse_checksum
+from cdi.api.checksum import Checksum, ChecksumSyntaxError, parse_checksum
 from cdi.api.validation import (
     rejection_message,
     validate_datavolume,
@@ -92,6 +92,9 @@ def test_checksum_parsing() -> None:
         parse_checksum("crc32:00")
     with pytest.raises(ChecksumSyntaxError, match="not valid hexadecimal"):
         parse_checksum("md5:" + "z" * 32)
+    with pytest.raises(ChecksumSyntaxError, match="not valid hexadecimal: invalid character ' '"):
+        parse_checksum("md5:" + "ab " * 10 + "ab")  # 32 characters, 11 bytes: bytes.fromhex took it
+    assert str(Checksum.parse(f"MD5:{'A' * 32}")) == f"md5:{'a' * 32}"
 
 
 def vddk_source(**spec: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 
 from cdi.api import annotations as ann
 from cdi.controller.datavolume.imports import received
-from cdi.importer.checksum import Checksum, Hasher
+from cdi.importer.checksum import Checksum, Hasher, expected_checksum
 from cdi.importer.errors import ImporterError, Reason
 from cdi.importer.termination import TerminationMessage
 
@@ -50,7 +50,7 @@ def test_a_mismatch_is_checksum_mismatch_and_permanent() -> None:
 @pytest.mark.parametrize("spec", ["sha256", "crc32:00", "sha256:abc", "md5:" + "z" * 32])
 def test_a_bad_checksum_is_a_configuration_error(spec: str) -> None:
     with pytest.raises(ImporterError) as caught:
-        Checksum.parse(spec)
+        expected_checksum(spec)
     assert caught.value.reason == Reason.INVALID_CONFIGURATION
 
 
