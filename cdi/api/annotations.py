@@ -124,6 +124,9 @@ WORKER_RESOURCES: Final = EXTENSION_PREFIX + "worker.resources"
 WORKER_PLACEMENT: Final = EXTENSION_PREFIX + "worker.placement"
 # on CDIConfig `config`: an admin's cap on what worker.resources may ask (JSON: resource name -> quantity)
 WORKER_MAX_RESOURCES: Final = EXTENSION_PREFIX + "worker.maxResources"
+# on a clone DataVolume (passed to its claim) or a clone populator's claim, "true": a csi-clone or snapshot
+# clone starts while a running pod writes to the source (crash-consistent) instead of waiting
+CLONE_ALLOW_SOURCE_IN_USE: Final = EXTENSION_PREFIX + "clone.allowSourceInUse"
 
 # labels
 LABEL_APP: Final = "app"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from cdi.api import annotations as ann
 from cdi.api.checksum import ChecksumSyntaxError, parse_checksum
 from cdi.api.quantity import QuantityError, parse_bytes
 
@@ -216,7 +217,18 @@ def validate_datavolume(dv: Body, old: Body | None = None) -> list[Cause]:
     name = str((dv.get("metadata") or {}).get("name", ""))
     if len(name) > 253:
         return [Cause("", "Name cannot be longer than 253 characters")]
-    return validate_datavolume_spec(dv.get("spec") or {})
+    return validate_datavolume_spec(dv.get("spec") or {}) or _switch_causes(dv)
+
+
+_SWITCHES = (ann.CLONE_ALLOW_SOURCE_IN_USE,)  # extensions that are on or off
+
+
+def _switch_causes(dv: Body) -> list[Cause]:
+    """An extension switch says "true" or "false": anything else is refused rather than taken as off, since
+    a user who wrote `yes` meant on."""
+    annotations: Body = (dv.get("metadata") or {}).get("annotations") or {}
+    return [Cause(f"metadata.annotations[{key}]", f'{key}: must be "true" or "false", not {annotations[key]!r}')
+            for key in _SWITCHES if key in annotations and annotations[key] not in ("true", "false")]
 
 
 POPULATOR_NAME_MAX = 63  # CDI's DNS1035LabelMaxLength for populator sources

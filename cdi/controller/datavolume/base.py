@@ -49,11 +49,12 @@ Obj = dict[str, Any]
 Body = Mapping[str, Any]
 Event = tuple[EventType, str, str]
 
-# annotations users put on a DataVolume that CDI passes to its PVC and worker pods
-_PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
+# annotations users put on a DataVolume that CDI passes to its PVC and worker pods (a clone's target too)
+PASSED_TO_CLAIM = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
                        ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT,
-                       *WORKER_OVERRIDES)  # ours: the DataVolume's worker overrides (cdi.api.workeroverrides)
+                       # ours: the DataVolume's worker overrides (cdi.api.workeroverrides), a clone's opt-in
+                       *WORKER_OVERRIDES, ann.CLONE_ALLOW_SOURCE_IN_USE)
 
 
 def _passes_label(key: str) -> bool:
@@ -278,7 +279,7 @@ class DataVolumeReconciler(Reconciler):
         except RenderError as exc:
             return await self._update_status(dv, None, message=str(exc), reason=exc.reason, phase="Pending",
                                              event=(WARNING, exc.reason, str(exc)))
-        annotations = {k: v for k, v in view.annotations.items() if k in _PASSED_ANNOTATIONS}
+        annotations = {k: v for k, v in view.annotations.items() if k in PASSED_TO_CLAIM}
         static = staticvolumes.available_for(self.ctx.cached_list(groups.PVS), view.namespace, view.name, spec) \
             if ann.CHECK_STATIC_VOLUME in view.annotations else []
         populate = False

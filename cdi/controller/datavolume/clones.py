@@ -46,7 +46,7 @@ from cdi.controller.clone.target import (
     temp_claim_name,
 )
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.datavolume.base import datavolume_watches
+from cdi.controller.datavolume.base import PASSED_TO_CLAIM, datavolume_watches
 from cdi.controller.owners import owner_reference
 from cdi.controller.populators.clones import unnamed_source
 from cdi.controller.populators.datavolumes import pending_population
@@ -221,7 +221,7 @@ class CloneReconciler(Reconciler):
             annotations[ann.CLONE_FALLBACK_REASON] = plan.fallback_message
         if source.namespace != view.namespace:
             annotations[ann.DATA_SOURCE_NAMESPACE] = source.namespace
-        for key in (ann.PERMISSIVE_CLONE, ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION):
+        for key in (ann.PERMISSIVE_CLONE, *PASSED_TO_CLAIM):
             if key in view.annotations:
                 annotations[key] = view.annotations[key]
         spec["dataSourceRef"] = {"apiGroup": groups.CDI_GROUP, "kind": CLONE_SOURCE_KIND,
