@@ -71,12 +71,16 @@ def update_bound(conditions: list[Obj], pvc: Body | None, message: str = "", rea
 
 
 def update_running(conditions: list[Obj], annotations: Mapping[str, str],
-                   running_message: str | None = None) -> list[Obj]:
-    """`running_message`, when given, says what the running pod is doing (what it is retrying, read from
-    its metrics) in place of the annotation's message."""
+                   running_message: str | None = None, *, worker_running: bool = False) -> list[Obj]:
+    """`running_message`, when given, says what the running pod is doing (what it is retrying, or the step
+    it is in, read from its metrics) in place of the annotation's message. `worker_running`: a worker the
+    claim's annotations do not speak for (a host-assisted copy's clone source) answered: Running, unless
+    the annotations say otherwise."""
     if annotations.get(ann.POD_SCHEDULABLE) == "false":
         return update(conditions, "Running", "False", "Importer pod cannot be scheduled", "Unschedulable")
     value = annotations.get(ann.CONDITION_RUNNING)
+    if value is None and worker_running:
+        value, annotations = "true", {ann.CONDITION_RUNNING_REASON: POD_RUNNING_REASON}
     message = annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
     reason = annotations.get(ann.CONDITION_RUNNING_REASON, "")
     if value is None or value.lower() == "false":
@@ -88,7 +92,7 @@ def update_running(conditions: list[Obj], annotations: Mapping[str, str],
 
 
 def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "", *,
-               running_message: str | None = None) -> None:
+               running_message: str | None = None, worker_running: bool = False) -> None:
     """The three conditions from the claim and the DataVolume's phase. Idempotent: the steps below may set
     one condition more than once on the way (Ready is reset by the Bound and Running steps), so a condition
     whose final status, reason and message are the ones it had keeps its timestamps. Otherwise every
@@ -101,7 +105,7 @@ def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "
     update_bound(conditions, pvc, message, reason)
     update(conditions, "Ready", ready, message, reason)
     annotations = ClaimView(pvc).annotations if pvc else {}
-    update_running(conditions, annotations, running_message)
+    update_running(conditions, annotations, running_message, worker_running=worker_running)
     for condition in conditions:
         old = before.get(condition.get("type"))
         if old is None or old.get("status") != condition.get("status"):
