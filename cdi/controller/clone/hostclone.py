@@ -31,7 +31,6 @@ from cdi.controller.clone.target import (
 )
 from cdi.controller.datavolume.uploadpki import cert_days, ensure_upload_pki
 from cdi.controller.owners import owner_reference
-from cdi.controller.progress import PodReport
 from cdi.controller.runtime import Context
 from cdi.controller.workerpod import pod_settings, worker_pod
 
@@ -85,16 +84,14 @@ def source_owner_uid(target: Body) -> str:
     return ClaimView(target).annotations.get(ann.CREATED_FOR_DATAVOLUME) or ClaimView(target).uid
 
 
-async def copy_report(ctx: Context, target: Body) -> PodReport | None:
-    """What the clone source pod of a host-assisted copy into `target` reports (its progress, its step), or
-    None when there is no such pod running or it did not answer."""
+def copy_source(ctx: Context, target: Body) -> tuple[str, str] | None:
+    """(pod IP, owner uid) of the clone source pod of a host-assisted copy into `target`, whose metrics say how
+    far the copy is; None while there is no such pod with an IP."""
     _, namespace, _ = recorded_source(target)
     temp = ctx.cached(groups.PVCS, temp_claim_name(target), namespace)
     pod = ctx.cached(groups.PODS, source_pod_name(temp), namespace) if temp else None
     pod_ip = PodView(pod).pod_ip if pod else ""
-    if not pod_ip:
-        return None
-    return await ctx.progress.read(pod_ip, source_owner_uid(target))
+    return (pod_ip, source_owner_uid(target)) if pod_ip else None
 
 
 async def create_source_pod(clone: CloneTarget, temp: Obj, source_name: str) -> None:

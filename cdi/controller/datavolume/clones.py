@@ -408,10 +408,15 @@ class CloneReconciler(Reconciler):
 
     async def _refresh_progress(self, target: Body, status: Obj) -> str | None:
         """The clone source pod's `kubevirt_cdi_clone_progress_total{ownerUID}`, as CDI reads it; and the step
-        it is in, for the Running condition (None: no source pod answered)."""
-        report = await hostclone.copy_report(self.ctx, target)
-        if report is None:
+        it is in, for the Running condition. None while no source pod runs; what the condition says when the
+        pod did not answer (a frozen or busy pod keeps its last word)."""
+        source = hostclone.copy_source(self.ctx, target)
+        if source is None:
             return None
+        report = await self.ctx.progress.read(*source)
+        if report is None:
+            running = conditions.find(status.get("conditions") or [], "Running")
+            return str(running.get("message", "")) if running and running.get("status") == "True" else None
         if report.progress is not None:
             status["progress"] = format_progress(min(report.progress, 99.99))
         return report.running_message() or ""

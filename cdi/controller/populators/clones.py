@@ -79,7 +79,8 @@ class ClonePopulator(PopulatorReconciler):
         populator shows it (`storage.populator.progress`; 100% is written when the clone succeeded)."""
         if ClaimView(pvc).annotations.get(ann.CLONE_PHASE) != HOST_CLONE:
             return
-        report = await hostclone.copy_report(self.ctx, pvc)
+        source = hostclone.copy_source(self.ctx, pvc)
+        report = await self.ctx.progress.read(*source) if source is not None else None
         if report is not None and report.progress is not None:
             await annotate(self.ctx, pvc, {ann.POPULATOR_PROGRESS: format_progress(min(report.progress, 99.99))})
 

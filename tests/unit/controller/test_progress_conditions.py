@@ -9,13 +9,16 @@ from typing import Any
 
 from cdi.api import groups
 from cdi.api.upload import upload_resource_name
+from cdi.controller.clone.target import temp_claim_name
 from cdi.controller.datavolume.clones import CloneReconciler
 from cdi.controller.datavolume.importsource import ImportDataVolumeReconciler
 from cdi.controller.datavolume.uploadsource import IDLE_POLL, UploadDataVolumeReconciler
+from cdi.controller.populators.clones import ClonePopulator
 from cdi.controller.progress import PodReport, ProgressScraper, Retry, Step
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.clone.objects import source_claim, stored
+from tests.unit.controller import test_populators as populators
+from tests.unit.controller.clone.objects import settle, source_claim, stored
 from tests.unit.controller.conftest import NAMESPACE
 from tests.unit.controller.test_clone_reconciler import KEY as CLONE_KEY
 from tests.unit.controller.test_clone_reconciler import datavolume as clone_datavolume
@@ -122,6 +125,37 @@ async def test_a_host_assisted_copy_shows_the_clone_sources_progress(kube: FakeK
     assert (shown["status"]["phase"], shown["status"]["progress"]) == ("CloneInProgress", "40.00%")
     assert running(shown) == ("True", "Pod is running", "Transfer: 400 MiB of 1.0 GiB, 100 MiB/s, about 6 s left")
 
-    ctx.progress = Reports(None)  # the source pod gone: Running says nothing of it any more
+    ctx.progress = Reports(None)  # the pod does not answer (frozen, busy): the condition keeps its last word
+    await reconciler.reconcile(CLONE_KEY)
+    assert running(stored(kube, groups.DATAVOLUMES, "copy"))[2] == \
+        "Transfer: 400 MiB of 1.0 GiB, 100 MiB/s, about 6 s left"
+
+    await ctx.client.delete(groups.PODS, source["metadata"]["name"], NAMESPACE)  # no source pod any more
     await reconciler.reconcile(CLONE_KEY)
     assert running(stored(kube, groups.DATAVOLUMES, "copy"))[0] == "False"
+
+
+async def test_a_volume_clone_source_claim_shows_the_copys_progress(kube: FakeKube, ctx: Context) -> None:
+    """A claim filled from a VolumeCloneSource by a host-assisted copy: `storage.populator.progress` moves with
+    the clone source's counter, as CDI's clone populator shows it."""
+    source_claim(kube, capacity="1Gi")
+    populators.clone_source(kube)
+    user = populators.claim(kube, "VolumeCloneSource")
+    populator = ClonePopulator(ctx)
+    ctx.progress = Reports(PodReport(40.0, None, Step("Transfer", 400 * MIB, 1024 * MIB, 100 * MIB, 6.2)))
+    for _ in range(20):
+        await populator.reconcile(populators.KEY)
+        if kube.objects(groups.PODS, NAMESPACE):
+            break
+        settle(kube)
+        temp = kube.object(groups.PVCS, temp_claim_name(user), NAMESPACE)
+        if temp is not None and temp["status"]["phase"] == "Bound":  # its upload server is ready
+            populators.annotate(kube, temp_claim_name(user), **{populators.S + "pod.ready": "true"})
+            kube.add(groups.SERVICES, {"metadata": {"name": f"cdi-upload-{temp_claim_name(user)}",
+                                                    "namespace": NAMESPACE}, "spec": {"clusterIP": "10.0.0.9"}})
+    [source] = kube.objects(groups.PODS, NAMESPACE)
+    pod(kube, source["metadata"]["name"])
+    await populator.reconcile(populators.KEY)
+    annotations = stored(kube, groups.PVCS, "disk")["metadata"]["annotations"]
+    assert (annotations[populators.A + "clonePhase"], annotations[populators.S + "populator.progress"]) == \
+        ("HostClone", "40.00%")
