@@ -144,7 +144,7 @@ class Progress:
 
     def failed(self) -> None:
         with self._lock:
-            self._finish_current()
+            self._time_current()  # what it did stays as it was
             self.current = FAILED
             self._set_phase(FAILED)
             self._start_clock()
@@ -185,6 +185,9 @@ class Progress:
     def _finish_current(self) -> None:
         if self._current_total:
             self._phases[self.current][0] = self._current_total
+        self._time_current()
+
+    def _time_current(self) -> None:
         if self.current not in (COMPLETE, FAILED):
             self._durations[self.current] = self._durations.get(self.current, 0.0) + \
                 self._clock() - self._started
