@@ -161,7 +161,7 @@ class CdiApiServer:
         if self._context is not None:
             try:
                 self._trust(request_headers.client_ca, callers.client_ca)
-            except ssl.SSLError as exc:  # not PEM certificates: keep what was trusted, and say so
+            except (ssl.SSLError, ValueError) as exc:  # no PEM certificates: keep what was trusted, say so
                 log.warning("%s/%s holds a client CA that cannot be loaded, keeping the previous ones: %s",
                             AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
                 return
