@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -99,9 +100,45 @@ def test_a_populated_claim_says_it_holds_a_disk_and_its_clones_get_cdis_size(
     assert read_back(k, "block", image.virtual_size, block=True, namespace=ns) == image.sha256
 
 
+def profile_strategy(k: Kubectl, storage_class: str) -> Any:
+    return ((get(k, "storageprofile", storage_class, "") or {}).get("status") or {}).get("cloneStrategy")
+
+
+@contextmanager
+def clone_strategy(k: Kubectl, storage_class: str, strategy: str) -> Iterator[None]:
+    """The class's smart clones by `strategy`: its StorageProfile's `spec.cloneStrategy` set, as an admin sets
+    it, when the class does not clone so by default, and put back after (the default seen again before the
+    next test)."""
+    profile = get(k, "storageprofile", storage_class, "") or {}
+    before = (profile.get("spec") or {}).get("cloneStrategy")
+    default = (profile.get("status") or {}).get("cloneStrategy")
+    if strategy == default:
+        yield
+        return
+    k("patch", "storageprofile", storage_class, "--type=merge", "-p", json.dumps({"spec": {"cloneStrategy": strategy}}))
+    wait_for(lambda: profile_strategy(k, storage_class) == strategy, 60, 0.1,
+             message=f"the StorageProfile of {storage_class} says {strategy}")
+    try:
+        yield
+    finally:
+        k("patch", "storageprofile", storage_class, "--type=merge", "-p",
+          json.dumps({"spec": {"cloneStrategy": before}}))
+        wait_for(lambda: profile_strategy(k, storage_class) == default, 60, 0.1,
+                 message=f"the StorageProfile of {storage_class} back to {default}")
+
+
 @pytest.mark.anycluster
-def test_a_smart_clone_waits_while_a_pod_writes_to_its_source(shared_kubectl: Kubectl) -> None:
+@pytest.mark.parametrize("strategy", ["csi-clone", "snapshot"])
+def test_a_smart_clone_waits_while_a_pod_writes_to_its_source(shared_kubectl: Kubectl, strategy: str) -> None:
+    """Both smart strategies, on any cluster: the one the class uses by default and the other one set on its
+    StorageProfile for the test."""
     k = shared_kubectl
+    assert profile_strategy(k, TARGET.storage_class) == TARGET.smart_clone
+    with clone_strategy(k, TARGET.storage_class, strategy):
+        held_then_cloned(k, strategy)
+
+
+def held_then_cloned(k: Kubectl, strategy: str) -> None:
     ns = new_namespace(k, "smartinuse")
     k.apply(pvc("golden", "64Mi", storage_class=TARGET.storage_class), "-n", ns)
     run_to_completion(k, ns, pod("fill", SPARSE_WRITE, "golden", python=True))
@@ -122,25 +159,21 @@ def test_a_smart_clone_waits_while_a_pod_writes_to_its_source(shared_kubectl: Ku
             else None
 
     dv = wait_for(held, 60, 0.2, message="Running condition says CloneSourceInUse")
-    assert dv["status"]["phase"] == SMART_PHASE[TARGET.smart_clone]
+    assert dv["status"]["phase"] == SMART_PHASE[strategy]
     assert running(dv)["status"] == "False"
     assert ("CloneSourceInUse", message) in events_of(k, ns, "copy")
     assert temporaries(k, ns) == [], "the clone started while the source was written"
     k("delete", "pod", "holder", "-n", ns, "--wait=false")
     wait_dv(k, ns, "copy", "Succeeded")
-    assert get(k, "pvc", "copy", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == TARGET.smart_clone
+    assert get(k, "pvc", "copy", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == strategy
     assert describe(k, ns, "copy", "describe-copy")["sha256"] == original["sha256"]
 
 
 @pytest.fixture
 def snapshot_strategy(shared_kubectl: Kubectl) -> Iterator[None]:
-    """`cdi up`'s class `local` clones with the snapshot strategy (its StorageProfile's cloneStrategy)."""
-    k = shared_kubectl
-    k("patch", "storageprofile", "local", "--type=merge", "-p", json.dumps({"spec": {"cloneStrategy": "snapshot"}}))
-    wait_for(lambda: (get(k, "storageprofile", "local", "") or {}).get("status", {}).get("cloneStrategy")
-             == "snapshot", 30, 0.1, message="the profile says snapshot")
-    yield
-    k("patch", "storageprofile", "local", "--type=json", "-p", '[{"op":"remove","path":"/spec/cloneStrategy"}]')
+    """The target's class clones with the snapshot strategy (its StorageProfile's cloneStrategy)."""
+    with clone_strategy(shared_kubectl, TARGET.storage_class, "snapshot"):
+        yield
 
 
 def test_a_snapshot_clone_whose_source_is_deleted_ends_and_cleans_up(
