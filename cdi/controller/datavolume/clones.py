@@ -174,7 +174,14 @@ class CloneReconciler(Reconciler):
         if phase in (SUCCEEDED, ERROR) or view.phase != PHASE_MAP.get(phase):
             requeue = await self._status(dv, target)
             return requeue if phase in (SUCCEEDED, ERROR) else POLL
-        await self._status(dv, await self._advance(target) or target)
+        try:
+            advanced = await self._advance(target)
+        except RetryLater:
+            # a quota holds a temporary: the DataVolume shows the phase that waits and why (the target says
+            # both), then the key waits with its backoff, or for the quota to change
+            await self._status(dv, await get_if_present(self.ctx, groups.PVCS, name, namespace) or target)
+            raise
+        await self._status(dv, advanced or target)
         return POLL
 
     # -- the target claim -------------------------------------------------------------------------
