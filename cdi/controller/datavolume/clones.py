@@ -23,7 +23,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
-from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
+from cdi.api.rendering import ClusterStorage, ProfileNotReady, RenderError, render_claim_spec
 from cdi.api.views import ClaimView, DataVolumeView, PodView, SnapshotView
 from cdi.controller import conditions, quota
 from cdi.controller.claims import cluster_storage, delete_if_present, get_if_present
@@ -205,6 +205,8 @@ class CloneReconciler(Reconciler):
                 self.ctx.recorder.record(dv, WARNING, planner.CLONE_VALIDATION_FAILED, message)
             return await self._status(dv, None, reason=planner.CLONE_VALIDATION_FAILED, message=message,
                                       phase="Pending")
+        except ProfileNotReady as exc:  # the watches bring it back once the profile is written
+            return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")
         except RenderError as exc:
             self.ctx.recorder.record(dv, WARNING, exc.reason, str(exc))
             return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")
