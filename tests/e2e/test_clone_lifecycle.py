@@ -16,10 +16,11 @@ import pytest
 
 from cdi.api.sizing import required_space
 from tests.e2e.importing import read_back
-from tests.e2e.target import TARGET
+from tests.e2e.target import TARGET, External
 from tests.e2e.test_clone import clone_dv, describe, events_of, filesystem_overhead, leftovers
+from tests.e2e.uploading import image_upload
 from tests.e2e.workloads import SPARSE_WRITE, get, new_namespace, pod, pvc, run_to_completion
-from tests.support.cluster import Kubectl, wait_for
+from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image
 from tests.support.servers import FileServer
 
@@ -270,21 +271,46 @@ def test_a_snapshot_clone_whose_source_goes_before_the_snapshot_waits_for_a_sour
 
 
 @pytest.mark.anycluster
-def test_temporaries_are_gone_as_soon_as_the_datavolume_succeeds(shared_kubectl: Kubectl) -> None:
+def test_temporaries_are_gone_as_soon_as_the_datavolume_succeeds(
+        shared_cdi_up: CdiUp | External, shared_kubectl: Kubectl, images: dict[str, Image]) -> None:
     """`kubectl get pvc` right after a DataVolume succeeded shows what the user made: the prime claim of a
-    populated import, the temporary claim and snapshot of a smart clone are gone within moments (they
-    lingered until the PV controller's next look at the prime, or the next periodic look of the clone)."""
+    populated import or upload, the temporary claim and snapshot of a smart or host-assisted clone are gone
+    within moments (they lingered until the PV controller's next look at the prime, or the next periodic
+    look of the clone)."""
     k = shared_kubectl
     ns = new_namespace(k, "gone")
+
+    def none_left(after: str) -> None:
+        wait_for(lambda: temporaries(k, ns) == [], GONE_AT_ONCE, 0.1,
+                 message=f"no prime, temporary claim or snapshot {GONE_AT_ONCE}s after {after} succeeded: "
+                         f"{temporaries(k, ns)}")
+
     for name in ("first", "second"):  # one after the other: neither may be lucky with a periodic look
         k.apply(import_dv(name, {"blank": {}}), "-n", ns)
         wait_dv(k, ns, name, "Succeeded")
-        wait_for(lambda: temporaries(k, ns) == [], GONE_AT_ONCE, 0.1,
-                 message=f"no prime claim {GONE_AT_ONCE}s after {name} succeeded: {temporaries(k, ns)}")
-    dv = clone_dv("copy", {"pvc": {"namespace": ns, "name": "first"}}, storage_class=TARGET.storage_class)
-    k.apply(dv, "-n", ns)
+        none_left(name)
+    k.apply(clone_dv("copy", {"pvc": {"namespace": ns, "name": "first"}}, storage_class=TARGET.storage_class),
+            "-n", ns)
     wait_dv(k, ns, "copy", "Succeeded")
-    wait_for(lambda: temporaries(k, ns) == [], GONE_AT_ONCE, 0.1,
-             message=f"no temporary claim or snapshot {GONE_AT_ONCE}s after the clone succeeded: {temporaries(k, ns)}")
+    none_left("the smart clone")
+    assert get(k, "pvc", "copy", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == TARGET.smart_clone
+
+    # host-assisted: a class without snapshots, where the bytes travel through a temporary claim
+    k.apply(clone_dv("hosted", {"pvc": {"namespace": ns, "name": "first"}}, storage_class=TARGET.copy_class),
+            "-n", ns)
+    wait_dv(k, ns, "hosted", "Succeeded")
+    none_left("the host-assisted clone")
+    assert get(k, "pvc", "hosted", ns)["metadata"]["annotations"]["cdi.kubevirt.io/cloneType"] == "copy"
+
+    # the upload populator, through the upload proxy
+    image = images["qcow2.qcow2"]
+    result = image_upload(shared_cdi_up, "dv", "uploaded", "-n", ns, "--size", "64Mi", "--storage-class",
+                          TARGET.storage_class, "--image-path", str(image.path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    wait_dv(k, ns, "uploaded", "Succeeded")
+    none_left("the upload")
+    assert get(k, "pvc", "uploaded", ns)["spec"]["dataSourceRef"]["kind"] == "VolumeUploadSource"
+    assert read_back(k, "uploaded", image.virtual_size, namespace=ns) == image.sha256
+
     assert sorted(p["metadata"]["name"] for p in k.json("get", "pvc", "-n", ns)["items"]) == \
-        ["copy", "first", "second"]
+        ["copy", "first", "hosted", "second", "uploaded"]
