@@ -75,6 +75,15 @@ def test_contract_names_are_spelled_only_in_cdi_api() -> None:
     assert not offences, "spell these with the constants of cdi/api:\n" + "\n".join(offences)
 
 
+def test_owner_references_are_written_by_one_helper() -> None:
+    """`cdi.api.owners.owner_reference` is the one owner reference the controller and the operator write
+    (`controller`, `blockOwnerDeletion`: a foreground delete of the owner waits for what it owns), so the
+    references of the two cannot drift apart. The embedded API server reads the field, so it may spell it."""
+    offences = [path.relative_to(ROOT).as_posix() for path in sorted((ROOT / "cdi").rglob("*.py"))
+                if "blockOwnerDeletion" in path.read_text()]
+    assert [path for path in offences if not path.startswith("cdi/embedded/")] == ["cdi/api/owners.py"]
+
+
 def test_e2e_tests_do_not_import_the_integration_tests() -> None:
     """What the end-to-end tests share with the integration tests (servers, images, credentials) lives in
     `tests/support`: an integration test's module is free to change for its own tests."""

@@ -33,6 +33,7 @@ from cdi.api import annotations as ann
 from cdi.api import env, groups, naming
 from cdi.api.cronvalidation import next_schedule_time
 from cdi.api.importrequest import ImportRequest
+from cdi.api.owners import owner_reference
 from cdi.api.views import (
     ClaimView,
     DataImportCronView,
@@ -53,7 +54,6 @@ from cdi.controller.datavolume.importpod import (
     node_pull_poller,
 )
 from cdi.controller.datavolume.imports import termination
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings

@@ -17,11 +17,11 @@ from cdi.api import annotations as ann
 from cdi.api import env, groups, naming
 from cdi.api.envvalues import pod_ip_from_status
 from cdi.api.importrequest import ImportRequest
+from cdi.api.owners import owner_reference
 from cdi.api.targetvolume import TargetVolume, default_path
 from cdi.api.views import ClaimView, PodView
 from cdi.controller.claims import progress_owner_uid
 from cdi.controller.datavolume.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
-from cdi.controller.owners import owner_reference
 from cdi.controller.workerpod import PodSettings, worker_pod
 
 Body = Mapping[str, Any]

@@ -16,9 +16,9 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups, naming
+from cdi.api.owners import owner_reference
 from cdi.api.views import ClaimView, ObjectView
 from cdi.controller.claims import config_status
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
