@@ -42,26 +42,29 @@ def test_mypy_strict(package: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# Every `cdi.kubevirt.io/...` name (annotations, labels, finalizers) and every worker env name is a constant
-# in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart (a key read under one name and written
-# under another is a feature that silently stops working). Tests may spell them: they check the names.
+# Every `cdi.kubevirt.io/...` name (annotations, labels, finalizers), every worker env name and every env name
+# of the components' own pods is a constant in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart
+# (a key read under one name and written under another is a feature that silently stops working). Tests may
+# spell them: they check the names.
 CONTRACT_PREFIX = "cdi.kubevirt.io/"
 
 
-def _worker_env_names() -> tuple[frozenset[str], tuple[str, ...]]:
-    """The env names `cdi.api.env` defines (its other constants are values and paths), and the prefixes
-    of numbered ones (`IMPORTER_EXTRA_HEADER_<n>`)."""
-    from cdi.api import env
+def _env_names() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The env names `cdi.api.env` (the worker pods') and `cdi.api.componentenv` (the components') define
+    (their other constants are values and paths), and the prefixes of numbered ones
+    (`IMPORTER_EXTRA_HEADER_<n>`)."""
+    from cdi.api import componentenv, env
 
-    names = {value for key, value in vars(env).items() if key.isupper() and isinstance(value, str)
-             and re.fullmatch(r"[A-Z][A-Z0-9_]*|[a-z]+_proxy", value)}
+    names = {value for module in (env, componentenv) for key, value in vars(module).items()
+             if key.isupper() and isinstance(value, str) and re.fullmatch(r"[A-Z][A-Z0-9_]*|[a-z]+_proxy", value)}
     prefixes = tuple(sorted(name for name in names if name.endswith("_")))
     return frozenset(names - set(prefixes)), prefixes
 
 
 def test_contract_names_are_spelled_only_in_cdi_api() -> None:
-    names, prefixes = _worker_env_names()
+    names, prefixes = _env_names()
     assert {"IMPORTER_SOURCE", "UPLOAD_IMAGE_SIZE", "DESTINATION", "UPLOAD_URL", "MOUNT_POINT"} <= names
+    assert {"POD_NAMESPACE", "PULL_POLICY", "OPERATOR_VERSION", "CONTROLLER_IMAGE"} <= names
     offences = []
     for path in sorted((ROOT / "cdi").rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
