@@ -42,11 +42,11 @@ def test_mypy_strict(package: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# Every `cdi.kubevirt.io/...` name (annotations, labels, finalizers), every worker env name and every env name
-# of the components' own pods is a constant in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart
-# (a key read under one name and written under another is a feature that silently stops working). Tests may
-# spell them: they check the names.
-CONTRACT_PREFIX = "cdi.kubevirt.io/"
+# Every `cdi.kubevirt.io/...` name (annotations, labels, finalizers), KubeVirt's `instancetype.kubevirt.io/...`
+# labels, every worker env name and every env name of the components' own pods is a constant in `cdi/api`
+# (DESIGN §2): spelled twice, two spellings drift apart (a key read under one name and written under another
+# is a feature that silently stops working). Tests may spell them: they check the names.
+CONTRACT_PREFIXES = ("cdi.kubevirt.io/", "instancetype.kubevirt.io/")
 
 
 def _env_names() -> tuple[frozenset[str], tuple[str, ...]]:
@@ -73,7 +73,7 @@ def test_contract_names_are_spelled_only_in_cdi_api() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 value = node.value
-                if value.startswith(CONTRACT_PREFIX) or value in names or value.startswith(prefixes):
+                if value.startswith(CONTRACT_PREFIXES) or value in names or value.startswith(prefixes):
                     offences.append(f"{relative}:{node.lineno}: {value!r}")
     assert not offences, "spell these with the constants of cdi/api:\n" + "\n".join(offences)
 

@@ -68,9 +68,7 @@ POLLER_RECHECK = 1.0  # seconds between looks at a poller pod that is running or
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 # cron labels CDI passes on to what it creates
-PASSED_LABELS = ("instancetype.kubevirt.io/default-instancetype", "instancetype.kubevirt.io/default-instancetype-kind",
-                 "instancetype.kubevirt.io/default-preference", "instancetype.kubevirt.io/default-preference-kind",
-                 "kubevirt.io/dynamic-credentials-support")
+PASSED_LABELS = (*ann.INSTANCETYPE_LABELS, ann.LABEL_DYNAMIC_CREDENTIALS_SUPPORT)
 DEFAULT_IMPORTS_TO_KEEP = 3
 POLL_RETRY_BUDGET = 30.0  # seconds the poller retries an unreachable source; the next scheduled run tries again
 DIGEST_NAME_LENGTH = 12
