@@ -31,6 +31,7 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.groups import GVR
 from cdi.api.owners import owner_reference
+from cdi.api.views import CDIView
 from cdi.kube import (
     NORMAL,
     WARNING,
@@ -247,7 +248,7 @@ class Operator:
         uploadproxy_ip = await self._apply_all(
             customize(resources.components(cr, self.namespace, self.images, {}), custom), service=resources.UPLOADPROXY,
             applied=applied)
-        hashes = await self.certs.reconcile(spec.get("certConfig") or {}, uploadproxy_ip)
+        hashes = await self.certs.reconcile(CDIView(cr).cert_config, uploadproxy_ip)
         rolled: dict[str, Obj] = {}  # the Deployments as applied: this pass's generation, never an older copy
         for obj in customize(resources.components(cr, self.namespace, self.images, hashes), custom):
             if obj["kind"] == "Deployment":

@@ -118,9 +118,9 @@ class Cluster:
         """Storage classes, profiles and CDIConfig status, as far as the user may read them."""
         classes = await self._list(groups.STORAGECLASSES)
         profiles = {ObjectView(p).name: p for p in await self._list(groups.STORAGEPROFILES)}
-        status: Obj = {}
+        status: Mapping[str, Any] = {}
         try:
-            status = (await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).get("status") or {}
+            status = ObjectView(await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).status
         except ApiError:
             pass
         return ClusterStorage(classes, profiles, status)
