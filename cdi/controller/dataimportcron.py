@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import env, groups, naming
+from cdi.api import groups, naming
 from cdi.api.cronvalidation import next_schedule_time
 from cdi.api.importrequest import ImportRequest
 from cdi.api.owners import owner_reference
@@ -305,12 +305,11 @@ class DataImportCronReconciler(Reconciler):
         if request.node_pull:
             pod = node_pull_poller(pseudo, request, settings, owner)
         else:
-            pod = importer_pod(pseudo, request, settings)
+            pod = importer_pod(pseudo, request, settings, poll=True)
             pod["metadata"]["ownerReferences"] = [owner]
             spec = pod["spec"]
             spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
             for container in spec["containers"]:
-                container["env"] = [*container.get("env", []), {"name": env.POLL, "value": "true"}]
                 for field in ("volumeMounts", "volumeDevices"):
                     kept = [m for m in container.get(field) or [] if m.get("name") != DATA_VOLUME]
                     if kept:
