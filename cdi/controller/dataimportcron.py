@@ -30,9 +30,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import env, groups, naming
+from cdi.api import groups, naming
 from cdi.api.cronvalidation import next_schedule_time
 from cdi.api.importrequest import ImportRequest
+from cdi.api.owners import owner_reference
 from cdi.api.views import (
     ClaimView,
     DataImportCronView,
@@ -53,7 +54,6 @@ from cdi.controller.datavolume.importpod import (
     node_pull_poller,
 )
 from cdi.controller.datavolume.imports import termination
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
@@ -68,9 +68,7 @@ POLLER_RECHECK = 1.0  # seconds between looks at a poller pod that is running or
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 # cron labels CDI passes on to what it creates
-PASSED_LABELS = ("instancetype.kubevirt.io/default-instancetype", "instancetype.kubevirt.io/default-instancetype-kind",
-                 "instancetype.kubevirt.io/default-preference", "instancetype.kubevirt.io/default-preference-kind",
-                 "kubevirt.io/dynamic-credentials-support")
+PASSED_LABELS = (*ann.INSTANCETYPE_LABELS, ann.LABEL_DYNAMIC_CREDENTIALS_SUPPORT)
 DEFAULT_IMPORTS_TO_KEEP = 3
 POLL_RETRY_BUDGET = 30.0  # seconds the poller retries an unreachable source; the next scheduled run tries again
 DIGEST_NAME_LENGTH = 12
@@ -316,12 +314,11 @@ class DataImportCronReconciler(Reconciler):
         if request.node_pull:
             pod = node_pull_poller(pseudo, request, settings, owner)
         else:
-            pod = importer_pod(pseudo, request, settings)
+            pod = importer_pod(pseudo, request, settings, poll=True)
             pod["metadata"]["ownerReferences"] = [owner]
             spec = pod["spec"]
             spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
             for container in spec["containers"]:
-                container["env"] = [*container.get("env", []), {"name": env.POLL, "value": "true"}]
                 for field in ("volumeMounts", "volumeDevices"):
                     kept = [m for m in container.get(field) or [] if m.get("name") != DATA_VOLUME]
                     if kept:

@@ -22,6 +22,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.owners import owner_reference
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import ClusterStorage, ProfileNotReady, RenderError, render_claim_spec
 from cdi.api.views import ClaimView, DataVolumeView, PodView, SnapshotView
@@ -47,7 +48,6 @@ from cdi.controller.clone.target import (
 )
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
 from cdi.controller.datavolume.base import PASSED_TO_CLAIM, datavolume_watches
-from cdi.controller.owners import owner_reference
 from cdi.controller.populators.clones import unnamed_source
 from cdi.controller.populators.datavolumes import pending_population
 from cdi.controller.progress import format_progress
