@@ -16,7 +16,11 @@ in `userInfo`, and the DataVolume webhook signs clone tokens for that user. kube
 client certificate to webhooks when its admission configuration says so (`WebhookAdmissionConfiguration`
 `kubeConfigFile`, a user named after the webhook Service); the certificate must be issued by the
 cluster's client CA (the same ConfigMap's `client-ca-file`) and carry one of the common names cdi-apiserver
-is told to expect (`--webhook-client-names`; `cdi up` presents and expects its own)."""
+is told to expect (`--webhook-client-names`; `cdi up` presents and expects its own).
+
+cdi-apiserver reads the ConfigMap at start and then watches it, as Kubernetes' own aggregated API servers
+do: a CA the API server publishes later (a rotation) is trusted for the connections made after it, and one
+it no longer publishes vouches for no webhook caller any more."""
 
 from __future__ import annotations
 
@@ -139,7 +143,11 @@ class WebhookCallers:
                 log.warning("cannot read %s/%s (%s): every admission webhook call will be refused",
                             AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
             return cls("", names)
-        return cls(str((configmap.get("data") or {}).get("client-ca-file") or ""), names)
+        return cls.from_configmap(configmap.get("data") or {}, names)
+
+    @classmethod
+    def from_configmap(cls, data: Mapping[str, str], names: tuple[str, ...]) -> WebhookCallers:
+        return cls(str(data.get("client-ca-file") or ""), names)
 
     def authorities(self) -> list[x509.Certificate]:
         return x509.load_pem_x509_certificates(self.client_ca.encode()) if self.client_ca else []

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cdi.api import componentenv
 from cdi.cli.service import add_verbosity_argument, parse_listen, stop_on_signals
 from cdi.common import aioloop
 from cdi.kube import KubeClient
@@ -25,7 +26,8 @@ from cdi.uploadproxy.server import UploadProxy
 def register(commands: Any) -> None:
     parser = commands.add_parser("uploadproxy", help="run the upload proxy against a cluster")
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, then in-cluster)")
-    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "cdi"), help="CDI's namespace")
+    parser.add_argument("--namespace", default=os.environ.get(componentenv.POD_NAMESPACE, "cdi"),
+                        help="CDI's namespace")
     parser.add_argument("--listen", default="0.0.0.0:8443", help="HOST:PORT to serve on (default 0.0.0.0:8443)")
     parser.add_argument("--tls-cert", type=Path, default=None, help="serving certificate (PEM)")
     parser.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
@@ -46,7 +48,7 @@ async def serve(args: argparse.Namespace) -> None:
         else:
             context, ca = serving.self_managed(args.state_dir, serving.default_hosts(args.namespace, args.host))
             await serving.publish_ca(client, args.namespace, ca.cert_pem)
-        public_key = os.environ.get("APISERVER_PUBLIC_KEY", "").encode() or None
+        public_key = os.environ.get(componentenv.APISERVER_PUBLIC_KEY, "").encode() or None
         proxy = UploadProxy(client, args.namespace, public_key=public_key)
         await proxy.start(host, port, context)
         print(f"cdi uploadproxy: serving on https://{host}:{proxy.port}", flush=True)

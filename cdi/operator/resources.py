@@ -14,7 +14,7 @@ from typing import Any
 
 from cdi import __version__
 from cdi.api import annotations as ann
-from cdi.api import groups
+from cdi.api import componentenv, groups
 from cdi.api.crds import cdi_crds
 from cdi.api.groups import GVR
 from cdi.api.upload import PROXY_SERVICE
@@ -55,10 +55,7 @@ class Images:
         return f"{self.registry}/{component}:{self.tag}"
 
     def env(self) -> list[Obj]:
-        names = {"cdi-controller": "CONTROLLER_IMAGE", "cdi-importer": "IMPORTER_IMAGE",
-                 "cdi-cloner": "CLONER_IMAGE", "cdi-apiserver": "APISERVER_IMAGE",
-                 "cdi-uploadserver": "UPLOAD_SERVER_IMAGE", "cdi-uploadproxy": "UPLOAD_PROXY_IMAGE"}
-        return [{"name": var, "value": self.of(component)} for component, var in names.items()]
+        return [{"name": var, "value": self.of(component)} for component, var in componentenv.IMAGES.items()]
 
 
 def _meta(name: str, namespace: str | None = None, labels: Mapping[str, str] | None = None) -> Obj:
@@ -211,7 +208,7 @@ def _deployment(name: str, namespace: str, *, label: str, image: str, args: list
     container: Obj = {
         "name": label, "image": image, "imagePullPolicy": cr_spec.get("imagePullPolicy") or "IfNotPresent",
         "args": args,
-        "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        "env": [{"name": componentenv.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 *(env or [])],
         "ports": [{"name": "https" if probe_scheme == "HTTPS" else "metrics", "containerPort": port,
                    "protocol": "TCP"}],
@@ -412,8 +409,9 @@ def operator_install(namespace: str = groups.CDI_NAMESPACE, images: Images | Non
     deployment = _deployment(OPERATOR, namespace, label=OPERATOR, image=images.of("cdi-operator"), account=OPERATOR,
                              replicas=1, cr_spec=spec, port=8080, probe_path="/readyz", probe_scheme="HTTP",
                              args=["--namespace", namespace, "--listen", "0.0.0.0:8080"],
-                             env=[*images.env(), {"name": "OPERATOR_VERSION", "value": version or images.tag},
-                                  {"name": "PULL_POLICY", "value": pull_policy}])
+                             env=[*images.env(),
+                                  {"name": componentenv.OPERATOR_VERSION, "value": version or images.tag},
+                                  {"name": componentenv.PULL_POLICY, "value": pull_policy}])
     deployment["metadata"]["labels"]["operator.cdi.kubevirt.io"] = ""
     objects.append(deployment)
     return objects

@@ -23,10 +23,11 @@ from cdi.uploadproxy.serving import CA_CONFIGMAP, CA_FILE_NEXT_TO_KUBECONFIG, CA
 
 Obj = dict[str, Any]
 TOKEN_REQUEST_NAME = "token-for-cdi-image-upload"
-INSTANCETYPE_LABELS = {"default_instancetype": "instancetype.kubevirt.io/default-instancetype",
-                       "default_instancetype_kind": "instancetype.kubevirt.io/default-instancetype-kind",
-                       "default_preference": "instancetype.kubevirt.io/default-preference",
-                       "default_preference_kind": "instancetype.kubevirt.io/default-preference-kind"}
+# image-upload's option (its argparse dest) -> the label it sets
+INSTANCETYPE_LABELS = {"default_instancetype": ann.LABEL_DEFAULT_INSTANCETYPE,
+                       "default_instancetype_kind": ann.LABEL_DEFAULT_INSTANCETYPE_KIND,
+                       "default_preference": ann.LABEL_DEFAULT_PREFERENCE,
+                       "default_preference_kind": ann.LABEL_DEFAULT_PREFERENCE_KIND}
 
 
 class ClusterError(Exception):
@@ -117,9 +118,9 @@ class Cluster:
         """Storage classes, profiles and CDIConfig status, as far as the user may read them."""
         classes = await self._list(groups.STORAGECLASSES)
         profiles = {ObjectView(p).name: p for p in await self._list(groups.STORAGEPROFILES)}
-        status: Obj = {}
+        status: Mapping[str, Any] = {}
         try:
-            status = (await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).get("status") or {}
+            status = ObjectView(await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).status
         except ApiError:
             pass
         return ClusterStorage(classes, profiles, status)

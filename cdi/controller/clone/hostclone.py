@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from cdi.api import annotations as ann
 from cdi.api import clonesourcerequest, groups
 from cdi.api.clonesourcerequest import CloneSourceRequest
+from cdi.api.owners import owner_reference
 from cdi.api.targetvolume import TargetVolume
 from cdi.api.upload import SYNC_PATHS, UPLOAD_PORT, upload_service_name
 from cdi.api.views import ClaimView, ObjectView, PodView
@@ -30,7 +31,6 @@ from cdi.controller.clone.target import (
     temp_claim_name,
 )
 from cdi.controller.datavolume.uploadpki import cert_days, ensure_upload_pki
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context
 from cdi.controller.workerpod import pod_settings, worker_pod
 

@@ -100,12 +100,14 @@ def while_in_use(target: CloneTarget, phase: str, claim: str, *, instant: bool =
 
 
 def until_ready(target: CloneTarget, phase: str, *, instant: bool = False) -> Step | None:
-    """A wait while the source claim is missing, unbound or in use, else None (CDI's IsSourceClaimReady).
-    `instant` as for `while_in_use`."""
+    """A wait while the source claim is missing, unbound, being deleted or in use, else None (CDI's
+    IsSourceClaimReady; unlike CDI, a claim being deleted is no source to start from: the pod that held it
+    just went, and a copy or snapshot begun now races its volume's deletion). `instant` as for `while_in_use`."""
     namespace, name = target.source_namespace, target.source_name
     source = target.ctx.cached(groups.PVCS, name, namespace)
-    if source is None or not ClaimView(source).bound:
+    if source is None or not ClaimView(source).bound or ClaimView(source).deleting:
         return waiting(target, phase, CLONE_WITHOUT_SOURCE,
                        [f"The source pvc {namespace}/{name} doesn't exist" if source is None else
+                        f"The source pvc {namespace}/{name} is being deleted" if ClaimView(source).deleting else
                         f"The source pvc {namespace}/{name} is not bound"])
     return while_in_use(target, phase, name, instant=instant)

@@ -17,6 +17,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups, workeroverrides
 from cdi.api.envvalues import format_bool
+from cdi.api.owners import owner_keys, owner_reference
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import (
     NoStorageClass,
@@ -31,7 +32,6 @@ from cdi.api.workeroverrides import WORKER_OVERRIDES
 from cdi.controller import conditions, quota
 from cdi.controller.claims import claim_keys_of_pod, cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
-from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.populators.datavolumes import (
     claim_uses_populator,
     delete_volume_source,

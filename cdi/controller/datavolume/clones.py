@@ -22,8 +22,9 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.owners import owner_reference
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
-from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
+from cdi.api.rendering import ClusterStorage, ProfileNotReady, RenderError, render_claim_spec
 from cdi.api.views import ClaimView, DataVolumeView, SnapshotView
 from cdi.controller import conditions, quota
 from cdi.controller.claims import cluster_storage, delete_if_present, get_if_present
@@ -42,7 +43,6 @@ from cdi.controller.clone.sourceclaim import CLONE_WITHOUT_SOURCE
 from cdi.controller.clone.target import recorded_source, refuse
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
 from cdi.controller.datavolume.base import PASSED_TO_CLAIM, datavolume_watches
-from cdi.controller.owners import owner_reference
 from cdi.controller.populators.clones import unnamed_source
 from cdi.controller.populators.datavolumes import pending_population
 from cdi.controller.progress import format_progress
@@ -169,7 +169,14 @@ class CloneReconciler(Reconciler):
         if phase in (SUCCEEDED, ERROR) or view.phase != PHASE_MAP.get(phase):
             requeue = await self._status(dv, target)
             return requeue if phase in (SUCCEEDED, ERROR) else POLL
-        await self._status(dv, await self._advance(target) or target)
+        try:
+            advanced = await self._advance(target)
+        except RetryLater:
+            # a quota holds a temporary: the DataVolume shows the phase that waits and why (the target says
+            # both), then the key waits with its backoff, or for the quota to change
+            await self._status(dv, await get_if_present(self.ctx, groups.PVCS, name, namespace) or target)
+            raise
+        await self._status(dv, advanced or target)
         return POLL
 
     # -- the target claim -------------------------------------------------------------------------
@@ -193,6 +200,8 @@ class CloneReconciler(Reconciler):
                 self.ctx.recorder.record(dv, WARNING, planner.CLONE_VALIDATION_FAILED, message)
             return await self._status(dv, None, reason=planner.CLONE_VALIDATION_FAILED, message=message,
                                       phase="Pending")
+        except ProfileNotReady as exc:  # the watches bring it back once the profile is written
+            return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")
         except RenderError as exc:
             self.ctx.recorder.record(dv, WARNING, exc.reason, str(exc))
             return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")

@@ -9,7 +9,17 @@ from cdi.controller.clone.phase import STARTED, WAIT
 from cdi.controller.clone.target import temp_claim_name
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.clone.objects import ALLOW_IN_USE, SOURCE, A, bind, clone, pod, source_claim, stored, target_claim
+from tests.unit.controller.clone.objects import (
+    ALLOW_IN_USE,
+    SOURCE,
+    A,
+    bind,
+    clone,
+    pod,
+    source_claim,
+    stored,
+    target_claim,
+)
 from tests.unit.controller.conftest import NAMESPACE, events_of
 
 

@@ -12,7 +12,17 @@ from cdi.controller.clone.snapshot import SnapshotPhase
 from cdi.controller.clone.target import temp_claim_name, temp_snapshot_name
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.clone.objects import ALLOW_IN_USE, SOURCE, A, bind, clone, pod, source_claim, stored, target_claim
+from tests.unit.controller.clone.objects import (
+    ALLOW_IN_USE,
+    SOURCE,
+    A,
+    bind,
+    clone,
+    pod,
+    source_claim,
+    stored,
+    target_claim,
+)
 from tests.unit.controller.conftest import NAMESPACE, events_of
 
 
