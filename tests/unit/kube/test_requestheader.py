@@ -1,23 +1,16 @@
 """The request-header (front-proxy) authentication both aggregated servers share: whom the headers name,
-and when they are not believed; the ConfigMap read as kube-apiserver writes it, and followed as it changes."""
+and when they are not believed; the ConfigMap read as kube-apiserver writes it (following it as it changes:
+tests/integration/upload/test_requestheader_rotation.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from cdi.api import groups
 from cdi.kube.requestheader import (
-    AUTH_CONFIGMAP,
-    AUTH_NAMESPACE,
     RequestHeaderConfig,
-    RequestHeaderWatch,
     Unauthenticated,
     common_name,
 )
-from tests.support.cluster import async_wait_for
-from tests.support.fakekube import FakeKube
 
 KUBEADM = {"client-ca-file": "CLIENT CA", "requestheader-client-ca-file": "FRONT PROXY CA",
            "requestheader-allowed-names": '["front-proxy-client"]',
@@ -64,23 +57,3 @@ def test_common_name_of_a_peer_subject() -> None:
     assert common_name(None) is None
     assert common_name(()) is None
 
-
-async def test_the_watch_follows_a_rotated_ca() -> None:
-    kube = FakeKube()
-    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
-                 "metadata": {"name": AUTH_CONFIGMAP, "namespace": AUTH_NAMESPACE}, "data": dict(KUBEADM)}
-    await kube.create(groups.CONFIGMAPS, configmap, AUTH_NAMESPACE)
-    watch = RequestHeaderWatch(kube)
-    await watch.start()
-    seen: list[RequestHeaderConfig] = []
-    watch.subscribe(seen.append)
-    try:
-        assert seen[0].client_ca == "FRONT PROXY CA"
-        rotated = {**KUBEADM, "requestheader-client-ca-file": "NEW CA\nFRONT PROXY CA",
-                   "requestheader-allowed-names": json.dumps(["front-proxy-client", "aggregator"])}
-        await kube.patch(groups.CONFIGMAPS, AUTH_CONFIGMAP, {"data": rotated}, AUTH_NAMESPACE)
-        await async_wait_for(lambda: len(seen) == 2, 5, message="the rotated CA")
-        assert seen[1].client_ca.startswith("NEW CA") and watch.config.allowed_names == ("front-proxy-client",
-                                                                                         "aggregator")
-    finally:
-        await watch.stop()
