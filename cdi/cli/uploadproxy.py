@@ -6,7 +6,12 @@ It needs to read PVCs and Services in every namespace, and in CDI's namespace th
 
 TLS: `--tls-cert/--tls-key` (a certificate for the names clients use: bring your own or cert-manager's),
 else a CA kept in `--state-dir` issues one for `--host` names and is published in ConfigMap
-`cdi-uploadproxy-ca`, where `cdi image-upload` finds it."""
+`cdi-uploadproxy-ca`, where `cdi image-upload` finds it.
+
+`--aggregation-listen HOST:PORT` also serves the Kubernetes API server's aggregation layer there
+(`upload.extensions.cdi.dev`, the APIService cdi-operator installs), with the same certificate (valid for
+`cdi-uploadproxy.<namespace>.svc`); it then also reads ConfigMap `kube-system/extension-apiserver-authentication`
+(the `extension-apiserver-authentication-reader` Role) and keeps its request-header CA in `--state-dir`."""
 
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ def register(commands: Any) -> None:
                         help="where the self-managed CA lives when no certificate is given")
     parser.add_argument("--host", action="append", default=[],
                         help="extra host name for the self-managed certificate (repeatable)")
+    parser.add_argument("--aggregation-listen", default="",
+                        help="HOST:PORT to serve the API server's aggregation layer on (uploads with a kubeconfig)")
     add_verbosity_argument(parser)
     parser.set_defaults(run=run)
 
@@ -52,6 +59,11 @@ async def serve(args: argparse.Namespace) -> None:
         proxy = UploadProxy(client, args.namespace, public_key=public_key)
         await proxy.start(host, port, context)
         print(f"cdi uploadproxy: serving on https://{host}:{proxy.port}", flush=True)
+        if args.aggregation_listen:
+            agg_host, agg_port = parse_listen(args.aggregation_listen)
+            await proxy.start_aggregation(agg_host, agg_port, context, args.state_dir)
+            print(f"cdi uploadproxy: serving the aggregation layer on https://{agg_host}:{proxy.aggregation_port}",
+                  flush=True)
         try:
             await stop.wait()
         finally:

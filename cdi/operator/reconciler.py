@@ -253,7 +253,8 @@ class Operator:
         for obj in customize(resources.components(cr, self.namespace, self.images, hashes), custom):
             if obj["kind"] == "Deployment":
                 rolled[obj["metadata"]["name"]] = await self._apply(obj, applied)
-        for obj in customize(resources.webhooks_and_apiservice(self.namespace, hashes["bundle"]), custom):
+        for obj in customize(resources.webhooks_and_apiservice(self.namespace, hashes["bundle"],
+                                                               hashes["proxy_bundle"]), custom):
             await self._apply(obj, applied)
         monitored = await self.monitoring_available()
         if monitored:

@@ -256,17 +256,18 @@ class Cluster:
 
     # -- proxy, token, result -------------------------------------------------------------------------
     async def proxy_url(self) -> str:
-        """CDIConfig `spec.uploadProxyURLOverride`, else `status.uploadProxyURL` (as virtctl)."""
+        """CDIConfig `spec.uploadProxyURLOverride`, else `status.uploadProxyURL` (as virtctl); "" when neither
+        is set or CDIConfig cannot be read (the upload then goes through the API server, where virtctl says
+        "uploadproxy URL not found")."""
         try:
             config = await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
-        except ApiError as exc:
-            raise ClusterError(f"cannot read CDIConfig {groups.CDI_CONFIG_NAME} for the upload proxy URL ({exc}); "
-                               "give it with --uploadproxy-url") from None
+        except ApiError:
+            return ""
         view = ObjectView(config)
-        url = view.spec.get("uploadProxyURLOverride") or view.status.get("uploadProxyURL") or ""
+        url = str(view.spec.get("uploadProxyURLOverride") or view.status.get("uploadProxyURL") or "")
         if not url:
-            raise ClusterError("uploadproxy URL not found")
-        return str(url) if "://" in str(url) else f"https://{url}"
+            return ""
+        return url if "://" in url else f"https://{url}"
 
     async def proxy_ca(self) -> list[str]:
         """PEM CAs that may have signed the proxy's certificate: ConfigMap `cdi/cdi-uploadproxy-ca`, and the file
