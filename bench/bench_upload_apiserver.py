@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_upload import CdiUp  # noqa: E402  (a `cdi up` of the benchmark's own)
+
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("KUBECONFIG", None)
 PATHS = ("proxy", "classic", "apiserver")
@@ -69,34 +72,6 @@ def cpu_seconds(pid: int) -> float:
     except FileNotFoundError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class OwnCdiUp:
-    """A `cdi up` of this benchmark's own, in the work directory."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.log = data_dir.parent / "cdi-up.log"
-        self.proc: subprocess.Popen[str] | None = None
-
-    def __enter__(self) -> OwnCdiUp:
-        self.proc = subprocess.Popen([sys.executable, "-m", "cdi.cli.main", "up", "--data-dir", str(self.data_dir)],
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT, text=True, env=ENV,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 180
-        while "upload proxy" not in self.log.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"cdi up did not start:\n{self.log.read_text()}")
-            time.sleep(0.2)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def proxy_url(kubeconfig: Path) -> str:
@@ -174,7 +149,7 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {p: [] for p in paths}
     try:
         if args.kubeconfig is None:
-            with OwnCdiUp(workdir / "cdi") as up:
+            with CdiUp(workdir / "cdi") as up:
                 assert up.proc is not None
                 run_all(up.data_dir / "kubeconfig", image, size, args, paths, results, up.proc.pid)
         else:

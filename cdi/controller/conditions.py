@@ -29,6 +29,13 @@ def find(conditions: list[Obj], type_: str) -> Obj | None:
     return next((c for c in conditions if c.get("type") == type_), None)
 
 
+def running_message(status: Mapping[str, Any]) -> str | None:
+    """The Running condition's message while it is True, else None: what a DataVolume keeps saying while
+    its worker pod cannot be asked (between two scrapes, or while it restarts)."""
+    running = find(list(status.get("conditions") or []), "Running")
+    return str(running.get("message", "")) if running and running.get("status") == "True" else None
+
+
 def update(conditions: list[Obj], type_: str, status: str, message: str, reason: str) -> list[Obj]:
     """A new status stamps the transition; a new reason or message only the heartbeat."""
     condition = find(conditions, type_)

@@ -424,8 +424,7 @@ class CloneReconciler(Reconciler):
             return None
         report = await self.ctx.progress.read(*source)
         if report is None:
-            running = conditions.find(status.get("conditions") or [], "Running")
-            return str(running.get("message", "")) if running and running.get("status") == "True" else None
+            return conditions.running_message(status)
         if report.progress is not None:
             status["progress"] = format_progress(min(report.progress, 99.99))
         return report.running_message() or ""

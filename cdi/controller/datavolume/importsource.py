@@ -65,8 +65,7 @@ class ImportDataVolumeReconciler(DataVolumeReconciler):
             return None
         report = await self.ctx.progress.read(pod_ip, owner_uid)
         if report is None:
-            running = conditions.find(status.get("conditions") or [], "Running")
-            return str(running.get("message", "")) if running and running.get("status") == "True" else None
+            return conditions.running_message(status)
         if report.progress is not None:
             if not populated:
                 # 100 is held back until the importer's result is in: conversion may still be running

@@ -68,8 +68,7 @@ class UploadDataVolumeReconciler(DataVolumeReconciler):
             return None
         report = await self.ctx.progress.read(pod_ip, owner_uid)
         if report is None:
-            running = conditions.find(status.get("conditions") or [], "Running")
-            return str(running.get("message", "")) if running and running.get("status") == "True" else None
+            return conditions.running_message(status)
         if report.progress is not None:  # an upload began (the server says nothing before)
             status["progress"] = format_progress(min(report.progress, 99.99))
         message = report.running_message()
