@@ -136,6 +136,8 @@ def _children_cpu_delta() -> float:
 
 
 class CdiUp:
+    """A `cdi up` of the benchmark's own, in the work directory."""
+
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.log = data_dir.parent / "cdi-up.log"
@@ -145,7 +147,7 @@ class CdiUp:
         self.proc = subprocess.Popen([sys.executable, "-m", "cdi.cli.main", "up", "--data-dir", str(self.data_dir)],
                                      stdout=self.log.open("w"), stderr=subprocess.STDOUT, text=True, env=ENV,
                                      start_new_session=True)
-        deadline = time.time() + 120
+        deadline = time.time() + 180
         while "upload proxy" not in self.log.read_text():
             if self.proc.poll() is not None or time.time() > deadline:
                 raise SystemExit(f"cdi up did not start:\n{self.log.read_text()}")

@@ -42,28 +42,30 @@ def test_mypy_strict(package: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# Every `cdi.kubevirt.io/...` and `extensions.cdi.dev/...` name (annotations, labels, finalizers) and every
-# worker env name is a constant in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart (a key read
-# under one name and written under another is a feature that silently stops working). Tests may spell them:
-# they check the names.
-CONTRACT_PREFIX = "cdi.kubevirt.io/"
-EXTENSION_PREFIX = "extensions.cdi.dev/"  # ours (`cdi.api.annotations.EXTENSION_PREFIX`): the same rule
+# Every `cdi.kubevirt.io/...` and `extensions.cdi.dev/...` name (annotations, labels, finalizers), KubeVirt's
+# `instancetype.kubevirt.io/...` labels, every worker env name and every env name of the components' own pods
+# is a constant in `cdi/api` (DESIGN §2): spelled twice, two spellings drift apart (a key read under one name
+# and written under another is a feature that silently stops working). Tests may spell them: they check the
+# names. `extensions.cdi.dev/` is ours (`cdi.api.annotations.EXTENSION_PREFIX`): the same rule.
+CONTRACT_PREFIXES = ("cdi.kubevirt.io/", "instancetype.kubevirt.io/", "extensions.cdi.dev/")
 
 
-def _worker_env_names() -> tuple[frozenset[str], tuple[str, ...]]:
-    """The env names `cdi.api.env` defines (its other constants are values and paths), and the prefixes
-    of numbered ones (`IMPORTER_EXTRA_HEADER_<n>`)."""
-    from cdi.api import env
+def _env_names() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The env names `cdi.api.env` (the worker pods') and `cdi.api.componentenv` (the components') define
+    (their other constants are values and paths), and the prefixes of numbered ones
+    (`IMPORTER_EXTRA_HEADER_<n>`)."""
+    from cdi.api import componentenv, env
 
-    names = {value for key, value in vars(env).items() if key.isupper() and isinstance(value, str)
-             and re.fullmatch(r"[A-Z][A-Z0-9_]*|[a-z]+_proxy", value)}
+    names = {value for module in (env, componentenv) for key, value in vars(module).items()
+             if key.isupper() and isinstance(value, str) and re.fullmatch(r"[A-Z][A-Z0-9_]*|[a-z]+_proxy", value)}
     prefixes = tuple(sorted(name for name in names if name.endswith("_")))
     return frozenset(names - set(prefixes)), prefixes
 
 
 def test_contract_names_are_spelled_only_in_cdi_api() -> None:
-    names, prefixes = _worker_env_names()
+    names, prefixes = _env_names()
     assert {"IMPORTER_SOURCE", "UPLOAD_IMAGE_SIZE", "DESTINATION", "UPLOAD_URL", "MOUNT_POINT"} <= names
+    assert {"POD_NAMESPACE", "PULL_POLICY", "OPERATOR_VERSION", "CONTROLLER_IMAGE"} <= names
     offences = []
     for path in sorted((ROOT / "cdi").rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
@@ -72,9 +74,18 @@ def test_contract_names_are_spelled_only_in_cdi_api() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 value = node.value
-                if value.startswith((CONTRACT_PREFIX, EXTENSION_PREFIX, *prefixes)) or value in names:
+                if value.startswith(CONTRACT_PREFIXES) or value in names or value.startswith(prefixes):
                     offences.append(f"{relative}:{node.lineno}: {value!r}")
     assert not offences, "spell these with the constants of cdi/api:\n" + "\n".join(offences)
+
+
+def test_owner_references_are_written_by_one_helper() -> None:
+    """`cdi.api.owners.owner_reference` is the one owner reference the controller and the operator write
+    (`controller`, `blockOwnerDeletion`: a foreground delete of the owner waits for what it owns), so the
+    references of the two cannot drift apart. The embedded API server reads the field, so it may spell it."""
+    offences = [path.relative_to(ROOT).as_posix() for path in sorted((ROOT / "cdi").rglob("*.py"))
+                if "blockOwnerDeletion" in path.read_text()]
+    assert [path for path in offences if not path.startswith("cdi/embedded/")] == ["cdi/api/owners.py"]
 
 
 def test_e2e_tests_do_not_import_the_integration_tests() -> None:

@@ -132,6 +132,9 @@ UPLOAD_CHECKSUM: Final = EXTENSION_PREFIX + "upload.checksum"
 # decompression or conversion), and the format the worker detected (`qcow2`, `raw.xz`, ...)
 SOURCE_SHA256: Final = EXTENSION_PREFIX + "source.sha256"
 SOURCE_FORMAT: Final = EXTENSION_PREFIX + "source.format"
+# on a clone DataVolume (passed to its claim) or a clone populator's claim, "true": a csi-clone or snapshot
+# clone starts while a running pod writes to the source (crash-consistent) instead of waiting
+CLONE_ALLOW_SOURCE_IN_USE: Final = EXTENSION_PREFIX + "clone.allowSourceInUse"
 
 # labels
 LABEL_APP: Final = "app"
@@ -145,6 +148,16 @@ LABEL_EXCLUDE_FROM_BACKUP: Final = "velero.io/exclude-from-backup"
 LABEL_FILLING_UP_ALERT: Final = "alerts.k8s.io/KubePersistentVolumeFillingUp"
 LABEL_PROMETHEUS: Final = "prometheus.cdi.kubevirt.io"
 LABEL_APPLY_STORAGE_PROFILE: Final = _P + "applyStorageProfile"
+# KubeVirt's: the instancetype and preference a VM made from the volume defaults to (set by `image-upload
+# --default-instancetype ...`; a DataImportCron passes them on to its DataSource), and a DataSource's
+# dynamic-credentials support (passed on too)
+LABEL_DEFAULT_INSTANCETYPE: Final = "instancetype.kubevirt.io/default-instancetype"
+LABEL_DEFAULT_INSTANCETYPE_KIND: Final = "instancetype.kubevirt.io/default-instancetype-kind"
+LABEL_DEFAULT_PREFERENCE: Final = "instancetype.kubevirt.io/default-preference"
+LABEL_DEFAULT_PREFERENCE_KIND: Final = "instancetype.kubevirt.io/default-preference-kind"
+INSTANCETYPE_LABELS: Final = (LABEL_DEFAULT_INSTANCETYPE, LABEL_DEFAULT_INSTANCETYPE_KIND, LABEL_DEFAULT_PREFERENCE,
+                              LABEL_DEFAULT_PREFERENCE_KIND)
+LABEL_DYNAMIC_CREDENTIALS_SUPPORT: Final = "kubevirt.io/dynamic-credentials-support"
 LABEL_OPERATOR_COMPONENT: Final = _P + "component"  # on what the operator installs: which component it is
 LABEL_OPERATOR: Final = "operator.cdi.kubevirt.io"  # on the operator's own objects (CDI's cdi-config ConfigMap)
 # CDI's operator stamps what it creates with its version (createVersion) and what it changes (updateVersion);

@@ -5,7 +5,8 @@ importer container's environment. Before this, each hop had its own reading of t
 (`registry.pullMethod`) was lost between them; `tests/unit/api/test_importrequest.py` round-trips
 every field through every form. `from_environ` is the reader the importer itself runs
 (`cdi.importer.config`), so the round trip tests the parser in use. The volume's variables (size,
-overhead, preallocation, owner) are `cdi.api.targetvolume`'s.
+overhead, preallocation, owner) are `cdi.api.targetvolume`'s; how the importer goes about the import
+(proxy, retry budget, poll only) is its sibling `ImporterOptions`, which only the environment carries.
 
 What the forms cannot carry: the environment holds no ConfigMap or Secret names that the pod mounts as
 volumes (`certConfigMap`, a GCS `secretRef`, `secretExtraHeaders`) and no registry `imageStream`
@@ -21,7 +22,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import env
-from cdi.api.envvalues import EnvError, parse_bool
+from cdi.api.envvalues import EnvError, env_value, parse_bool, positive_float
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -225,3 +226,78 @@ class ImportRequest:
         secret = next((str(v["valueFrom"]["secretKeyRef"]["name"]) for v in variables
                        if v.get("name") == env.ACCESS_KEY_ID and v.get("valueFrom")), "")
         return replace(cls.from_environ(values), secret=secret)
+
+
+def trusted_ca_proxy(import_proxy: Body | None) -> str:
+    """The name of the CA bundle ConfigMap in CDI's namespace that CDIConfig's `importProxy.trustedCAProxy`
+    names ("" when none is configured)."""
+    return str((import_proxy or {}).get("trustedCAProxy") or "")
+
+
+def _proxy_variable(environ: Mapping[str, str], name: str) -> str:
+    """A proxy variable as urllib reads it (the importer's clients do): the lower-case name, even empty,
+    else the upper-case one."""
+    return environ[name] if name in environ else environ.get(name.upper(), "")
+
+
+@dataclass(frozen=True)
+class ImporterOptions:
+    """How the importer goes about its import, beside what it imports (`ImportRequest`) and where to
+    (`TargetVolume`): through which proxy (CDIConfig's `importProxy`; `proxy_cert_dir` is where the pod
+    mounts the proxy's CA bundle when `trustedCAProxy` names one), for how many seconds a failing source
+    is retried (the controller's `--import-retry-budget`) and how long a read may wait (unset: derived
+    from the budget), and whether the pod only reports the source's current version instead of importing
+    it (a DataImportCron's poller). `None`, "" and False are the importer's defaults."""
+
+    http_proxy: str = ""
+    https_proxy: str = ""
+    no_proxy: str = ""
+    proxy_cert_dir: str = ""
+    retry_budget: float | None = None
+    read_timeout: float | None = None
+    poll: bool = False
+
+    @classmethod
+    def from_import_proxy(cls, import_proxy: Body | None, *, retry_budget: float | None = None,
+                          poll: bool = False) -> ImporterOptions:
+        """From CDIConfig's `status.importProxy` (`HTTPProxy`, `HTTPSProxy`, `noProxy`, `trustedCAProxy`)."""
+        proxy = import_proxy or {}
+        return cls(http_proxy=str(proxy.get("HTTPProxy") or ""), https_proxy=str(proxy.get("HTTPSProxy") or ""),
+                   no_proxy=str(proxy.get("noProxy") or ""),
+                   proxy_cert_dir=env.PROXY_CERT_DIR_DEFAULT if trusted_ca_proxy(proxy) else "",
+                   retry_budget=retry_budget, poll=poll)
+
+    @property
+    def proxies(self) -> dict[str, str]:
+        """The proxies set, by urllib's keys (`http`, `https`, `no`), as the importer's HTTP client takes them."""
+        return {key: value for key, value in (("http", self.http_proxy), ("https", self.https_proxy),
+                                              ("no", self.no_proxy)) if value}
+
+    def to_env(self) -> list[Obj]:
+        """The importer container's variables that carry these options (none for the defaults)."""
+        out: list[Obj] = []
+        if self.retry_budget is not None:
+            out.append(env_value(env.RETRY_BUDGET, f"{self.retry_budget:g}"))
+        if self.read_timeout is not None:
+            out.append(env_value(env.READ_TIMEOUT, f"{self.read_timeout:g}"))
+        for name, value in ((env.HTTP_PROXY, self.http_proxy), (env.HTTPS_PROXY, self.https_proxy),
+                            (env.NO_PROXY, self.no_proxy)):
+            if value:
+                out.append(env_value(name, value))
+        if self.proxy_cert_dir:
+            out.append(env_value(env.PROXY_CERT_DIR, self.proxy_cert_dir))
+        if self.poll:
+            out.append(env_value(env.POLL, "true"))
+        return out
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> ImporterOptions:
+        """The options, read from the importer's environment: the one reader of `to_env`'s variables (the
+        proxy variables in either case, as urllib reads them). Raises `EnvError` for a budget or timeout
+        that is no positive number, or a poll flag that is no boolean."""
+        return cls(
+            http_proxy=_proxy_variable(environ, env.HTTP_PROXY), https_proxy=_proxy_variable(environ, env.HTTPS_PROXY),
+            no_proxy=_proxy_variable(environ, env.NO_PROXY), proxy_cert_dir=environ.get(env.PROXY_CERT_DIR, "").strip(),
+            retry_budget=positive_float(environ, env.RETRY_BUDGET),
+            read_timeout=positive_float(environ, env.READ_TIMEOUT), poll=parse_bool(environ, env.POLL),
+        )

@@ -36,6 +36,12 @@ class NoStorageClass(RenderError):
     """No storage class was named and the cluster has no default: the DataVolume waits (Pending)."""
 
 
+class ProfileNotReady(NoStorageClass):
+    """The class is there, the modes must come from its StorageProfile, and the profile controller has not
+    written it yet (the class was just created): the DataVolume waits (Pending) without a warning, rather than
+    report for a moment that a profile complete from the start lacks its modes."""
+
+
 @dataclass(frozen=True)
 class ClusterStorage:
     """What rendering needs to know of the cluster."""
@@ -67,6 +73,10 @@ class ClusterStorage:
 
 
 def _modes_from_profile(spec: dict[str, Any], storage_class: str, profile: Body | None) -> None:
+    if spec.get("accessModes") and spec.get("volumeMode"):
+        return
+    if profile is None or not StorageProfileView(profile).status:
+        raise ProfileNotReady(f"Waiting for the StorageProfile of storage class {storage_class}", "Pending")
     sets = StorageProfileView(profile).claim_property_sets if profile is not None else []
     volume_mode = spec.get("volumeMode")
     if not volume_mode and not spec.get("accessModes"):

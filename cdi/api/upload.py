@@ -37,6 +37,23 @@ then steps off the byte path, so the image is encrypted once, by the client, for
 
 So the token is checked by the proxy exactly as before, only the proxy can open an upload on an upload
 server, and the image is never decrypted on the way (the proxy does not see it at all).
+
+Uploads through the Kubernetes API server (our extension, `upload.extensions.cdi.dev`): the upload proxy
+also serves an aggregated API, so that a user who can reach the API server can upload with nothing but a
+kubeconfig, authenticated by their own credentials and authorized by RBAC (`create` and `get` on
+`uploads/proxy` in the namespace: `POST` is `create`, `HEAD` is `get` to kube-apiserver).
+
+* `POST|HEAD /apis/upload.extensions.cdi.dev/v1beta1/namespaces/<ns>/uploads/<pvc>/proxy/<upload path>`,
+  where `<upload path>` is one of the proxy's own (`v1beta1/upload-async`, ...): the same requests with a
+  different base URL, the same answers (readiness, 503/409, the resume headers). A subresource named
+  `proxy` is long-running to kube-apiserver (no 60 s request timeout) and streamed.
+* The API server authenticates and authorizes the user, drops the user's `Authorization`, and forwards to
+  the proxy's aggregation listener (`AGGREGATION_PORT`, the `cdi-uploadproxy` Service) with its front-proxy
+  client certificate, naming the user in `X-Remote-User`; that listener answers nobody else. The PVC is the
+  path's; no upload token is involved, and end-to-end TLS with the upload server is not offered (the API
+  server drops hop-by-hop `Upgrade` answers).
+* Discovery lists only the subresource `uploads/proxy` (as KubeVirt's `subresources.kubevirt.io` lists only
+  its subresources), so `kubectl get uploads` finds no such resource.
 """
 
 from typing import Final
@@ -71,6 +88,18 @@ SERVER_NAME_HEADER: Final = "Cdi-Upload-Server-Name"
 SERVER_CA_HEADER: Final = "Cdi-Upload-Server-Ca"
 RAW_PROXY_PATHS: Final = SYNC_PATHS + ASYNC_PATHS  # the proxy paths that can be upgraded to end-to-end TLS
 
+# uploads through the Kubernetes API server's aggregation layer (our extension, see above)
+EXTENSION_GROUP: Final = "upload.extensions.cdi.dev"
+EXTENSION_VERSION: Final = "v1beta1"
+EXTENSION_API_VERSION: Final = f"{EXTENSION_GROUP}/{EXTENSION_VERSION}"
+EXTENSION_RESOURCE: Final = "uploads"
+EXTENSION_SUBRESOURCE: Final = "proxy"
+EXTENSION_KIND: Final = "UploadProxyOptions"
+EXTENSION_APISERVICE: Final = f"{EXTENSION_VERSION}.{EXTENSION_GROUP}"
+EXTENSION_BASE: Final = f"/apis/{EXTENSION_GROUP}/{EXTENSION_VERSION}"
+AGGREGATION_PORT: Final = 8444  # the upload proxy's listener for the aggregation layer (and its Service port)
+AGGREGATION_PORT_NAME: Final = "aggregation"
+
 def parse_kept(value: str) -> list[tuple[int, int, str]] | None:
     """(start, length, sha256 hex) of each region an `Upload-Kept-Sha256` value lists; None when malformed."""
     out = []
@@ -93,3 +122,30 @@ def upload_resource_name(pvc: str) -> str:
 def upload_service_name(pvc: str) -> str:
     """The name of a PVC's upload Service (a DNS label: 63 characters at most, shortened as CDI does)."""
     return naming.service_name(upload_resource_name(pvc))
+
+
+def extension_base(namespace: str, pvc: str) -> str:
+    """The path under which the proxy's own upload paths reach `pvc` through the API server."""
+    return f"{EXTENSION_BASE}/namespaces/{namespace}/{EXTENSION_RESOURCE}/{pvc}/{EXTENSION_SUBRESOURCE}"
+
+
+def _dns_name(text: str) -> bool:
+    """A namespace or claim name as Kubernetes allows it (RFC 1123 subdomain): nothing a path could hide in."""
+    return 0 < len(text) <= naming.DNS1123_SUBDOMAIN_MAX and all(
+        part and part[0].isalnum() and part[-1].isalnum() and all(c.isalnum() or c == "-" for c in part)
+        and part.isascii() and part == part.lower() for part in text.split("."))
+
+
+def parse_extension_path(path: str) -> tuple[str, str, str] | None:
+    """(namespace, pvc, upload path) of a request through the API server, or None when `path` is not one:
+    `<EXTENSION_BASE>/namespaces/<ns>/uploads/<pvc>/proxy/<one of PROXY_PATHS>`."""
+    if not path.startswith(EXTENSION_BASE + "/"):
+        return None
+    parts = path[len(EXTENSION_BASE) + 1:].split("/")
+    if len(parts) < 6 or parts[0] != "namespaces" or parts[2] != EXTENSION_RESOURCE or \
+            parts[4] != EXTENSION_SUBRESOURCE:
+        return None
+    namespace, pvc, rest = parts[1], parts[3], "/" + "/".join(parts[5:])
+    if not (_dns_name(namespace) and _dns_name(pvc)) or rest not in PROXY_PATHS:
+        return None
+    return namespace, pvc, rest

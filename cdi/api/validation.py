@@ -217,7 +217,7 @@ def validate_datavolume(dv: Body, old: Body | None = None) -> list[Cause]:
     name = str((dv.get("metadata") or {}).get("name", ""))
     if len(name) > 253:
         return [Cause("", "Name cannot be longer than 253 characters")]
-    return _extension_causes(dv) + validate_datavolume_spec(dv.get("spec") or {})
+    return _extension_causes(dv) + (validate_datavolume_spec(dv.get("spec") or {}) or _switch_causes(dv))
 
 
 def _extension_causes(dv: Body) -> list[Cause]:
@@ -231,6 +231,17 @@ def _extension_causes(dv: Body) -> list[Cause]:
     except ChecksumSyntaxError as exc:
         return [Cause(f"metadata.annotations[{ann.UPLOAD_CHECKSUM}]", f"Invalid checksum format: {exc}")]
     return []
+
+
+_SWITCHES = (ann.CLONE_ALLOW_SOURCE_IN_USE,)  # extensions that are on or off
+
+
+def _switch_causes(dv: Body) -> list[Cause]:
+    """An extension switch says "true" or "false": anything else is refused rather than taken as off, since
+    a user who wrote `yes` meant on."""
+    annotations: Body = (dv.get("metadata") or {}).get("annotations") or {}
+    return [Cause(f"metadata.annotations[{key}]", f'{key}: must be "true" or "false", not {annotations[key]!r}')
+            for key in _SWITCHES if key in annotations and annotations[key] not in ("true", "false")]
 
 
 POPULATOR_NAME_MAX = 63  # CDI's DNS1035LabelMaxLength for populator sources

@@ -372,6 +372,23 @@ class StorageProfileView(ObjectView):
         return str(self.status.get("dataImportCronSourceFormat") or "pvc")
 
 
+class CDIView(ObjectView):
+    """The `CDI` resource: the installation's settings the controller and `cdi up` read besides the operator."""
+
+    __slots__ = ()
+
+    @property
+    def cert_config(self) -> Body:
+        """`spec.certConfig` ({} when unset): the certificates' lifetimes (`cdi.common.certconfig` reads it)."""
+        config = self.spec.get("certConfig")
+        return config if isinstance(config, Mapping) else {}
+
+    @property
+    def clone_strategy_override(self) -> str:
+        """`spec.cloneStrategyOverride` ("" when unset): the strategy every clone uses, whatever the profiles say."""
+        return str(self.spec.get("cloneStrategyOverride") or "")
+
+
 class DataImportCronView(ObjectView):
     """A DataImportCron: its schedule, the DataVolume template it imports with, and what it keeps."""
 

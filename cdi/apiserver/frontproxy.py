@@ -16,16 +16,18 @@ in `userInfo`, and the DataVolume webhook signs clone tokens for that user. kube
 client certificate to webhooks when its admission configuration says so (`WebhookAdmissionConfiguration`
 `kubeConfigFile`, a user named after the webhook Service); the certificate must be issued by the
 cluster's client CA (the same ConfigMap's `client-ca-file`) and carry one of the common names cdi-apiserver
-is told to expect (`--webhook-client-names`; `cdi up` presents and expects its own)."""
+is told to expect (`--webhook-client-names`; `cdi up` presents and expects its own).
+
+cdi-apiserver reads the ConfigMap at start and then watches it, as Kubernetes' own aggregated API servers
+do: a CA the API server publishes later (a rotation) is trusted for the connections made after it, and one
+it no longer publishes vouches for no webhook caller any more."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 from aiohttp import web
 from cryptography import x509
@@ -33,61 +35,20 @@ from cryptography.exceptions import InvalidSignature
 
 from cdi.api import groups
 from cdi.kube import ApiError, KubeClient
+from cdi.kube.requestheader import (
+    AUTH_CONFIGMAP,
+    AUTH_NAMESPACE,
+    Caller,
+    RequestHeaderConfig,
+    Unauthenticated,
+    common_name,
+)
 
 log = logging.getLogger(__name__)
 
-AUTH_CONFIGMAP = "extension-apiserver-authentication"
-AUTH_NAMESPACE = "kube-system"
-
-
-@dataclass(frozen=True)
-class Caller:
-    user: str
-    groups: tuple[str, ...]
-    extra: dict[str, list[str]] = field(default_factory=dict)
-
-
-@dataclass
-class RequestHeaderConfig:
-    """How front-proxy requests are recognised (empty CA: nobody is trusted)."""
-
-    client_ca: str = ""
-    allowed_names: tuple[str, ...] = ()
-    user_headers: tuple[str, ...] = ("X-Remote-User",)
-    group_headers: tuple[str, ...] = ("X-Remote-Group",)
-    extra_prefixes: tuple[str, ...] = ("X-Remote-Extra-",)
-
-    @classmethod
-    def from_configmap(cls, data: Mapping[str, str]) -> RequestHeaderConfig:
-        def names(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
-            text = data.get(key)
-            if not text:
-                return default
-            try:
-                value = json.loads(text)
-            except ValueError:
-                return default
-            return tuple(str(v) for v in value) if isinstance(value, list) else default
-
-        return cls(client_ca=data.get("requestheader-client-ca-file", ""),
-                   allowed_names=names("requestheader-allowed-names", ()),
-                   user_headers=names("requestheader-username-headers", ("X-Remote-User",)),
-                   group_headers=names("requestheader-group-headers", ("X-Remote-Group",)),
-                   extra_prefixes=names("requestheader-extra-headers-prefix", ("X-Remote-Extra-",)))
-
-    @classmethod
-    async def load(cls, client: KubeClient) -> RequestHeaderConfig:
-        try:
-            configmap = await client.get(groups.CONFIGMAPS, AUTH_CONFIGMAP, AUTH_NAMESPACE)
-        except ApiError as exc:
-            log.warning("cannot read %s/%s (%s): aggregated requests will be refused",
-                        AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
-            return cls()
-        return cls.from_configmap(configmap.get("data") or {})
-
-
-class Unauthenticated(Exception):
-    """The request did not come through a trusted front proxy."""
+# the request-header authentication itself is `cdi.kube.requestheader`'s (the upload proxy does it too)
+__all__ = ["AUTH_CONFIGMAP", "AUTH_NAMESPACE", "Caller", "RequestHeaderConfig", "Unauthenticated", "WebhookCallers",
+           "caller_of"]
 
 
 def caller_of(request: web.Request, config: RequestHeaderConfig) -> Caller:
@@ -96,24 +57,7 @@ def caller_of(request: web.Request, config: RequestHeaderConfig) -> Caller:
     The TLS layer has already verified the chain against the request-header CA (the server's SSL
     context trusts only that CA for client certificates), so a peer certificate here is a valid one."""
     peer: Any = request.transport.get_extra_info("peercert") if request.transport else None
-    if not peer:
-        raise Unauthenticated("request is not authenticated: no verified front-proxy client certificate")
-    subject = dict(item[0] for item in peer.get("subject", ()))
-    common_name = subject.get("commonName", "")
-    if config.allowed_names and common_name not in config.allowed_names:
-        raise Unauthenticated(f"front-proxy certificate CN {common_name!r} is not an allowed requestheader name")
-    user = next((request.headers[h] for h in config.user_headers if request.headers.get(h)), "")
-    if not user:
-        raise Unauthenticated(f"one of these headers is required: {', '.join(config.user_headers)}")
-    member_of: list[str] = []
-    for header in config.group_headers:
-        member_of.extend(request.headers.getall(header, []))
-    extra: dict[str, list[str]] = {}
-    for prefix in config.extra_prefixes:
-        for name, value in request.headers.items():
-            if name.lower().startswith(prefix.lower()):
-                extra.setdefault(unquote(name[len(prefix):].lower()), []).append(value)
-    return Caller(user, tuple(member_of), extra)
+    return config.caller(common_name((peer or {}).get("subject")), request.headers.items())
 
 
 @dataclass(frozen=True)
@@ -139,7 +83,11 @@ class WebhookCallers:
                 log.warning("cannot read %s/%s (%s): every admission webhook call will be refused",
                             AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
             return cls("", names)
-        return cls(str((configmap.get("data") or {}).get("client-ca-file") or ""), names)
+        return cls.from_configmap(configmap.get("data") or {}, names)
+
+    @classmethod
+    def from_configmap(cls, data: Mapping[str, str], names: tuple[str, ...]) -> WebhookCallers:
+        return cls(str(data.get("client-ca-file") or ""), names)
 
     def authorities(self) -> list[x509.Certificate]:
         return x509.load_pem_x509_certificates(self.client_ca.encode()) if self.client_ca else []

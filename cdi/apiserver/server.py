@@ -5,8 +5,10 @@ TLS: its own serving certificate (CA kept in the state directory, published as t
 APIService's caBundle); client certificates are *optional* and, when given, must chain to the
 aggregation layer's request-header CA or (with `webhook_client_names`) to the cluster's client CA, so
 that one listener serves webhook calls (the API server's certificate, required when names are given)
-and front-proxied token requests (the front proxy's certificate). Versions and cipher suites are
-CDIConfig's `tlsSecurityProfile`, followed as it changes (`cdi.kube.tlswatch`), as CDI's."""
+and front-proxied token requests (the front proxy's certificate). Both CAs come from
+`kube-system/extension-apiserver-authentication`, followed as the API server republishes it (a rotated
+CA), in place in the serving context as the TLS profile is. Versions and cipher suites are CDIConfig's
+`tlsSecurityProfile`, followed as it changes (`cdi.kube.tlswatch`), as CDI's."""
 
 from __future__ import annotations
 
@@ -26,7 +28,13 @@ from cdi.api import groups
 from cdi.api.rendering import webhook_rendering_enabled
 from cdi.apiserver import dvmutate, pvcmutate
 from cdi.apiserver.admission import Admission
-from cdi.apiserver.frontproxy import RequestHeaderConfig, Unauthenticated, WebhookCallers
+from cdi.apiserver.frontproxy import (
+    AUTH_CONFIGMAP,
+    AUTH_NAMESPACE,
+    RequestHeaderConfig,
+    Unauthenticated,
+    WebhookCallers,
+)
 from cdi.apiserver.signingkey import ensure_signing_key
 from cdi.apiserver.uploadtokens import UploadTokenApi
 from cdi.common import pki
@@ -62,6 +70,11 @@ class CdiApiServer:
         self.dv_mutation = dvmutate.DataVolumeMutation(client, self.signing_key)
         self.tls_profile = TLSProfileWatch(client)
         self._context: ssl.SSLContext | None = None
+        self._trusted: set[str] = set()  # the client CA bundles the serving context was given
+        self._authentication = Informer(client, groups.CONFIGMAPS, AUTH_NAMESPACE,
+                                        field_selector=f"metadata.name={AUTH_CONFIGMAP}")
+        self._authentication.add_handler(on_add=self._authentication_changed,
+                                         on_update=lambda _old, new: self._authentication_changed(new))
         self._names: list[str] = []
         self._endpoint_ip: str | None = None
 
@@ -114,17 +127,46 @@ class CdiApiServer:
         self.webhook_callers = await WebhookCallers.load(self.client, self.webhook_client_names)
         await self.tls_profile.start()
         context = pki.server_context(self._certificates(names), self.dir / "serving", policy=self.tls_profile.policy)
-        for client_ca in (self.request_headers.client_ca, self.webhook_callers.client_ca):
-            if client_ca:
-                context.verify_mode = ssl.CERT_OPTIONAL
-                context.load_verify_locations(cadata=client_ca)
         self._context = context
+        self._trust(self.request_headers.client_ca, self.webhook_callers.client_ca)
         self.tls_profile.subscribe(self._follow)
+        # not waited for: what was read above serves until the watch says otherwise (it keeps trying where
+        # it may not watch, as an informer does)
+        self._authentication.start()
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def _trust(self, *bundles: str) -> None:
+        """Client certificates of these CAs pass the TLS handshake from now on (optional ones: the handlers
+        decide whom they answer). The context only ever gains CAs; one the API server stops publishing
+        is refused by `WebhookCallers.check`, which verifies the issuer against the published bundle."""
+        assert self._context is not None
+        for bundle in bundles:
+            if bundle and bundle not in self._trusted:
+                self._context.verify_mode = ssl.CERT_OPTIONAL
+                self._context.load_verify_locations(cadata=bundle)
+                self._trusted.add(bundle)
+
+    def _authentication_changed(self, configmap: Obj) -> None:
+        """The API server republished its CAs (or the names and headers of its front proxy): connections made
+        from now on are checked against them, as Kubernetes' aggregated API servers follow this ConfigMap."""
+        data = configmap.get("data") or {}
+        request_headers = RequestHeaderConfig.from_configmap(data)
+        callers = WebhookCallers.from_configmap(data, self.webhook_client_names)
+        if request_headers == self.request_headers and callers == self.webhook_callers:
+            return
+        if self._context is not None:
+            try:
+                self._trust(request_headers.client_ca, callers.client_ca)
+            except (ssl.SSLError, ValueError) as exc:  # no PEM certificates: keep what was trusted, say so
+                log.warning("%s/%s holds a client CA that cannot be loaded, keeping the previous ones: %s",
+                            AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
+                return
+        log.info("%s/%s changed: following its client CAs", AUTH_NAMESPACE, AUTH_CONFIGMAP)
+        self.request_headers, self.webhook_callers = request_headers, callers
 
     def _follow(self, policy: pki.TLSPolicy) -> None:
         """A change of CDIConfig's profile: the serving context changes in place, on the event loop, where
@@ -146,6 +188,7 @@ class CdiApiServer:
             self._context.load_cert_chain(serving / "tls.crt", serving / "tls.key")
 
     async def stop(self) -> None:
+        await self._authentication.stop()
         await self.tls_profile.stop()
         if self.pvc_webhook is not None:
             await self.pvc_webhook.stop()

@@ -13,7 +13,7 @@ import yaml
 
 from cdi.api import groups
 from cdi.api.rendering import ClusterStorage, RenderError
-from cdi.api.views import ClaimView, DataSourceView, DataVolumeView, ObjectView, SnapshotView
+from cdi.api.views import CDIView, ClaimView, DataSourceView, DataVolumeView, ObjectView, SnapshotView
 from cdi.common import aioloop
 from cdi.controller.clone import planner
 from cdi.controller.clone import size as clonesize
@@ -89,9 +89,9 @@ async def explain(client: KubeClient, dv: Obj) -> tuple[int, str]:
         snapshot_classes = []
     cdi = next(iter((await client.list_all(groups.CDIS)).items), None)
     config = await _get(client, groups.CDICONFIGS, groups.CDI_CONFIG_NAME, None) or {}
-    override = ObjectView(cdi).spec.get("cloneStrategyOverride") if cdi is not None else None
-    cluster = planner.Cluster(classes, profiles, snapshot_classes, str(override) if override else None)
-    storage = ClusterStorage(classes, profiles, config.get("status") or {})
+    override = CDIView(cdi or {}).clone_strategy_override
+    cluster = planner.Cluster(classes, profiles, snapshot_classes, override or None)
+    storage = ClusterStorage(classes, profiles, ObjectView(config).status)
 
     def lookup(gvr: groups.GVR, name: str, namespace: str) -> Obj | None:
         return store.get((gvr.plural, namespace if gvr.namespaced else "", name))

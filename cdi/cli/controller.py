@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cdi.api import componentenv
 from cdi.cli.service import add_cluster_arguments, parse_listen, stop_on_signals
 from cdi.common import aioloop
 from cdi.controller.manager import Manager
@@ -20,7 +21,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--importer-image", default="cdi-importer", help="image of importer pods")
     parser.add_argument("--uploadserver-image", default="cdi-uploadserver", help="image of upload-server pods")
     parser.add_argument("--cloner-image", default="cdi-cloner", help="image of clone source pods")
-    parser.add_argument("--pull-policy", default=os.environ.get("PULL_POLICY") or "IfNotPresent",
+    parser.add_argument("--pull-policy", default=os.environ.get(componentenv.PULL_POLICY) or "IfNotPresent",
                         choices=("Always", "IfNotPresent", "Never"),
                         help="imagePullPolicy of worker pods (default $PULL_POLICY, as CDI's controller reads it; "
                              "cdi-operator passes the CDI resource's spec.imagePullPolicy)")

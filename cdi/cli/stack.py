@@ -7,26 +7,34 @@ URL becomes CDIConfig `status.uploadProxyURL`. CDI's certificates (cdi-apiserver
 upload-server signers) are cdi-operator's, kept per the `CDI` resource's `certConfig` by `stackcerts`
 while this runs: the proxy's CA bundle is written next to the kubeconfig (`uploadproxy-ca.crt`) and
 published in ConfigMap `cdi/cdi-uploadproxy-ca`, which is how `cdi image-upload` trusts it without
-flags."""
+flags.
+
+The proxy also serves the embedded API server's aggregation layer on a second loopback port, as on a
+cluster: the `cdi-uploadproxy` Service (its Endpoints that port) and the APIService
+`v1beta1.upload.extensions.cdi.dev` with the proxy's CA bundle, so that `cdi image-upload` uploads through
+the API server with nothing but the kubeconfig (and a user's RBAC)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from cdi.api import featuregates, groups
+from cdi.api import upload as names
 from cdi.apiserver.server import CdiApiServer
 from cdi.cli.stackcerts import StackCertificates
 from cdi.common import pki
 from cdi.controller.manager import Manager
 from cdi.controller.runtime import Settings
 from cdi.embedded.kubeapi.webhooks import WEBHOOK_CLIENT
-from cdi.kube import AlreadyExists, KubeClient
+from cdi.kube import AlreadyExists, KubeClient, NotFound
 from cdi.operator import resources
 from cdi.operator.certs import Issued
 from cdi.uploadproxy import serving
@@ -109,6 +117,7 @@ class CdiStack:
         if self.apiserver is not None:
             await self.apiserver.certificates_renewed(issued.api_bundle.encode())
         if self.uploadproxy is not None:
+            await self.register_upload_extension(issued.proxy_bundle)  # the bundle first: it trusts old and new
             await self.uploadproxy.certificates_renewed()
 
     async def _start_uploadproxy(self, client: KubeClient, certificates: StackCertificates) -> None:
@@ -123,6 +132,25 @@ class CdiStack:
         await self.uploadproxy.start("127.0.0.1", previous if previous and _free(previous) else 0, context)
         port_file.write_text(str(self.uploadproxy.port))
         self.uploadproxy_url = f"https://127.0.0.1:{self.uploadproxy.port}"
+        await self.uploadproxy.start_aggregation("127.0.0.1", 0, context, directory / "aggregation")
+        assert certificates.issued is not None
+        await self.register_upload_extension(certificates.issued.proxy_bundle)
+
+    async def register_upload_extension(self, proxy_bundle: str) -> None:
+        """The `cdi-uploadproxy` Service, its Endpoints (the aggregation listener on loopback) and the APIService
+        of uploads through the API server, as cdi-operator installs them on a cluster."""
+        assert self.client is not None and self.uploadproxy is not None
+        namespace = self.settings.namespace
+        port = {"name": names.AGGREGATION_PORT_NAME, "port": names.AGGREGATION_PORT,
+                "targetPort": self.uploadproxy.aggregation_port, "protocol": "TCP"}
+        await _apply(self.client, groups.SERVICES, {"apiVersion": "v1", "kind": "Service", "metadata": {
+            "name": names.PROXY_SERVICE, "namespace": namespace}, "spec": {"ports": [port]}}, namespace)
+        await _apply(self.client, groups.ENDPOINTS, {
+            "apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": names.PROXY_SERVICE, "namespace": namespace},
+            "subsets": [{"addresses": [{"ip": "127.0.0.1"}], "ports": [
+                {"name": names.AGGREGATION_PORT_NAME, "port": self.uploadproxy.aggregation_port}]}]}, namespace)
+        await _apply(self.client, groups.APISERVICES, resources.upload_extension_apiservice(
+            namespace, base64.b64encode(proxy_bundle.encode()).decode()))
 
     async def stop(self) -> None:
         if self.certificates is not None:
@@ -137,6 +165,22 @@ class CdiStack:
             await self.apiserver.stop()
         if self.client is not None:
             await self.client.close()
+
+
+async def _apply(client: KubeClient, gvr: groups.GVR, body: dict[str, Any], namespace: str | None = None) -> None:
+    """Create, or replace what is there (keeping a Service's cluster IP, which cannot change)."""
+    try:
+        current = await client.get(gvr, body["metadata"]["name"], namespace)
+    except NotFound:
+        with contextlib.suppress(AlreadyExists):
+            await client.create(gvr, body, namespace)
+        return
+    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    if gvr == groups.SERVICES:
+        for key in ("clusterIP", "clusterIPs"):
+            if key in (current.get("spec") or {}):
+                body["spec"][key] = current["spec"][key]
+    await client.replace(gvr, body, namespace)
 
 
 def _free(port: int) -> bool:

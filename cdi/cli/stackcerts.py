@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api import groups
+from cdi.api.views import CDIView
 from cdi.common import certconfig, pki
 from cdi.kube import ApiError, Informer, KubeClient, NotFound
 from cdi.operator.certs import Certificates, Issued
@@ -143,7 +144,7 @@ def _private(directory: Path) -> None:
 
 
 def _cert_config(cdi: Any) -> dict[str, Any]:
-    return dict(((cdi or {}).get("spec") or {}).get("certConfig") or {})
+    return dict(CDIView(cdi or {}).cert_config)
 
 
 def _material(issued: Issued) -> tuple[Any, ...]:

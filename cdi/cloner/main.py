@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from cdi.api import env as envnames
-from cdi.cloner.source import CloneError, Progress, SourceConfig, send
+from cdi.cloner.source import METRICS_PORT, CloneError, Progress, SourceConfig, send
 from cdi.common import podprogram
 from cdi.importer import Reason
 from cdi.importer import termination as term
@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = SourceConfig.from_env()
         progress = Progress(config.owner_uid)
-        progress.serve(config.pod_ip)
+        if config.pod_ip:
+            progress.serve(config.pod_ip, METRICS_PORT)
         sent = send(config, progress)
         message = term.TerminationMessage(message="Clone Complete", reason=Reason.COMPLETE, retryable=False,
                                           bytes_transferred=sent)

@@ -1,7 +1,8 @@
 """The clone source pod (`cdi-cloner`, container `cdi-clone-source`): reads the source volume
 read-only and sends only its allocated extents (`cdi.common.clonestream`) over TLS, authenticated by
 its client certificate as this clone's source (CDI's `uploadClientName`), to the target's upload
-server. Progress as `kubevirt_cdi_clone_progress_total{ownerUID}` on https://$POD_IP:8443/metrics.
+server. Progress as `kubevirt_cdi_clone_progress_total{ownerUID}` on https://$POD_IP:8443/metrics, with the bytes,
+rate and time left of its phase (`Progress`).
 
 Its environment is `cdi.api.clonesourcerequest.CloneSourceRequest`'s (CDI's names: where to send, the
 client certificate and the server's CA, the source's volume mode and mount point, its owner), read by
@@ -14,9 +15,8 @@ import logging
 import os
 import socket
 import ssl
-import tempfile
-import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,12 @@ from urllib.parse import urlsplit
 from cdi.api.clonesourcerequest import CloneSourceRequest
 from cdi.api.envvalues import EnvError
 from cdi.common import clonestream, pki
+from cdi.importer import progress as importer_progress
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
 METRICS_PORT = 8443
+TRANSFER = "Transfer"  # the progress phase of the data bytes sent
 
 
 class CloneError(Exception):
@@ -64,51 +66,38 @@ class SourceConfig:
         return self.mount_point if self.block else self.mount_point / "disk.img"
 
 
-class Progress:
-    """Bytes sent of the bytes to send, as CDI's clone progress counter (percent)."""
+class Progress(importer_progress.Progress):
+    """The importer's progress under the clone source's names: CDI's `kubevirt_cdi_clone_progress_total`
+    (percent), and `cdi_cloner_phase*` as the importer's `cdi_importer_phase*` (bytes, rate, time left)
+    for its two phases: `Transfer` (the source's data bytes sent) and `Sync` (the stream sent, the target
+    makes it durable before it answers)."""
 
-    def __init__(self, owner_uid: str) -> None:
-        self.owner_uid = owner_uid
+    COUNTER = "kubevirt_cdi_clone_progress"
+    COUNTER_HELP = "The clone progress in percentage"
+    PREFIX = "cdi_cloner"
+    NAME = "cdi-clone-source"
+
+    def __init__(self, owner_uid: str, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(owner_uid, clock)
+        self.plan([(TRANSFER, 99), (importer_progress.SYNC, 1)])
         self.total = 0
         self.done = 0
-        self._lock = threading.Lock()
+
+    def start(self, total: int) -> None:
+        """`total` data bytes to send."""
+        self.total = total
+        self.begin(TRANSFER, total)
 
     def add(self, n: int) -> None:
-        with self._lock:
-            self.done += n
+        self.done += n  # only the sending thread counts
+        self.update(self.done)
 
-    def percent(self) -> float:
-        with self._lock:
-            return 100.0 if self.total == 0 else min(100.0, 100.0 * self.done / self.total)
-
-    def collect(self) -> Iterator[Any]:
+    def extra_metrics(self, now: importer_progress.Snapshot) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        counter = CounterMetricFamily("kubevirt_cdi_clone_progress", "The clone progress in percentage",
-                                      labels=["ownerUID"])
-        counter.add_metric([self.owner_uid], self.percent())
-        yield counter
         sent = CounterMetricFamily("cdi_cloner_bytes_sent", "Data bytes sent to the target", labels=["ownerUID"])
         sent.add_metric([self.owner_uid], self.done)
         yield sent
-
-    def serve(self, pod_ip: str) -> None:
-        if not pod_ip:
-            return
-        import prometheus_client
-        from prometheus_client import CollectorRegistry
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)
-        pair = pki.issue(None, "cdi-clone-source", [pod_ip])
-        directory = Path(tempfile.mkdtemp(prefix="cdi-cloner-metrics-"))
-        pair.write(directory / "tls.crt", directory / "tls.key")
-        try:
-            prometheus_client.start_http_server(METRICS_PORT, addr=pod_ip, registry=registry,
-                                                certfile=str(directory / "tls.crt"),
-                                                keyfile=str(directory / "tls.key"))
-        except OSError as exc:
-            log.warning("not serving metrics on %s:%d: %s", pod_ip, METRICS_PORT, exc)
 
 
 def tls_context(config: SourceConfig) -> ssl.SSLContext:
@@ -124,7 +113,7 @@ def send(config: SourceConfig, progress: Progress) -> int:
     try:
         size = os.lseek(fd, 0, os.SEEK_END) if path != Path("/dev/null") else 0
         spans = list(clonestream.extents(fd, size))
-        progress.total = sum(length for _, length in spans)
+        progress.start(sum(length for _, length in spans))
         log.info("source %s: %d bytes, %d allocated in %d extents", config.source_path, size, progress.total,
                  len(spans))
         url = urlsplit(config.upload_url)
@@ -156,12 +145,14 @@ def send(config: SourceConfig, progress: Progress) -> int:
                 done += n
                 progress.add(n)
         sock.sendall(clonestream.EXTENT.pack(clonestream.END_OFFSET, 0))
+        progress.begin(importer_progress.SYNC)  # the target flushes before it answers
         response = conn.getresponse()
         body = response.read().decode(errors="replace")
         conn.close()
         if response.status != 200:
             raise CloneError(f"the target refused the clone: {response.status} {body.strip()}",
                              retryable=response.status >= 500 or response.status == 503)
+        progress.complete()
         return progress.total
     except OSError as exc:
         raise CloneError(f"clone stream failed: {exc}") from exc

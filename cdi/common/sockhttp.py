@@ -135,11 +135,11 @@ def send(conn: h11.Connection, event: h11.Event) -> bytes:
 
 def text_answer(sock: Conn, conn: h11.Connection, status: int, text: str,
                 headers: list[tuple[bytes, bytes]] | None = None, *, server: bytes = b"cdi",
-                head: bool = False) -> None:
-    """A plain-text answer, as aiohttp's `web.Response(text=...)`, on a connection that closes after it
-    (`head`: the answer to a `HEAD`, its headers without the body)."""
+                head: bool = False, content_type: bytes = b"text/plain; charset=utf-8") -> None:
+    """A plain-text answer (or of `content_type`), as aiohttp's `web.Response(text=...)`, on a connection that
+    closes after it (`head`: the answer to a `HEAD`, its headers without the body)."""
     body = text.encode()
-    fields = [(b"Content-Type", b"text/plain; charset=utf-8"), (b"Content-Length", str(len(body)).encode()),
+    fields = [(b"Content-Type", content_type), (b"Content-Length", str(len(body)).encode()),
             (b"Date", formatdate(usegmt=True).encode()), (b"Server", server), *(headers or []),
             (b"Connection", b"close")]
     try:

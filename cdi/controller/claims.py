@@ -8,11 +8,11 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups, naming, targetvolume
+from cdi.api.owners import owner_keys, owner_reference
 from cdi.api.quantity import parse_bytes
 from cdi.api.rendering import ClusterStorage
 from cdi.api.sizing import required_space, round_up, usable_space
 from cdi.api.views import ClaimView, PodView, StorageProfileView
-from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 

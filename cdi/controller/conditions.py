@@ -29,6 +29,13 @@ def find(conditions: list[Obj], type_: str) -> Obj | None:
     return next((c for c in conditions if c.get("type") == type_), None)
 
 
+def running_message(status: Mapping[str, Any]) -> str | None:
+    """The Running condition's message while it is True, else None: what a DataVolume keeps saying while
+    its worker pod cannot be asked (between two scrapes, or while it restarts)."""
+    running = find(list(status.get("conditions") or []), "Running")
+    return str(running.get("message", "")) if running and running.get("status") == "True" else None
+
+
 def update(conditions: list[Obj], type_: str, status: str, message: str, reason: str) -> list[Obj]:
     """A new status stamps the transition; a new reason or message only the heartbeat."""
     condition = find(conditions, type_)
@@ -71,12 +78,16 @@ def update_bound(conditions: list[Obj], pvc: Body | None, message: str = "", rea
 
 
 def update_running(conditions: list[Obj], annotations: Mapping[str, str],
-                   running_message: str | None = None) -> list[Obj]:
-    """`running_message`, when given, says what the running pod is doing (what it is retrying, read from
-    its metrics) in place of the annotation's message."""
+                   running_message: str | None = None, *, worker_running: bool = False) -> list[Obj]:
+    """`running_message`, when given, says what the running pod is doing (what it is retrying, or the step
+    it is in, read from its metrics) in place of the annotation's message. `worker_running`: a worker the
+    claim's annotations do not speak for (a host-assisted copy's clone source) answered: Running, unless
+    the annotations say otherwise."""
     if annotations.get(ann.POD_SCHEDULABLE) == "false":
         return update(conditions, "Running", "False", "Importer pod cannot be scheduled", "Unschedulable")
     value = annotations.get(ann.CONDITION_RUNNING)
+    if value is None and worker_running:
+        value, annotations = "true", {ann.CONDITION_RUNNING_REASON: POD_RUNNING_REASON}
     message = annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
     reason = annotations.get(ann.CONDITION_RUNNING_REASON, "")
     if value is None or value.lower() == "false":
@@ -88,7 +99,7 @@ def update_running(conditions: list[Obj], annotations: Mapping[str, str],
 
 
 def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "", *,
-               running_message: str | None = None) -> None:
+               running_message: str | None = None, worker_running: bool = False) -> None:
     """The three conditions from the claim and the DataVolume's phase. Idempotent: the steps below may set
     one condition more than once on the way (Ready is reset by the Bound and Running steps), so a condition
     whose final status, reason and message are the ones it had keeps its timestamps. Otherwise every
@@ -101,7 +112,7 @@ def update_all(status: Obj, pvc: Body | None, message: str = "", reason: str = "
     update_bound(conditions, pvc, message, reason)
     update(conditions, "Ready", ready, message, reason)
     annotations = ClaimView(pvc).annotations if pvc else {}
-    update_running(conditions, annotations, running_message)
+    update_running(conditions, annotations, running_message, worker_running=worker_running)
     for condition in conditions:
         old = before.get(condition.get("type"))
         if old is None or old.get("status") != condition.get("status"):

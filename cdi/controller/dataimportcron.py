@@ -30,9 +30,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdi.api import annotations as ann
-from cdi.api import env, groups, naming
+from cdi.api import groups, naming
 from cdi.api.cronvalidation import next_schedule_time
 from cdi.api.importrequest import ImportRequest
+from cdi.api.owners import owner_reference
 from cdi.api.views import (
     ClaimView,
     DataImportCronView,
@@ -53,7 +54,6 @@ from cdi.controller.datavolume.importpod import (
     node_pull_poller,
 )
 from cdi.controller.datavolume.imports import termination
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler, write_status
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings
@@ -68,9 +68,7 @@ POLLER_RECHECK = 1.0  # seconds between looks at a poller pod that is running or
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 # cron labels CDI passes on to what it creates
-PASSED_LABELS = ("instancetype.kubevirt.io/default-instancetype", "instancetype.kubevirt.io/default-instancetype-kind",
-                 "instancetype.kubevirt.io/default-preference", "instancetype.kubevirt.io/default-preference-kind",
-                 "kubevirt.io/dynamic-credentials-support")
+PASSED_LABELS = (*ann.INSTANCETYPE_LABELS, ann.LABEL_DYNAMIC_CREDENTIALS_SUPPORT)
 DEFAULT_IMPORTS_TO_KEEP = 3
 POLL_RETRY_BUDGET = 30.0  # seconds the poller retries an unreachable source; the next scheduled run tries again
 DIGEST_NAME_LENGTH = 12
@@ -85,6 +83,9 @@ POLL_FAILED, POLLER_TIMED_OUT, NO_SCHEDULED_RUN = "PollFailed", "PollerTimedOut"
 NO_SCHEDULED_RUN_MESSAGE = ("schedule {!r} names no time that ever comes: the source is polled only when the cron is "
                             "created and on cdi.kubevirt.io/refreshNow")
 IMPORT_IN_USE = "OutdatedImportInUse"
+# ours: a condition type of the cron's own (CDI's conditions are free-form: its CRD schema keeps any type) saying
+# which outdated imports garbage collection keeps past importsToKeep because something uses them
+IMPORTS_IN_USE, IMPORTS_COLLECTED = "OutdatedImportsInUse", "OutdatedImportsCollected"
 IMAGE_PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
 
@@ -194,6 +195,12 @@ def set_condition(status: Obj, type_: str, value: str, message: str, reason: str
         if found.get("status") != value:
             found["lastTransitionTime"] = stamp
         found.update(status=value, message=message, reason=reason, lastHeartbeatTime=stamp)
+
+
+def _drop_condition(status: Obj, type_: str) -> None:
+    listed = status.get("conditions")
+    if listed and any(c.get("type") == type_ for c in listed):
+        status["conditions"] = [c for c in listed if c.get("type") != type_]
 
 
 class DataImportCronReconciler(Reconciler):
@@ -307,12 +314,11 @@ class DataImportCronReconciler(Reconciler):
         if request.node_pull:
             pod = node_pull_poller(pseudo, request, settings, owner)
         else:
-            pod = importer_pod(pseudo, request, settings)
+            pod = importer_pod(pseudo, request, settings, poll=True)
             pod["metadata"]["ownerReferences"] = [owner]
             spec = pod["spec"]
             spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATA_VOLUME]
             for container in spec["containers"]:
-                container["env"] = [*container.get("env", []), {"name": env.POLL, "value": "true"}]
                 for field in ("volumeMounts", "volumeDevices"):
                     kept = [m for m in container.get(field) or [] if m.get("name") != DATA_VOLUME]
                     if kept:
@@ -487,9 +493,10 @@ class DataImportCronReconciler(Reconciler):
                 status["lastImportTimestamp"] = conditions.now()
                 self.ctx.recorder.record(cron, NORMAL, "ImportSucceeded", f"Imported {current}")
             set_condition(status, "Progressing", "False", "No current import", NO_IMPORT)
-            await self._collect_garbage(cron, status)
 
         await self._update_data_source(cron, status, source_format)
+        if succeeded and imports:  # after the DataSource moved on: what it named before is free now
+            await self._collect_garbage(cron, status)
 
         annotations: Mapping[str, str] = DataImportCronView(cron).annotations
         desired = annotations.get(ann.SOURCE_DESIRED_DIGEST, "")
@@ -731,15 +738,17 @@ class DataImportCronReconciler(Reconciler):
 
     # -- garbage collection and cleanup ----------------------------------------------------------------
 
-    async def _collect_garbage(self, cron: Body, status: Body) -> None:
+    async def _collect_garbage(self, cron: Body, status: Obj) -> None:
         """CDI's rule (keep the `importsToKeep` most recently used, by last-use time) with guarantees CDI
         lacks: the image the DataSource points at and the newest good import are never deleted, nor is an
         outdated import anything uses (a pod mounting it, any DataSource naming it, a clone reading it):
         CDI's users lost the image a running VM had mounted and the one their own DataSource named. Such
-        an import is kept past the limit, the cron says so (OutdatedImportInUse) and it is collected on
-        a later reconcile once free (what lets it go wakes the cron: `cron_keys_of_user`)."""
+        an import is kept past the limit, the cron says so (an OutdatedImportInUse event, and its condition
+        OutdatedImportsInUse naming each kept import and its users) and it is collected on a later reconcile
+        once free (what lets it go wakes the cron: `cron_keys_of_user`); the condition then turns False."""
         view = DataImportCronView(cron)
         if view.garbage_collect != "Outdated":
+            _drop_condition(status, IMPORTS_IN_USE)  # nothing is kept past a limit that is not applied
             return
         wanted = view.imports_to_keep
         keep = DEFAULT_IMPORTS_TO_KEEP if wanted is None or wanted < 0 else wanted
@@ -747,6 +756,7 @@ class DataImportCronReconciler(Reconciler):
         protected = {str((status.get("lastImportedPVC") or {}).get("name", ""))}
         protected.update(str(i.get("DataVolumeName")) for i in status.get("currentImports") or [])
         users: dict[tuple[str, str], list[str]] | None = None
+        in_use: list[str] = []
         for gvr in (groups.PVCS, groups.VOLUMESNAPSHOTS):
             mine = [o for o in self.ctx.cached_list(gvr, namespace)
                     if ObjectView(o).labels.get(ann.LABEL_DATAIMPORTCRON) == name
@@ -763,24 +773,43 @@ class DataImportCronReconciler(Reconciler):
                     kept.append(obj)
                     continue
                 if users is None:
-                    users = self._users(namespace)
+                    users = self._users(namespace, self._own_data_source(cron))
                 held = users.get((gvr.plural, obj_name))
                 if held:
                     self.ctx.recorder.record(cron, NORMAL, IMPORT_IN_USE,
                                              f"Keeping outdated import {obj_name} beyond importsToKeep ({keep}) "
                                              f"while {', '.join(sorted(held))} uses it")
+                    in_use.append(f"{obj_name} (used by {', '.join(sorted(held))})")
                     continue
                 self.ctx.recorder.record(cron, NORMAL, "GarbageCollected", f"Deleted outdated import {obj_name}")
                 if gvr == groups.PVCS:
                     await self._delete_dv_pvc(obj_name, namespace)
                 else:
                     await self._delete(gvr, obj_name, namespace)
+        if in_use:
+            set_condition(status, IMPORTS_IN_USE, "True", f"Keeping outdated imports beyond importsToKeep ({keep}) "
+                          f"while in use: {'; '.join(in_use)}", IMPORT_IN_USE)
+        elif conditions.find(list(status.get("conditions") or []), IMPORTS_IN_USE) is not None:
+            set_condition(status, IMPORTS_IN_USE, "False",
+                          f"No outdated import is kept beyond importsToKeep ({keep})", IMPORTS_COLLECTED)
 
-    def _users(self, namespace: str) -> dict[tuple[str, str], list[str]]:
-        """(resource, name) of the claims and snapshots of `namespace` in use now -> who uses each."""
+    def _own_data_source(self, cron: Body) -> tuple[str, str] | None:
+        """The cron's managed DataSource when it is the cron's: it was just pointed at the last import (which
+        is never collected), whatever the cache still shows it naming."""
+        view = DataImportCronView(cron)
+        source = self.ctx.cached(groups.DATASOURCES, view.managed_data_source, view.namespace)
+        if source is None or DataSourceView(source).labels.get(ann.LABEL_DATAIMPORTCRON) != view.name:
+            return None
+        return view.namespace, view.managed_data_source
+
+    def _users(self, namespace: str, own: tuple[str, str] | None) -> dict[tuple[str, str], list[str]]:
+        """(resource, name) of the claims and snapshots of `namespace` in use now -> who uses each (the cron's
+        own DataSource, `own`, aside)."""
         found: dict[tuple[str, str], list[str]] = {}
         for gvr in USER_KINDS:
             for obj in self.ctx.cached_list(gvr, namespace if gvr == groups.PODS else None):
+                if gvr == groups.DATASOURCES and (ObjectView(obj).namespace, ObjectView(obj).name) == own:
+                    continue
                 for used_gvr, used_ns, used_name in uses(gvr, obj, live=True):
                     if used_ns == namespace:
                         who = f"{gvr.kind} {ObjectView(obj).namespace}/{ObjectView(obj).name}"

@@ -60,13 +60,14 @@ async def worker_admitted(ctx: Context, claim: Body) -> None:
 
 
 def waiting_on_quota(obj: Body) -> bool:
-    """A claim whose worker, or a DataVolume whose claim, a quota refused (and that is retried)."""
+    """A claim whose worker, or a DataVolume whose claim or whose claim's worker or clone temporary (its
+    Running condition), a quota refused (and that is retried)."""
     view = ObjectView(obj)
     if view.annotations.get(ann.CONDITION_RUNNING_REASON) == ERR_EXCEEDED_QUOTA:
         return True
     conditions = view.status.get("conditions")
-    return any(isinstance(c, Mapping) and c.get("type") == "Bound" and c.get("reason") == ERR_EXCEEDED_QUOTA
-               for c in conditions or ())
+    return any(isinstance(c, Mapping) and c.get("type") in ("Bound", "Running") and
+               c.get("reason") == ERR_EXCEEDED_QUOTA for c in conditions or ())
 
 
 def quota_watch(ctx: Context, kind: groups.GVR, ours: Callable[[Body], bool]) -> Watch:

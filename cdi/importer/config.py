@@ -1,6 +1,7 @@
 """The importer's configuration, read from the environment only (the worker-pod contract, DESIGN §3.1):
-the import request and the target volume through their typed readers in `cdi.api` (the ones the
-controller's pod builder is tested against), plus what only the pod has (credentials, pod IP, paths)."""
+the import request, the target volume and the importer's options (proxy, retry budget, poll) through
+their typed readers in `cdi.api` (the ones the controller's pod builder is tested against), plus what
+only the pod has (credentials, pod IP, paths)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi.api import env as envnames
-from cdi.api.envvalues import EnvError, parse_bool, positive_float
-from cdi.api.importrequest import ImportRequest
+from cdi.api.envvalues import EnvError
+from cdi.api.importrequest import ImporterOptions, ImportRequest
 from cdi.api.targetvolume import TargetVolume
 
 from .checksum import Checksum, expected_checksum
@@ -41,6 +42,8 @@ class ImporterConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     read_timeout: float = 60.0  # see default_read_timeout
     poll: bool = False  # IMPORTER_POLL: report the source's current version, import nothing (poll.py)
+    proxies: dict[str, str] = field(default_factory=dict)  # by urllib's keys: http, https, no
+    proxy_cert_dir: Path | None = None  # the proxy's CA bundle (trustedCAProxy), trusted when it is there
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ImporterConfig:
@@ -58,8 +61,9 @@ class ImporterConfig:
         # whichever exists (`target.detect_target`)
         volume = TargetVolume.from_environ(env, size_var=envnames.IMAGE_SIZE,
                                            path=str(paths.data_dir / envnames.DISK_IMAGE_NAME))
+        options = ImporterOptions.from_environ(env)
         cert_dir_text = env.get(envnames.CERT_DIR, "").strip()
-        budget = positive_float(env, envnames.RETRY_BUDGET) or DEFAULT_BUDGET
+        budget = options.retry_budget or DEFAULT_BUDGET
         return cls(
             source=request.source,
             endpoint=request.endpoint,
@@ -78,8 +82,10 @@ class ImporterConfig:
             pod_ip=env.get(envnames.POD_IP, "").strip(),
             paths=paths,
             retry=RetryPolicy(budget=budget),
-            read_timeout=positive_float(env, envnames.READ_TIMEOUT) or default_read_timeout(budget),
-            poll=parse_bool(env, envnames.POLL),
+            read_timeout=options.read_timeout or default_read_timeout(budget),
+            poll=options.poll,
+            proxies=options.proxies,
+            proxy_cert_dir=Path(options.proxy_cert_dir or envnames.PROXY_CERT_DIR_DEFAULT),
         )
 
 

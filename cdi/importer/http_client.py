@@ -6,7 +6,8 @@ preallocated buffer, with no per-chunk Python objects. What this adds on top of 
 
 * one TLS context for everything: system CAs plus every file of IMPORTER_CERT_DIR (and the
   cluster-wide proxy CA dir), or no verification with INSECURE_TLS;
-* proxies from http_proxy / https_proxy / no_proxy (either case), CONNECT-tunnelled for https;
+* proxies from http_proxy / https_proxy / no_proxy (either case; the importer's configuration reads
+  them and the proxy CA dir, `cdi.api.importrequest.ImporterOptions`), CONNECT-tunnelled for https;
 * basic auth sent only to the endpoint's own origin (never leaked to a redirect target), extra
   headers on every request (as CDI sends them);
 * keep-alive connection pooling shared by the range workers;
@@ -20,7 +21,6 @@ import base64
 import contextlib
 import http.client
 import logging
-import os
 import socket
 import ssl
 import threading
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
-from cdi.api import env as envnames
 from cdi.common import pki
 
 from .errors import ImporterError, Reason
@@ -90,13 +89,14 @@ class HttpSettings:
     basic_auth: tuple[str, str] | None = None
     auth_origin: _Origin | None = None
     proxies: Mapping[str, str] = field(default_factory=urllib.request.getproxies_environment)
+    proxy_cert_dir: Path | None = None  # the proxy's CA bundle (ImporterConfig.proxy_cert_dir), trusted too
     user_agent: str = USER_AGENT
     _context: ssl.SSLContext | None = field(default=None, init=False, repr=False)
 
     def ssl_context(self) -> ssl.SSLContext:
         """Built on first use: loading the system trust store costs ~50 ms a plain-HTTP import never needs."""
         if self._context is None:
-            self._context = make_ssl_context(self.cert_dir, self.insecure, proxy_cert_dir())
+            self._context = make_ssl_context(self.cert_dir, self.insecure, self.proxy_cert_dir)
         return self._context
 
 
@@ -399,8 +399,3 @@ def ca_bundle(files: list[Path], system_bundle: Path) -> Path:
     system = [system_bundle.read_bytes()] if system_bundle.exists() else []
     (directory / "ca.pem").write_bytes(b"\n".join(system + [p.read_bytes() for p in files]))
     return directory
-
-
-def proxy_cert_dir() -> Path | None:
-    path = Path(os.environ.get(envnames.PROXY_CERT_DIR, envnames.PROXY_CERT_DIR_DEFAULT))
-    return path if path.is_dir() else None

@@ -29,6 +29,8 @@ def http_client(config: ImporterConfig, auth_url: str | None) -> HttpClient:
         extra_headers=parse_header_lines(config.extra_headers),
         basic_auth=auth,
         auth_origin=origin_of(auth_url) if auth_url else None,
+        proxies=config.proxies,
+        proxy_cert_dir=config.proxy_cert_dir,
     )
     return HttpClient(settings)
 

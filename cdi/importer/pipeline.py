@@ -58,7 +58,7 @@ from . import compression, formats, xz_blocks
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE, ImageInfo
 from .options import ImportOptions
-from .progress import RESIZE, Progress
+from .progress import PREALLOCATE, RESIZE, SYNC, Progress
 from .routes.archive import archive_route
 from .routes.blockmap import BLOCK_MAPS, block_map_ranges, fixed_vhd, qcow2_ranges, vmdk_ranges
 from .routes.context import CHUNK, ROUTE_BLANK, ROUTE_STREAM, ImportContext
@@ -148,17 +148,20 @@ def import_blank(target: Target, options: ImportOptions, progress: Progress | No
             Reason.INVALID_CONFIGURATION, f"a blank disk cannot have content type {options.content_type!r}"
         )
     usable = target.usable(options.requested_size, options.filesystem_overhead)
-    progress.plan([(RESIZE, 1)])
-    progress.begin(RESIZE)
     if target.kind == FILESYSTEM:
+        progress.plan([(RESIZE, 1), (PREALLOCATE, 8), (SYNC, 1)] if options.preallocation else
+                      [(RESIZE, 1), (SYNC, 1)])
+        progress.begin(RESIZE)
         fd = target.open(True, usable)
         os.close(fd)
-        applied = target.finalize(usable, usable, options.preallocation)
+        applied = target.finalize(usable, usable, options.preallocation, progress.begin)
     else:
-        if options.preallocation:
+        if options.preallocation:  # zeroing the whole device is the work
+            progress.plan([(PREALLOCATE, 1)])
+            progress.begin(PREALLOCATE, usable)
             fd = target.open(False, None)
             try:
-                preallocate_block(fd, usable)
+                preallocate_block(fd, usable, progress.update)
             finally:
                 os.close(fd)
         applied = options.preallocation

@@ -31,7 +31,7 @@ from cdi.api import env as envnames
 from .config import ImporterConfig
 from .errors import ImporterError, Reason
 from .formats import HEAD_SIZE
-from .http_client import ca_bundle, ca_files, proxy_cert_dir
+from .http_client import ca_bundle, ca_files
 from .qemu import SYSTEM_CA_BUNDLE
 from .ranges import PrefetchStream
 from .retry import transient
@@ -260,7 +260,7 @@ def credentials_file(environ: dict[str, str] | None = None) -> str | None:
 def open_gcs(config: ImporterConfig, stop: threading.Event) -> Origin:
     location = parse_endpoint(config.endpoint)
     path = credentials_file()
-    custom_cas = ca_files(config.cert_dir) + ca_files(proxy_cert_dir())
+    custom_cas = ca_files(config.cert_dir) + ca_files(config.proxy_cert_dir)
     bundle_dir = ca_bundle(custom_cas, SYSTEM_CA_BUNDLE) if custom_cas and not config.insecure_tls else None
     verify: bool | str = False if config.insecure_tls else str(bundle_dir / "ca.pem") if bundle_dir else True
     try:

@@ -152,6 +152,8 @@ class RegistryClient:
             insecure=config.insecure_tls,
             timeout=config.read_timeout,
             extra_headers=parse_header_lines(config.extra_headers),
+            proxies=config.proxies,
+            proxy_cert_dir=config.proxy_cert_dir,
         )
         self.http = HttpClient(settings)
         self.scheme = "https"

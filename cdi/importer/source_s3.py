@@ -29,7 +29,6 @@ from .http_client import (
     ca_bundle,
     ca_files,
     parse_header_lines,
-    proxy_cert_dir,
 )
 from .qemu import SYSTEM_CA_BUNDLE
 from .retry import transient
@@ -135,7 +134,7 @@ def open_s3(config: ImporterConfig, stop: threading.Event) -> Origin:
     from botocore.exceptions import BotoCoreError, ClientError
 
     location = parse_endpoint(config.endpoint)
-    custom_cas = ca_files(config.cert_dir) + ca_files(proxy_cert_dir())
+    custom_cas = ca_files(config.cert_dir) + ca_files(config.proxy_cert_dir)
     bundle_dir: Path | None = None
     verify: bool | str | None = None
     if config.insecure_tls:
@@ -180,6 +179,8 @@ def open_s3(config: ImporterConfig, stop: threading.Event) -> Origin:
             insecure=config.insecure_tls,
             timeout=config.read_timeout,
             extra_headers=parse_header_lines(config.extra_headers),
+            proxies=config.proxies,
+            proxy_cert_dir=config.proxy_cert_dir,
         )
         identity = {
             "s3": f"{location.bucket}/{location.key}",

@@ -17,6 +17,7 @@ import ctypes
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from cdi.api import env as envnames
 from cdi.api.sizing import usable_space
 
 from .errors import ImporterError, Reason, is_no_space, no_space
+from .progress import PREALLOCATE, SYNC
 from .sparse_writer import fallocate, pwrite_all, write_zeros
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,10 @@ class Target:
         """An fd for writing. `fresh`: previous contents are discarded (file recreated)."""
         raise NotImplementedError
 
-    def finalize(self, image_size: int, usable: int, preallocate: bool) -> bool:
-        """Grow/preallocate/flush/chmod after the data is in; returns whether preallocation was applied."""
+    def finalize(self, image_size: int, usable: int, preallocate: bool,
+                 step: Callable[[str], None] | None = None) -> bool:
+        """Grow/preallocate/flush/chmod after the data is in; returns whether preallocation was applied.
+        `step` is told each progress phase as it begins (`PREALLOCATE`, `SYNC`; the caller began `RESIZE`)."""
         raise NotImplementedError
 
     def discard(self) -> None:
@@ -125,7 +129,9 @@ class FileTarget(Target):
             raise
         return fd
 
-    def finalize(self, image_size: int, usable: int, preallocate: bool) -> bool:
+    def finalize(self, image_size: int, usable: int, preallocate: bool,
+                 step: Callable[[str], None] | None = None) -> bool:
+        step = step or _no_step
         fd = os.open(self.path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
@@ -135,7 +141,9 @@ class FileTarget(Target):
                 # image ended with zeros that were skipped
                 os.ftruncate(fd, final)
             if preallocate:
+                step(PREALLOCATE)
                 preallocate_file(fd, final)
+            step(SYNC)
             os.fdatasync(fd)
             os.fchmod(fd, 0o660)
         except OSError as exc:
@@ -184,13 +192,19 @@ class BlockTarget(Target):
     def open(self, fresh: bool, size: int | None) -> int:
         return os.open(self.path, os.O_RDWR)
 
-    def finalize(self, image_size: int, usable: int, preallocate: bool) -> bool:
+    def finalize(self, image_size: int, usable: int, preallocate: bool,
+                 step: Callable[[str], None] | None = None) -> bool:
+        (step or _no_step)(SYNC)
         fd = os.open(self.path, os.O_RDWR)
         try:
             os.fdatasync(fd)
         finally:
             os.close(fd)
         return preallocate
+
+
+def _no_step(phase: str) -> None:
+    pass
 
 
 def detect_target(paths: Paths) -> Target:
@@ -230,14 +244,17 @@ def preallocate_file(fd: int, size: int) -> None:
         offset = data
 
 
-def preallocate_block(fd: int, size: int) -> None:
-    """Zero a whole device the cheapest way it allows (blank block volumes with preallocation)."""
+def preallocate_block(fd: int, size: int, on_progress: Callable[[int], None] | None = None) -> None:
+    """Zero a whole device the cheapest way it allows (blank block volumes with preallocation); `on_progress`
+    is told the bytes zeroed so far."""
     from .sparse_writer import SparseWriter
 
     writer = SparseWriter(fd, known_zero=False, preallocate=True, is_block=True)
     step = 256 << 20
     for offset in range(0, size, step):
         writer.zero_range(offset, min(step, size - offset))
+        if on_progress is not None:
+            on_progress(min(offset + step, size))
     os.fdatasync(fd)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.aio import config as kconfig
 from kubernetes.aio.client import Configuration
 
+from cdi.api import componentenv
 from cdi.kube.errors import ApiError
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -69,7 +70,7 @@ def load_in_cluster() -> ClusterConfig:
         kconfig.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except kconfig.ConfigException as exc:
         raise ConfigError(f"not running in a cluster: {exc}") from exc
-    namespace = os.environ.get("POD_NAMESPACE", "")
+    namespace = os.environ.get(componentenv.POD_NAMESPACE, "")
     ns_file = SERVICE_ACCOUNT_DIR / "namespace"
     if not namespace and ns_file.exists():
         namespace = ns_file.read_text().strip()

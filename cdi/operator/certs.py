@@ -208,12 +208,13 @@ class Certificates:
                       client_ca, client, next_renewal)
 
     async def reconcile(self, cert_config: Mapping[str, Any], uploadproxy_ip: str | None) -> dict[str, str]:
-        """Create or rotate every certificate; returns the apiserver's CA bundle (`bundle`) and, per
+        """Create or rotate every certificate; returns the apiserver's and the proxy's CA bundles (`bundle`,
+        `proxy_bundle`, base64, for the webhooks and APIServices) and, per
         component, a hash of what it mounts (`cdi-apiserver`, `cdi-uploadproxy`)."""
         issued = await self.issue(cert_config, [uploadproxy_ip] if uploadproxy_ip else [])
         upload = _hash(issued.upload_ca.cert_pem + issued.client_ca.cert_pem + issued.client.cert_pem
                        + issued.upload_bundle.encode())
-        return {"bundle": _b64(issued.api_bundle.encode()),
+        return {"bundle": _b64(issued.api_bundle.encode()), "proxy_bundle": _b64(issued.proxy_bundle.encode()),
                 "cdi-apiserver": _hash(issued.api_ca.cert_pem + issued.api_leaf.cert_pem),
                 "cdi-uploadproxy": _hash(issued.proxy_leaf.cert_pem) + upload,
                 "cdi-deployment": upload}

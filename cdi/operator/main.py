@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from cdi.api import componentenv
 from cdi.common import aioloop
 from cdi.kube import KubeClient, LeaderElectionConfig, LeaderElector
 from cdi.operator.reconciler import Operator
@@ -32,18 +33,18 @@ from cdi.operator.resources import Images
 
 def images_from_env() -> Images:
     """Registry and tag from `CONTROLLER_IMAGE` (`REGISTRY/cdi-controller:TAG`), else the defaults."""
-    image = os.environ.get("CONTROLLER_IMAGE", "")
+    image = os.environ.get(componentenv.CONTROLLER_IMAGE, "")
     if "/cdi-controller:" in image:
         registry, tag = image.rsplit("/cdi-controller:", 1)
         return Images(registry, tag)
     defaults = Images()
-    return Images(defaults.registry, os.environ.get("OPERATOR_VERSION") or defaults.tag)
+    return Images(defaults.registry, os.environ.get(componentenv.OPERATOR_VERSION) or defaults.tag)
 
 
 def version_from_env(images: Images) -> str:
     """CDI's `OPERATOR_VERSION` (its release manifests set the image tag; `cdi manifests --operator-version` may
     set another), else the images' tag."""
-    return os.environ.get("OPERATOR_VERSION") or images.tag
+    return os.environ.get(componentenv.OPERATOR_VERSION) or images.tag
 
 
 LEASE_NAME = "cdi-operator-leader-election-helper"
@@ -104,7 +105,7 @@ async def _ok() -> web.Response:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cdi-operator", description="CDI's operator")
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, then in-cluster)")
-    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "cdi"),
+    parser.add_argument("--namespace", default=os.environ.get(componentenv.POD_NAMESPACE, "cdi"),
                         help="namespace of CDI's components")
     parser.add_argument("--listen", default="0.0.0.0:8080", help="HOST:PORT of /healthz and /readyz")
     parser.add_argument("--resync", type=float, default=15.0, help="seconds between full passes")

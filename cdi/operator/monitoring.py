@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from cdi.api import annotations as ann
+from cdi.api import componentenv
 from cdi.api.groups import GVR
 from cdi.operator.resources import MANAGED_BY
 
@@ -26,9 +27,7 @@ CRD_NAMES = (f"{PROMETHEUSRULES.plural}.{MONITORING_GROUP}", f"{SERVICEMONITORS.
 RULE_NAME = "prometheus-cdi-rules"
 MONITOR_NAME = "service-monitor-cdi"
 RBAC_NAME = "cdi-monitoring"
-RUNBOOK_TEMPLATE_ENV = "RUNBOOK_URL_TEMPLATE"
 DEFAULT_RUNBOOK_TEMPLATE = "https://kubevirt.io/monitoring/runbooks/%s"
-MONITORING_NAMESPACE_ENV = "MONITORING_NAMESPACE"
 RESTART_THRESHOLD = 3  # restarts of one worker pod that CDI calls unusual
 
 # worker pods by name pattern and container (importer-<pvc>, cdi-upload-<pvc>, <uid>-source-pod)
@@ -38,9 +37,9 @@ _WORKERS = {"import": ("importer-.*", "importer"), "upload": ("cdi-upload-.*", "
 
 def runbook_template() -> str:
     """`$RUNBOOK_URL_TEMPLATE` (exactly one `%s`, the alert's name), else kubevirt.io's runbooks."""
-    template = os.environ.get(RUNBOOK_TEMPLATE_ENV, DEFAULT_RUNBOOK_TEMPLATE)
+    template = os.environ.get(componentenv.RUNBOOK_URL_TEMPLATE, DEFAULT_RUNBOOK_TEMPLATE)
     if template.count("%s") != 1:
-        raise ValueError(f"{RUNBOOK_TEMPLATE_ENV} must hold exactly one %s: {template!r}")
+        raise ValueError(f"{componentenv.RUNBOOK_URL_TEMPLATE} must hold exactly one %s: {template!r}")
     return template
 
 
@@ -129,7 +128,7 @@ def service_monitor(namespace: str) -> Obj:
 
 def monitoring_rbac(namespace: str) -> list[Obj]:
     """What Prometheus needs in CDI's namespace to find the targets."""
-    prometheus_ns = os.environ.get(MONITORING_NAMESPACE_ENV) or "monitoring"
+    prometheus_ns = os.environ.get(componentenv.MONITORING_NAMESPACE) or "monitoring"
     meta = {"name": RBAC_NAME, "namespace": namespace, "labels": _labels()}
     return [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,

@@ -30,6 +30,8 @@ from typing import Any, Literal
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.groups import GVR
+from cdi.api.owners import owner_reference
+from cdi.api.views import CDIView
 from cdi.kube import (
     NORMAL,
     WARNING,
@@ -246,12 +248,13 @@ class Operator:
         uploadproxy_ip = await self._apply_all(
             customize(resources.components(cr, self.namespace, self.images, {}), custom), service=resources.UPLOADPROXY,
             applied=applied)
-        hashes = await self.certs.reconcile(spec.get("certConfig") or {}, uploadproxy_ip)
+        hashes = await self.certs.reconcile(CDIView(cr).cert_config, uploadproxy_ip)
         rolled: dict[str, Obj] = {}  # the Deployments as applied: this pass's generation, never an older copy
         for obj in customize(resources.components(cr, self.namespace, self.images, hashes), custom):
             if obj["kind"] == "Deployment":
                 rolled[obj["metadata"]["name"]] = await self._apply(obj, applied)
-        for obj in customize(resources.webhooks_and_apiservice(self.namespace, hashes["bundle"]), custom):
+        for obj in customize(resources.webhooks_and_apiservice(self.namespace, hashes["bundle"],
+                                                               hashes["proxy_bundle"]), custom):
             await self._apply(obj, applied)
         monitored = await self.monitoring_available()
         if monitored:
@@ -444,15 +447,12 @@ class Operator:
             return
         except NotFound:
             pass
-        meta = cr["metadata"]
         with contextlib.suppress(AlreadyExists):
             await self.client.create(groups.CONFIGMAPS, {
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": OPERATOR_CONFIG, "namespace": self.namespace,
                              "labels": {ann.LABEL_OPERATOR: "", **resources.MANAGED_BY},
-                             "ownerReferences": [{"apiVersion": groups.CDI_API_VERSION, "kind": "CDI",
-                                                  "name": meta["name"], "uid": meta["uid"], "controller": True,
-                                                  "blockOwnerDeletion": True}]}}, self.namespace)
+                             "ownerReferences": [owner_reference(groups.CDIS, cr)]}}, self.namespace)
 
     async def _take_over(self, current: Mapping[str, Obj | None]) -> bool:
         """What another installation of CDI (KubeVirt's, whose operator was removed for this one) left under

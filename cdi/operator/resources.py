@@ -14,7 +14,7 @@ from typing import Any
 
 from cdi import __version__
 from cdi.api import annotations as ann
-from cdi.api import groups
+from cdi.api import componentenv, groups, upload
 from cdi.api.crds import cdi_crds
 from cdi.api.groups import GVR
 from cdi.api.upload import PROXY_SERVICE
@@ -42,6 +42,7 @@ DEFAULT_REGISTRY = "localhost/cdi"
 UPLOAD_APISERVICE = f"{groups.UPLOAD_VERSION}.{groups.UPLOAD_GROUP}"
 APISERVER_STATE_DIR = "/var/run/cdi-apiserver"
 UPLOADPROXY_CERT_DIR = "/var/run/cdi-uploadproxy/certs"
+UPLOADPROXY_STATE_DIR = "/var/run/cdi-uploadproxy/state"  # the request-header CA it follows (aggregation)
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,7 @@ class Images:
         return f"{self.registry}/{component}:{self.tag}"
 
     def env(self) -> list[Obj]:
-        names = {"cdi-controller": "CONTROLLER_IMAGE", "cdi-importer": "IMPORTER_IMAGE",
-                 "cdi-cloner": "CLONER_IMAGE", "cdi-apiserver": "APISERVER_IMAGE",
-                 "cdi-uploadserver": "UPLOAD_SERVER_IMAGE", "cdi-uploadproxy": "UPLOAD_PROXY_IMAGE"}
-        return [{"name": var, "value": self.of(component)} for component, var in names.items()]
+        return [{"name": var, "value": self.of(component)} for component, var in componentenv.IMAGES.items()]
 
 
 def _meta(name: str, namespace: str | None = None, labels: Mapping[str, str] | None = None) -> Obj:
@@ -146,6 +144,9 @@ def _admin_rules() -> list[Obj]:
                                    "volumeuploadsources", "volumeclonesources"], ["*"]),
         _rule([groups.CDI_GROUP], ["datavolumes/source"], ["create"]),
         _rule([groups.UPLOAD_GROUP], ["uploadtokenrequests"], ["*"]),
+        # uploads through the API server (our extension): POST is `create`, the HEAD probe and resume `get`
+        _rule([upload.EXTENSION_GROUP], [f"{upload.EXTENSION_RESOURCE}/{upload.EXTENSION_SUBRESOURCE}"],
+              ["create", "get"]),
     ]
 
 
@@ -206,15 +207,16 @@ def _restricted_container() -> Obj:
 def _deployment(name: str, namespace: str, *, label: str, image: str, args: list[str], account: str,
                 replicas: int, cr_spec: Mapping[str, Any], port: int, probe_path: str, probe_scheme: str,
                 volumes: list[Obj] | None = None, mounts: list[Obj] | None = None,
-                annotations: Mapping[str, str] | None = None, env: list[Obj] | None = None) -> Obj:
+                annotations: Mapping[str, str] | None = None, env: list[Obj] | None = None,
+                extra_ports: list[Obj] | None = None) -> Obj:
     labels = {ann.LABEL_COMPONENT: label, ann.LABEL_OPERATOR_COMPONENT: label}
     container: Obj = {
         "name": label, "image": image, "imagePullPolicy": cr_spec.get("imagePullPolicy") or "IfNotPresent",
         "args": args,
-        "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        "env": [{"name": componentenv.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
                 *(env or [])],
         "ports": [{"name": "https" if probe_scheme == "HTTPS" else "metrics", "containerPort": port,
-                   "protocol": "TCP"}],
+                   "protocol": "TCP"}, *(extra_ports or [])],
         "readinessProbe": {"httpGet": {"path": probe_path, "port": port, "scheme": probe_scheme},
                            "periodSeconds": 3, "failureThreshold": 3},
         "resources": {"requests": {"cpu": "10m", "memory": "80Mi"}},
@@ -250,9 +252,20 @@ def _service(name: str, namespace: str, selector: str, port: int, target: int, p
                      "ports": [{"name": port_name, "port": port, "targetPort": target, "protocol": "TCP"}]}}
 
 
-def webhooks_and_apiservice(namespace: str, ca_bundle: str) -> list[Obj]:
+def upload_extension_apiservice(namespace: str, proxy_bundle: str) -> Obj:
+    """The APIService of our extension `upload.extensions.cdi.dev`: the aggregation layer sends uploads to the
+    upload proxy's aggregation port, checking its certificate against the proxy's CA bundle (base64)."""
+    return {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+            "metadata": _meta(upload.EXTENSION_APISERVICE),
+            "spec": {"group": upload.EXTENSION_GROUP, "version": upload.EXTENSION_VERSION,
+                     "groupPriorityMinimum": 1000, "versionPriority": 15, "caBundle": proxy_bundle,
+                     "service": {"namespace": namespace, "name": UPLOADPROXY, "port": upload.AGGREGATION_PORT}}}
+
+
+def webhooks_and_apiservice(namespace: str, ca_bundle: str, proxy_bundle: str = "") -> list[Obj]:
     """The admission webhooks and the upload APIService, addressed at the `cdi-api` Service with the
-    apiserver's CA (the apiserver registers the same from that CA when it starts)."""
+    apiserver's CA (the apiserver registers the same from that CA when it starts); and the APIService of
+    uploads through the API server, addressed at the `cdi-uploadproxy` Service with the proxy's CA."""
     def hook(name: str, path: str, resource: str | list[str], operations: list[str], failure: str = "Fail") -> Obj:
         return {"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": failure,
                 "clientConfig": {"service": {"namespace": namespace, "name": API_SERVICE, "path": path, "port": 443},
@@ -282,6 +295,7 @@ def webhooks_and_apiservice(namespace: str, ca_bundle: str) -> list[Obj]:
          "spec": {"group": groups.UPLOAD_GROUP, "version": groups.UPLOAD_VERSION, "groupPriorityMinimum": 1000,
                   "versionPriority": 15, "caBundle": ca_bundle,
                   "service": {"namespace": namespace, "name": API_SERVICE, "port": 443}}},
+        upload_extension_apiservice(namespace, proxy_bundle),
     ]
 
 
@@ -293,10 +307,11 @@ def components(cr: Mapping[str, Any], namespace: str, images: Images, cert_hashe
     objects += _account_rbac("cdi", namespace, CONTROLLER_CLUSTER_RULES, CONTROLLER_NAMESPACE_RULES, CONTROLLER_SA)
     objects += _account_rbac(APISERVER, namespace, APISERVER_CLUSTER_RULES, APISERVER_NAMESPACE_RULES)
     objects += _account_rbac(UPLOADPROXY, namespace, UPLOADPROXY_CLUSTER_RULES, UPLOADPROXY_NAMESPACE_RULES)
-    objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                    "metadata": _meta(f"{APISERVER}-auth-reader", "kube-system"),
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AUTH_READER_ROLE},
-                    "subjects": [{"kind": "ServiceAccount", "name": APISERVER, "namespace": namespace}]})
+    for account in (APISERVER, UPLOADPROXY):  # both serve the aggregation layer
+        objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                        "metadata": _meta(f"{account}-auth-reader", "kube-system"),
+                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AUTH_READER_ROLE},
+                        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})
     objects += aggregated_cluster_roles()
     objects.append(_deployment(
         CONTROLLER, namespace, label=CONTROLLER, image=images.of("cdi-controller"), account=CONTROLLER_SA,
@@ -331,12 +346,20 @@ def components(cr: Mapping[str, Any], namespace: str, images: Images, cert_hashe
         replicas=int(infra.get("uploadProxyReplicas") or 1), cr_spec=spec, port=8443, probe_path="/healthz",
         probe_scheme="HTTPS",
         args=["--namespace", namespace, "--listen", "0.0.0.0:8443", "--tls-cert", f"{UPLOADPROXY_CERT_DIR}/tls.crt",
-              "--tls-key", f"{UPLOADPROXY_CERT_DIR}/tls.key"],
+              "--tls-key", f"{UPLOADPROXY_CERT_DIR}/tls.key",
+              "--aggregation-listen", f"0.0.0.0:{upload.AGGREGATION_PORT}", "--state-dir", UPLOADPROXY_STATE_DIR],
         annotations={ann.CERTIFICATES_HASH: cert_hashes.get(UPLOADPROXY, "")},
-        volumes=[{"name": "server-cert", "secret": {"secretName": "cdi-uploadproxy-server-cert"}}],
-        mounts=[{"name": "server-cert", "mountPath": UPLOADPROXY_CERT_DIR, "readOnly": True}]))
+        volumes=[{"name": "server-cert", "secret": {"secretName": "cdi-uploadproxy-server-cert"}},
+                 {"name": "state", "emptyDir": {}}],
+        mounts=[{"name": "server-cert", "mountPath": UPLOADPROXY_CERT_DIR, "readOnly": True},
+                {"name": "state", "mountPath": UPLOADPROXY_STATE_DIR}],
+        extra_ports=[{"name": upload.AGGREGATION_PORT_NAME, "containerPort": upload.AGGREGATION_PORT,
+                      "protocol": "TCP"}]))
     objects.append(_service(API_SERVICE, namespace, APISERVER, 443, 8443))
-    objects.append(_service(UPLOADPROXY, namespace, UPLOADPROXY, 443, 8443))
+    proxy_service = _service(UPLOADPROXY, namespace, UPLOADPROXY, 443, 8443)
+    proxy_service["spec"]["ports"].append({"name": upload.AGGREGATION_PORT_NAME, "port": upload.AGGREGATION_PORT,
+                                           "targetPort": upload.AGGREGATION_PORT, "protocol": "TCP"})
+    objects.append(proxy_service)
     metrics = _service(METRICS_SERVICE, namespace, CONTROLLER, 8080, 8080, "metrics")
     metrics["metadata"]["labels"][ann.LABEL_PROMETHEUS] = "true"  # what the ServiceMonitor selects
     objects.append(metrics)
@@ -412,8 +435,9 @@ def operator_install(namespace: str = groups.CDI_NAMESPACE, images: Images | Non
     deployment = _deployment(OPERATOR, namespace, label=OPERATOR, image=images.of("cdi-operator"), account=OPERATOR,
                              replicas=1, cr_spec=spec, port=8080, probe_path="/readyz", probe_scheme="HTTP",
                              args=["--namespace", namespace, "--listen", "0.0.0.0:8080"],
-                             env=[*images.env(), {"name": "OPERATOR_VERSION", "value": version or images.tag},
-                                  {"name": "PULL_POLICY", "value": pull_policy}])
+                             env=[*images.env(),
+                                  {"name": componentenv.OPERATOR_VERSION, "value": version or images.tag},
+                                  {"name": componentenv.PULL_POLICY, "value": pull_policy}])
     deployment["metadata"]["labels"]["operator.cdi.kubevirt.io"] = ""
     objects.append(deployment)
     return objects

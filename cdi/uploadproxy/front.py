@@ -52,6 +52,7 @@ POLL_SECONDS = 1.0  # a quiet client: pass on what was received, and look whethe
 CONNECT_TIMEOUT = 10.0
 _HOP_BY_HOP = frozenset(name.encode() for name in proxying.HOP_BY_HOP)
 _NOT_FORWARDED = frozenset(name.encode() for name in proxying.NOT_FORWARDED)
+_IDENTITY_PREFIXES = tuple(prefix.encode() for prefix in proxying.IDENTITY_PREFIXES)
 _CORS = [(k.encode(), v.encode()) for k, v in proxying.CORS]
 _UPLOAD_PATHS = frozenset(names.PROXY_PATHS)
 _SERVER = b"cdi-uploadproxy"
@@ -77,6 +78,16 @@ class Answer:
 
 # path, authorization, target -> where the request goes: a coroutine of the proxy's event loop
 Plan = Callable[[str, "str | None", "str | None"], Coroutine[Any, Any, "Forward | Answer"]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """A request whose destination was decided otherwise than by its path and token (the aggregation
+    listener: the path names the PVC, the API server vouched for the user): the upload path it stands for,
+    and where it goes (asked from the connection's thread, once the request is known to be well-formed)."""
+
+    path: str
+    where: Callable[[], Forward | Answer]
 
 
 class Front:
@@ -130,11 +141,21 @@ class Front:
             upload.answer(404, "404: Not Found")
 
 
-class _Upload:
-    """A request to an upload path: authorise, route, pump the body (a `POST`'s), relay the answer."""
+def serve_routed(sock: threadfront.Conn, conn: h11.Connection, request: h11.Request, route: Route) -> None:
+    """A request to an upload path whose destination `route` decides (the aggregation listener), served as
+    on the public listener."""
+    _Upload(None, sock, conn, request, route).run()
 
-    def __init__(self, front: Front, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request) -> None:
+
+class _Upload:
+    """A request to an upload path: authorise, route, pump the body (a `POST`'s), relay the answer.
+    With a `route` (the aggregation listener) the destination is the route's, and end-to-end TLS is
+    neither offered nor accepted: the API server in between passes no protocol switch of ours on."""
+
+    def __init__(self, front: Front | None, sock: threadfront.Conn, conn: h11.Connection, request: h11.Request,
+                 route: Route | None = None) -> None:
         self.front = front
+        self.route = route
         self.sock = sock
         self.conn = conn
         self.request = request
@@ -155,7 +176,16 @@ class _Upload:
             self.answer(400, "a request with both Transfer-Encoding and Content-Length is ambiguous")
             self._linger()
             return
-        plan = self.front.where(path, self.headers.get("authorization"), self.headers.get(names.TARGET_HEADER.lower()))
+        if self.route is not None:
+            if upgrade:
+                self.answer(400, f"{names.TLS_UPGRADE} is not offered through the Kubernetes API server")
+                self._linger()
+                return
+            plan = self.route.where()
+        else:
+            assert self.front is not None
+            plan = self.front.where(path, self.headers.get("authorization"),
+                                    self.headers.get(names.TARGET_HEADER.lower()))
         try:
             if isinstance(plan, Answer):
                 self.answer(plan.status, plan.text, [(k.encode(), v.encode()) for k, v in plan.headers])
@@ -241,9 +271,11 @@ class _Upload:
         return upstream
 
     def _forwarded_headers(self, netloc: str) -> list[tuple[bytes, bytes]]:
-        """The client's end-to-end headers for the upload server (framing and credentials are the proxy's)."""
+        """The client's end-to-end headers for the upload server (framing, credentials and identities are the
+        proxy's business: whoever the aggregation layer named, or a client claimed to be, goes no further)."""
         return [(b"Host", netloc.encode("latin-1")),
-                *((k, v) for k, v in self.request.headers.raw_items() if k.lower() not in _NOT_FORWARDED)]
+                *((k, v) for k, v in self.request.headers.raw_items()
+                  if k.lower() not in _NOT_FORWARDED and not k.lower().startswith(_IDENTITY_PREFIXES))]
 
     def _forward(self, plan: Forward, query: str) -> None:
         upstream = self._connect(plan)
@@ -375,7 +407,7 @@ class _Upload:
         length = next((v for k, v in response.headers.raw_items() if k.lower() == b"content-length"), None)
         if length is not None:
             headers.append((b"Content-Length", length))
-        if self.head and response.status_code == 200 and \
+        if self.head and response.status_code == 200 and self.route is None and \
                 self.request.target.decode("latin-1").partition("?")[0] in names.RAW_PROXY_PATHS:
             headers.append((b"Upgrade", names.TLS_UPGRADE.encode()))  # end-to-end TLS on offer (cdi.api.upload)
         self.sock.settimeout(None)

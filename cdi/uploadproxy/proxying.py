@@ -11,6 +11,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "transfer-encoding", "upgrade", "host", "content-length"})
 # not passed on to the upload server: the user's token is the proxy's business; 100-continue is answered here
 NOT_FORWARDED = HOP_BY_HOP | {"authorization", "expect"}
+# nor who the aggregation layer says the user is, or what a client claims (the front-proxy headers' prefixes)
+IDENTITY_PREFIXES = ("x-remote-", "impersonate-")
 EXPOSED = ", ".join((names.OFFSET_HEADER, names.STATE_HEADER))
 # on every answer to a request with an Origin (CDI's proxy uses rs/cors AllowAll)
 CORS = (("Access-Control-Allow-Origin", "*"), ("Access-Control-Expose-Headers", EXPOSED), ("Vary", "Origin"))

@@ -23,7 +23,11 @@ proxy authorises it as any other, then only splices TCP bytes; its answer to the
 CORS allows every origin, as CDI's (a browser uploading with the form endpoints).
 
 TLS versions and cipher suites are CDIConfig's `tlsSecurityProfile`, followed as it changes
-(`cdi.kube.tlswatch`), as CDI's proxy does."""
+(`cdi.kube.tlswatch`), as CDI's proxy does.
+
+`start_aggregation` adds the listener the Kubernetes API server's aggregation layer forwards uploads to
+(`aggregated.py`, our extension `upload.extensions.cdi.dev`): the same routing (`plan_for`, without a
+token: the API server authorized the user for the PVC the path names), the same serving code."""
 
 from __future__ import annotations
 
@@ -31,10 +35,14 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import replace
+from pathlib import Path
 
+from cdi.api import upload as names
 from cdi.common import tlsfront
 from cdi.kube import KubeClient
+from cdi.kube.requestheader import Caller, RequestHeaderConfig, RequestHeaderWatch
 from cdi.kube.tlswatch import TLSProfileWatch
+from cdi.uploadproxy.aggregated import AggregatedFront, write_client_ca
 from cdi.uploadproxy.auth import Denied, PublicKey, authorize
 from cdi.uploadproxy.front import Answer, Forward, Front
 from cdi.uploadproxy.routing import NotReady, UpstreamTls, upload_path, upstream_for, wait_until_ready
@@ -52,6 +60,10 @@ class UploadProxy:
         self._front: Front | None = None
         self.port = 0
         self.tls_profile: TLSProfileWatch | None = None
+        self._aggregated: AggregatedFront | None = None
+        self.aggregation_port = 0
+        self.request_headers: RequestHeaderWatch | None = None
+        self._client_ca_file: Path | None = None
 
     async def start(self, host: str, port: int, tls: tlsfront.ServerTLS | None) -> None:
         """Serve on host:port, with `tls` (its certificate; the versions and suites are CDIConfig's) or, in
@@ -65,6 +77,32 @@ class UploadProxy:
             self.tls_profile.subscribe(front.set_policy)
         self.port = front.start(host, port)
 
+    async def start_aggregation(self, host: str, port: int, tls: tlsfront.ServerTLS, state_dir: Path) -> None:
+        """Also serve the aggregation layer on host:port (after `start`, with the same serving certificate
+        `tls`): mutual TLS against the cluster's request-header CA, kept in `state_dir` and followed as
+        `kube-system/extension-apiserver-authentication` changes."""
+        self._client_ca_file = state_dir / "requestheader-client-ca.crt"
+        watch = self.request_headers = RequestHeaderWatch(self.client)
+        await watch.start()
+        write_client_ca(self._client_ca_file, watch.config.client_ca)
+        tls = replace(tls, client_ca_file=self._client_ca_file,
+                      policy=self.tls_profile.policy if self.tls_profile is not None else tls.policy)
+        front = self._aggregated = AggregatedFront(asyncio.get_running_loop(), tls, self.plan_for,
+                                                   lambda: watch.config)
+        if self.tls_profile is not None:
+            self.tls_profile.subscribe(front.set_policy)
+        watch.subscribe(self._request_headers_changed)
+        self.aggregation_port = front.start(host, port)
+        log.info("serving uploads through the aggregation layer on %s:%d (front-proxy names: %s)", host,
+                 self.aggregation_port, ", ".join(watch.config.allowed_names) or "any")
+
+    def _request_headers_changed(self, config: RequestHeaderConfig) -> None:
+        """A rotated request-header CA: new connections are checked against it."""
+        if self._aggregated is None or self._client_ca_file is None:
+            return
+        write_client_ca(self._client_ca_file, config.client_ca)
+        self._aggregated.reload()
+
     async def certificates_renewed(self) -> None:
         """Its serving certificate was replaced in the files it serves from, or the client certificate and
         upload-server CA bundle in CDI's namespace were: new connections present the new certificate, and the
@@ -73,12 +111,18 @@ class UploadProxy:
         rolled instead."""
         if self._front is not None:
             self._front.reload_certificate()
+        if self._aggregated is not None:
+            self._aggregated.reload()
         with contextlib.suppress(NotReady):
             await self.tls.context(refresh=True)
 
     async def stop(self) -> None:
         if self.tls_profile is not None:
             await self.tls_profile.stop()
+        if self.request_headers is not None:
+            await self.request_headers.stop()
+        if self._aggregated is not None:
+            await self._aggregated.closed()
         if self._front is not None:
             await self._front.closed()
 
@@ -89,12 +133,23 @@ class UploadProxy:
         except Denied as denied:
             log.info("refused an upload request: %s", denied.message)
             return Answer(denied.status, denied.message)
+        return await self._route(token.namespace, token.name, path)
+
+    async def plan_for(self, namespace: str, name: str, path: str, caller: Caller,
+                       target: str | None) -> Forward | Answer:
+        """Where a request through the aggregation layer goes: as `plan` for a token of PVC namespace/name
+        (the API server authorized `caller` for `uploads/proxy` of that name), or the refusal."""
+        if target and target.strip() != f"{namespace}/{name}":
+            return Answer(400, f"{names.TARGET_HEADER} says {target.strip()}, the path names {namespace}/{name}")
+        log.info("%s for PVC %s/%s from %s, through the aggregation layer", path, namespace, name, caller.describe())
+        return await self._route(namespace, name, path)
+
+    async def _route(self, namespace: str, name: str, path: str) -> Forward | Answer:
         try:
-            pvc = await wait_until_ready(self.client, token.namespace, token.name, timeout=self.ready_timeout)
-            upstream = await upstream_for(self.client, token.namespace, str(pvc["metadata"]["name"]),
-                                          upload_path(pvc, path))
+            pvc = await wait_until_ready(self.client, namespace, name, timeout=self.ready_timeout)
+            upstream = await upstream_for(self.client, namespace, str(pvc["metadata"]["name"]), upload_path(pvc, path))
             context = await self.tls.context()
         except NotReady as exc:
-            log.info("upload into %s/%s not possible now: %s", token.namespace, token.name, exc)
+            log.info("upload into %s/%s not possible now: %s", namespace, name, exc)
             return Answer(exc.status, str(exc), exc.headers)
         return Forward(upstream.url, upstream.server_hostname, context)

@@ -19,9 +19,10 @@ body with a `Content-Length` is read in 1 MiB buffers (`ReceiveBuffers`, filled 
 gave them back); a chunked one (trailers allowed) through h11; a form (multipart,
 `multipart.PushMultipartParser`, streaming) has its part `file` fed, the parts before it skipped, as
 CDI does. While the client is quiet the reading thread asks the upload whether to go on waiting
-(`Upload.quiet`: no, once the importer gave up, or after `UPLOAD_IDLE_TIMEOUT`). `GET /healthz`, the
-`HEAD` probe and the 404s of other methods are answered here too. The client's certificate is checked
-on every upload request (`getpeercert`): its CN must be `CLIENT_NAME`. A connection is closed after its
+(`Upload.quiet`: no, once the importer gave up, or after `UPLOAD_IDLE_TIMEOUT`). `GET /healthz`,
+`GET /metrics` (the upload's progress), the `HEAD` probe and the 404s of other methods are answered here
+too. The client's certificate is checked on every upload request (`getpeercert`): its CN must be
+`CLIENT_NAME`. A connection is closed after its
 answer; when the answer comes before the whole body (a refusal, the importer gave up), the rest is
 drained briefly first, as Go's server does."""
 
@@ -55,6 +56,7 @@ _SERVER = b"cdi-uploadserver"
 _RAW = {**{p: (False, True) for p in names.SYNC_PATHS}, **{p: (False, False) for p in names.ASYNC_PATHS},
         **{p: (True, True) for p in names.ARCHIVE_PATHS}}  # path -> (archive, wait for durable)
 _ALL = {*_RAW, *names.FORM_SYNC_PATHS, *names.FORM_ASYNC_PATHS}  # a clone stream may come to any
+METRICS_PATH = "/metrics"
 CLONE_IDLE_SECONDS = 60.0  # a clone source that sends nothing for this long is gone
 
 
@@ -71,6 +73,10 @@ class Server(Protocol):
 
     def describe(self) -> dict[str, str]:
         """The headers answering the `HEAD` probe of an upload path (`Upload-Offset`, `Upload-State`)."""
+        ...
+
+    def metrics(self) -> str:
+        """The upload's progress, Prometheus text (`GET /metrics`)."""
         ...
 
     def admit(self, offset: int) -> Outcome | None:
@@ -116,6 +122,12 @@ class Front:
         if path == names.HEALTHZ_PATH:
             if method in (b"GET", b"HEAD"):
                 _answer(sock, conn, 200, "OK", head=method == b"HEAD")
+            else:
+                _answer(sock, conn, 405, "405: Method Not Allowed", [(b"Allow", b"GET,HEAD")])
+            return
+        if path == METRICS_PATH:  # read by the controller as an importer's, without a client certificate
+            if method in (b"GET", b"HEAD"):
+                _answer(sock, conn, 200, self.server.metrics(), head=method == b"HEAD")
             else:
                 _answer(sock, conn, 405, "405: Method Not Allowed", [(b"Allow", b"GET,HEAD")])
             return

@@ -3,6 +3,7 @@
 | request | answer |
 |---|---|
 | `GET /healthz` | 200 `OK` (readiness; no client certificate needed) |
+| `GET /metrics` | the upload's progress as the importer's metrics (Prometheus text; no client certificate needed) |
 | `POST` sync paths (`/v1beta1/upload`, form, archive) | 200 once the image is converted, resized and flushed |
 | `POST` async paths (`/v1beta1/upload-async`, form-async) | 200 once the body is received and validated |
 | `HEAD` any upload path | 200 with `Upload-Offset` / `Upload-State` (async paths: CDI's capability probe) |
@@ -118,6 +119,9 @@ class UploadServer:
 
     def describe(self) -> dict[str, str]:
         return self.session.describe()
+
+    def metrics(self) -> str:
+        return self.session.metrics()
 
     def admit(self, offset: int) -> Outcome | None:
         return self.session.admit(offset)

@@ -285,6 +285,16 @@ class UploadSession:
             self._upload = upload
         return upload
 
+    def metrics(self) -> str:
+        """The progress of the last upload taken, as the importer's metrics (Prometheus text; nothing before the
+        first upload): its phases with their bytes, rate and time left, for the controller's Running condition."""
+        upload = self._upload
+        if upload is None:
+            return ""
+        from prometheus_client import generate_latest
+
+        return str(generate_latest(upload.progress.registry).decode())
+
     def stop(self) -> None:
         """The server stops: an import still running is told to stop (its helper processes end)."""
         with self._lock:

@@ -21,6 +21,7 @@ the two is stated here once, never in a test:
 | `CDI_E2E_SNAPSHOT_CLASS` | a VolumeSnapshotClass of `CDI_E2E_STORAGE_CLASS`'s driver | `local` |
 | `CDI_E2E_WEBHOOK_CLIENT_AUTH` | `1`: webhooks get the API server's client certificate and require it | `1` |
 | `CDI_E2E_CROSS_NAMESPACE_GATE` | `1`: the API server has `CrossNamespaceVolumeDataSource` | per module |
+| `CDI_E2E_PROVISIONER_CROSS_NAMESPACE` | `1`: its CSI provisioner honours that gate (claims, snapshots) | `1` |
 | `CDI_E2E_UNLISTED_PROVISIONER` | a provisioner CDI does not know (default `hostpath.csi.k8s.io`) | `unlisted...` |
 | `CDI_E2E_NODE_LOCAL` | `1`: the cluster's node is this machine (its pods' processes are in this `/proc`) | (none) |
 | `CDI_E2E_NODE_RESTART` | a command that restarts the node's kubelet and container runtime | (none) |
@@ -69,6 +70,7 @@ class Target:
     snapshot_class: str = "local"
     webhook_client_auth: bool = True
     cross_namespace_gate: bool | None = None  # None: `cdi up`, where each module chooses
+    provisioner_cross_namespace: bool = True
     unlisted_provisioner: str = "unlisted.local.storage.cdi.kubevirt.io"
     node_local: bool = False
     node_restart: tuple[str, ...] = ()
@@ -89,6 +91,7 @@ class Target:
                    env.get("CDI_E2E_SNAPSHOT_CLASS", "csi-hostpath-snapclass"),
                    env.get("CDI_E2E_WEBHOOK_CLIENT_AUTH", "0") == "1",
                    env.get("CDI_E2E_CROSS_NAMESPACE_GATE", "0") == "1",
+                   env.get("CDI_E2E_PROVISIONER_CROSS_NAMESPACE", "0") == "1",
                    env.get("CDI_E2E_UNLISTED_PROVISIONER", "hostpath.csi.k8s.io"),
                    env.get("CDI_E2E_NODE_LOCAL", "0") == "1", tuple(shlex.split(env.get("CDI_E2E_NODE_RESTART", ""))),
                    int(env.get("CDI_E2E_NODES", "1")), tuple(shlex.split(env.get("CDI_E2E_NODE_DOWN", ""))),

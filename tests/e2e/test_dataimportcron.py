@@ -484,8 +484,22 @@ def test_garbage_collection_never_takes_an_image_in_use(k: Kubectl, golden: Gold
     def said(claim: str, user: str) -> bool:
         return any(reason == "OutdatedImportInUse" and claim in message and user in message
                    for reason, message in events_of(k, "kept"))
+
+    def in_use_says(*kept: str) -> dict[str, Any] | None:
+        """The cron's OutdatedImportsInUse condition when it names exactly `kept` (each "claim (used by ...)")."""
+        found = condition(maybe(k, "dataimportcron", "kept"), "OutdatedImportsInUse")
+        _, _, listed = str(found.get("message", "")).partition("while in use: ")
+        return found if sorted(listed.split("; ")) == sorted(kept) else None
     wait_for(lambda: said(claim1, "Pod default/vm-1") and said(claim2, "DataSource default/pinned"), 60,
              message="the cron says which outdated imports it keeps and why")
+    # and its status says so, for whoever reads the cron rather than its events
+    kept = wait_for(lambda: in_use_says(f"{claim1} (used by Pod default/vm-1)",
+                                        f"{claim2} (used by DataSource default/pinned)"), 60,
+                    message="the cron's status names the kept imports and their users")
+    assert (kept["status"], kept["reason"]) == ("True", "OutdatedImportInUse")
+    assert kept["message"].startswith("Keeping outdated imports beyond importsToKeep (1) while in use: ")
+    up = condition(k.get("dataimportcron", "kept"), "UpToDate")
+    assert (up["status"], up["reason"]) == ("True", "UpToDate")  # the image is current all the same
     for claim in (claim1, claim2):
         pvc = maybe(k, "pvc", claim)
         assert pvc and not pvc["metadata"].get("deletionTimestamp"), f"{claim} kept"
@@ -499,9 +513,18 @@ def test_garbage_collection_never_takes_an_image_in_use(k: Kubectl, golden: Gold
     wait_for(lambda: not k.exists("pvc", claim1) and not k.exists("dv", claim1), 90,
              message=f"{claim1} collected once the pod is gone")
     assert k.exists("pvc", claim2)
+    wait_for(lambda: in_use_says(f"{claim2} (used by DataSource default/pinned)"), 30,
+             message=f"the cron's status names {claim2} alone")
     k("delete", "datasource", "pinned")
     wait_for(lambda: not k.exists("pvc", claim2) and not k.exists("dv", claim2), 90,
              message=f"{claim2} collected once no DataSource names it")
+
+    def cleared() -> dict[str, Any] | None:
+        found = condition(maybe(k, "dataimportcron", "kept"), "OutdatedImportsInUse")
+        return found if found.get("status") == "False" else None
+    gone = wait_for(cleared, 30, message="the cron's status says nothing is kept any more")
+    assert (gone["reason"], gone["message"]) == ("OutdatedImportsCollected",
+                                                 "No outdated import is kept beyond importsToKeep (1)")
     assert read_back(k, claim3, DISK_SIZE) == third_sha
     assert first_sha != third_sha
 

@@ -326,6 +326,34 @@ def populated_claim(name: str, source: str, storage_class: str) -> dict[str, Any
                      "dataSourceRef": {"apiGroup": "cdi.kubevirt.io", "kind": "VolumeImportSource", "name": source}}}
 
 
+def test_a_datavolume_waiting_for_a_class_of_a_known_provisioner_goes_on_when_the_class_comes(
+        shared_kubectl: Kubectl, classes: list[str], range_server: FileServer, images: dict[str, Image]) -> None:
+    """The simpler case of the workflow below (issue 27, point 1): the class a `storage` DataVolume names
+    comes after it, of a provisioner CDI knows, so its StorageProfile is complete from the start: creating
+    the class is all it takes. (Not on a real cluster: CDI knows no provisioner of the kit, whose classes
+    are of hostpath.csi.k8s.io; there the workflow below, with the profile's step, is what a user meets.)"""
+    k = shared_kubectl
+    ns = new_namespace(k, "latecls")
+    name = f"cdi-e2e-late-{ns}"
+    image = images["qcow2.qcow2"]
+    k.apply(datavolume("late", {"http": {"url": f"{range_server.url}/{image.name}"}}, storage_class=name), "-n", ns)
+    waits_with(k, ns, "late", "DataVolume.storage spec is missing accessMode and no storageClass to choose profile")
+
+    classes.append(name)
+    k.apply(storage_class(name, "local.storage.cdi.kubevirt.io"))  # cdi up's own provisioner, which CDI's table lists
+    status = profile_of(k, name)["status"]
+    assert status["claimPropertySets"] == sets((RWO, FS), (RWO, BLOCK)), status
+    assert (status["conditions"][0]["type"], status["conditions"][0]["reason"]) == \
+        ("Recognized", "RecognizedProvisioner")
+    wait_phase(k, "late", "Succeeded", namespace=ns, timeout=180)
+    claim = get(k, "pvc", "late", ns)
+    assert (claim["spec"]["storageClassName"], claim["spec"]["accessModes"], claim["spec"]["volumeMode"]) == \
+        (name, [RWO], FS)
+    assert read_back(k, "late", image.virtual_size, namespace=ns) == image.sha256
+    assert not any(message.startswith("Spec is missing") for _, message in warnings_of(k, ns, "late")), \
+        warnings_of(k, ns, "late")
+
+
 @pytest.mark.anycluster
 def test_the_storage_profile_workflow_needs_nothing_but_the_admins_steps(
         shared_kubectl: Kubectl, classes: list[str], range_server: FileServer, images: dict[str, Image]) -> None:

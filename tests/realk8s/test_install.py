@@ -195,8 +195,10 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
     assert "operator.cdi.kubevirt.io" in cr["metadata"]["finalizers"]
     controller = k8s.get("deployment", "cdi-deployment", "cdi")
     assert controller is not None and controller["status"].get("readyReplicas") == 2
-    apiservice = k8s.get("apiservice", "v1beta1.upload.cdi.kubevirt.io")
-    assert k8s.condition(apiservice, "Available") == "True", apiservice
+    # cdi-apiserver's, and the upload proxy's (uploads through the API server): the aggregator reached each
+    for name in ("v1beta1.upload.cdi.kubevirt.io", "v1beta1.upload.extensions.cdi.dev"):
+        wait_for(lambda n=name: k8s.condition(k8s.get("apiservice", n) or {}, "Available") == "True", timeout=60,
+                 interval=1.0, message=f"APIService {name} Available")
     for role in ("cdi.kubevirt.io:admin", "cdi.kubevirt.io:edit", "cdi.kubevirt.io:view",
                  "cdi.kubevirt.io:config-reader"):
         assert k8s.get("clusterrole", role) is not None, role
@@ -431,6 +433,8 @@ def test_install_use_and_uninstall_on_a_real_cluster(k8s: RealK8s, tmp_path: Pat
             ("validatingwebhookconfiguration", "cdi-api-populator-validate", None),
             ("mutatingwebhookconfiguration", "cdi-api-datavolume-mutate", None),
             ("apiservice", "v1beta1.upload.cdi.kubevirt.io", None), ("cdiconfig", "config", None),
+            ("apiservice", "v1beta1.upload.extensions.cdi.dev", None),
+            ("rolebinding", "cdi-uploadproxy-auth-reader", "kube-system"),
             ("prometheusrule", "prometheus-cdi-rules", "cdi"), ("servicemonitor", "service-monitor-cdi", "cdi"),
             ("rolebinding", "cdi-monitoring", "cdi"), ("secret", "cdi-apiserver-server-cert", "cdi"),
             ("secret", "cdi-uploadserver-client-cert", "cdi")]

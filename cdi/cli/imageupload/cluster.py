@@ -24,10 +24,11 @@ from cdi.uploadproxy.serving import CA_CONFIGMAP, CA_FILE_NEXT_TO_KUBECONFIG, CA
 
 Obj = dict[str, Any]
 TOKEN_REQUEST_NAME = "token-for-cdi-image-upload"
-INSTANCETYPE_LABELS = {"default_instancetype": "instancetype.kubevirt.io/default-instancetype",
-                       "default_instancetype_kind": "instancetype.kubevirt.io/default-instancetype-kind",
-                       "default_preference": "instancetype.kubevirt.io/default-preference",
-                       "default_preference_kind": "instancetype.kubevirt.io/default-preference-kind"}
+# image-upload's option (its argparse dest) -> the label it sets
+INSTANCETYPE_LABELS = {"default_instancetype": ann.LABEL_DEFAULT_INSTANCETYPE,
+                       "default_instancetype_kind": ann.LABEL_DEFAULT_INSTANCETYPE_KIND,
+                       "default_preference": ann.LABEL_DEFAULT_PREFERENCE,
+                       "default_preference_kind": ann.LABEL_DEFAULT_PREFERENCE_KIND}
 
 
 class ClusterError(Exception):
@@ -140,9 +141,9 @@ class Cluster:
         """Storage classes, profiles and CDIConfig status, as far as the user may read them."""
         classes = await self._list(groups.STORAGECLASSES)
         profiles = {ObjectView(p).name: p for p in await self._list(groups.STORAGEPROFILES)}
-        status: Obj = {}
+        status: Mapping[str, Any] = {}
         try:
-            status = (await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).get("status") or {}
+            status = ObjectView(await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)).status
         except ApiError:
             pass
         return ClusterStorage(classes, profiles, status)
@@ -284,17 +285,18 @@ class Cluster:
 
     # -- proxy, token, result -------------------------------------------------------------------------
     async def proxy_url(self) -> str:
-        """CDIConfig `spec.uploadProxyURLOverride`, else `status.uploadProxyURL` (as virtctl)."""
+        """CDIConfig `spec.uploadProxyURLOverride`, else `status.uploadProxyURL` (as virtctl); "" when neither
+        is set or CDIConfig cannot be read (the upload then goes through the API server, where virtctl says
+        "uploadproxy URL not found")."""
         try:
             config = await self.client.get(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
-        except ApiError as exc:
-            raise ClusterError(f"cannot read CDIConfig {groups.CDI_CONFIG_NAME} for the upload proxy URL ({exc}); "
-                               "give it with --uploadproxy-url") from None
+        except ApiError:
+            return ""
         view = ObjectView(config)
-        url = view.spec.get("uploadProxyURLOverride") or view.status.get("uploadProxyURL") or ""
+        url = str(view.spec.get("uploadProxyURLOverride") or view.status.get("uploadProxyURL") or "")
         if not url:
-            raise ClusterError("uploadproxy URL not found")
-        return str(url) if "://" in str(url) else f"https://{url}"
+            return ""
+        return url if "://" in url else f"https://{url}"
 
     async def proxy_ca(self) -> list[str]:
         """PEM CAs that may have signed the proxy's certificate: ConfigMap `cdi/cdi-uploadproxy-ca`, and the file

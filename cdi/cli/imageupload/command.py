@@ -17,6 +17,10 @@ Beyond virtctl:
   killed invocation left on the volume (`transfer.py`);
 * the proxy's CA found without flags (ConfigMap `cdi/cdi-uploadproxy-ca`, or `cdi up`'s
   `uploadproxy-ca.crt` next to the kubeconfig), so `--insecure` is not needed;
+* no proxy URL at all (none given, none in CDIConfig), or `--through-apiserver`: the upload goes through
+  the Kubernetes API server named in the kubeconfig, with the kubeconfig's own credentials, to the proxy's
+  aggregated API (`upload.extensions.cdi.dev`, `cdi.api.upload`): what a user who can reach the API server
+  can always reach, authorized by RBAC (`uploads/proxy` in the namespace) instead of an upload token;
 * a completion summary."""
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.api import annotations as ann
+from cdi.api import upload as names
 from cdi.api.checksum import ChecksumSyntaxError, parse_checksum
 from cdi.api.quantity import QuantityError, parse_bytes
 from cdi.cli.imageupload.cluster import INSTANCETYPE_LABELS, Cluster, ClusterError, Request, ssl_context
@@ -41,9 +46,10 @@ from cdi.cli.imageupload.preflight import (
     inspect,
 )
 from cdi.cli.imageupload.progress import Progress, human
-from cdi.cli.imageupload.transfer import TokenSource, Transfer, TransferStats, UploadFailed
+from cdi.cli.imageupload.transfer import ApiServerCredentials, TokenSource, Transfer, TransferStats, UploadFailed
 from cdi.kube import ApiError, KubeClient
 from cdi.kube.config import ConfigError, find_kubeconfig
+from cdi.kube.direct import DirectAccess
 
 PROCESSING_TIMEOUT = 24 * 3600.0
 EXAMPLES = """examples:
@@ -89,6 +95,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--uploadproxy-url", default="", help="URL of the upload proxy (default: from CDIConfig)")
     parser.add_argument("--uploadproxy-ca", type=Path, default=None,
                         help="CA file for the upload proxy's certificate (default: published by the cluster)")
+    parser.add_argument("--through-apiserver", action="store_true",
+                        help="upload through the Kubernetes API server with the kubeconfig's credentials, even where "
+                             "an upload proxy URL is configured (the default when none is)")
     parser.add_argument("--wait-secs", type=int, default=300, help="seconds to wait for the upload pod (default 300)")
     parser.add_argument("--retry", type=int, default=5,
                         help="connections to try when the upload is cut off, resuming each time (default 5)")
@@ -223,25 +232,36 @@ async def _upload(args: argparse.Namespace, request: Request, image: ImageFacts,
     else:
         say(f"Using existing DataVolume {request.key}")
     await cluster.wait_ready(request, float(args.wait_secs), say)
-    url = args.uploadproxy_url or await cluster.proxy_url()
-    if "://" not in url:
-        url = f"https://{url}"
-    context = ssl_context(await cluster.proxy_ca(), insecure=args.insecure, extra_ca=args.uploadproxy_ca)
-    say(f"Uploading data to {url}")
+    url = args.uploadproxy_url or ("" if args.through_apiserver else await cluster.proxy_url())
     loop = asyncio.get_running_loop()
-
-    def fetch_token() -> str:
-        return asyncio.run_coroutine_threadsafe(cluster.token(request), loop).result(60)
 
     def failed() -> str | None:
         return asyncio.run_coroutine_threadsafe(cluster.failure(request), loop).result(60)
 
-    tokens = TokenSource(fetch_token)
-    await asyncio.to_thread(tokens.get)
-    say(f"Uploading {image.path} ({image.describe()})")
     progress = Progress(image.size)
-    transfer = Transfer(url, context, tokens, request.key, str(image.path), progress, attempts=max(1, args.retry),
-                        failed=failed)
+    if url:
+        if "://" not in url:
+            url = f"https://{url}"
+        context = ssl_context(await cluster.proxy_ca(), insecure=args.insecure, extra_ca=args.uploadproxy_ca)
+        say(f"Uploading data to {url}")
+
+        def fetch_token() -> str:
+            return asyncio.run_coroutine_threadsafe(cluster.token(request), loop).result(60)
+
+        tokens = TokenSource(fetch_token)
+        await asyncio.to_thread(tokens.get)
+        transfer = Transfer(url, context, tokens, request.key, str(image.path), progress,
+                            attempts=max(1, args.retry), failed=failed)
+    else:
+        direct = DirectAccess.of(cluster.client.config)
+        why = "as asked" if args.through_apiserver else "no upload proxy URL is configured"
+        say(f"Uploading data through the Kubernetes API server {direct.server} ({why}; "
+            f"{names.EXTENSION_API_VERSION} {names.EXTENSION_RESOURCE}/{names.EXTENSION_SUBRESOURCE})")
+        credentials = ApiServerCredentials(lambda: direct.authorization_from(loop))
+        transfer = Transfer(direct.server + names.extension_base(request.namespace, request.name), direct.context,
+                            credentials, request.key, str(image.path), progress, attempts=max(1, args.retry),
+                            failed=failed, server_hostname=direct.server_hostname)
+    say(f"Uploading {image.path} ({image.describe()})")
     stats = await asyncio.to_thread(transfer.run)
     if args.datasource:
         say(await cluster.point_datasource(request))
@@ -262,7 +282,8 @@ def summary(request: Request, image: ImageFacts, stats: TransferStats, phase: st
         f"  image      {image.path} ({image.describe()})",
         f"  sent       {human(stats.sent)} ({stats.sent} bytes) in {stats.seconds:.1f}s ({human(rate)}/s), "
         f"{len(stats.attempts)} attempt{'s' if len(stats.attempts) != 1 else ''}, endpoint {stats.path}"
-        + (" (TLS end to end with the upload server)" if stats.attempts and stats.attempts[-1].end_to_end else ""),
+        + (" (TLS end to end with the upload server)" if stats.attempts and stats.attempts[-1].end_to_end else "")
+        + (" through the Kubernetes API server" if stats.via_apiserver else ""),
     ]
     if stats.skipped:
         lines.append(f"  skipped    {human(stats.skipped)} ({stats.skipped} bytes) already on the volume from an "

@@ -34,13 +34,22 @@ Protocol (CDI's, plus our resume extension, `cdi.api.upload`):
 5. An answer other than 200 is final: it is the server's verdict on the image (too large, corrupt)
    or on the request (token, readiness), and sending again would not change it. After a break, the
    proxy's 503 "already finished uploading" (with `Upload-State: done` on the answer to a `HEAD`), or
-   the upload server's 409, means the first attempt did get through."""
+   the upload server's 409, means the first attempt did get through.
+
+Through the Kubernetes API server (`cdi.api.upload`, our extension) the same requests go to the same paths
+under `/apis/upload.extensions.cdi.dev/.../uploads/<pvc>/proxy`, with the kubeconfig's credentials
+(`ApiServerCredentials`: its client certificate is in the TLS context, its token in `Authorization`)
+instead of an upload token, and never end to end (the API server offers no protocol switch of ours). A
+`403` to the probe is the API server's RBAC refusing the user: its message is read (a `GET`, which RBAC
+sees as the same `get`) and the upload ends before a byte is sent."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.client
+import json
 import logging
 import os
 import socket
@@ -91,6 +100,7 @@ class TransferStats:
     attempts: list[Attempt] = field(default_factory=list)
     path: str = ""
     skipped: int = 0  # bytes an earlier invocation had left on the volume, not sent again
+    via_apiserver: bool = False  # through the Kubernetes API server's aggregation layer, not the proxy's URL
 
     @property
     def sent(self) -> int:
@@ -116,16 +126,54 @@ class TokenSource:
             self._at = time.monotonic()
         return self._token
 
+    def header(self, *, fresh: bool = False) -> str | None:
+        """The `Authorization` header's value."""
+        return f"Bearer {self.get(fresh=fresh)}"
+
+
+class ApiServerCredentials:
+    """The kubeconfig's credentials, for requests through the API server: `fetch` gives the `Authorization`
+    value the Kubernetes client would send now (None with a client certificate alone), which the client
+    refreshes itself (exec plugins, token files)."""
+
+    def __init__(self, fetch: Callable[[], str | None]) -> None:
+        self._fetch = fetch
+
+    def header(self, *, fresh: bool = False) -> str | None:
+        return self._fetch()
+
+
+Credentials = TokenSource | ApiServerCredentials
+
+
+class _Connection(http.client.HTTPSConnection):
+    """An HTTPS connection that checks the server's certificate for `server_hostname` (a kubeconfig's
+    `tls-server-name`) rather than the host it connects to."""
+
+    def __init__(self, host: str, port: int, *, context: ssl.SSLContext, timeout: float | None,
+                 server_hostname: str) -> None:
+        super().__init__(host, port, context=context, timeout=timeout)
+        self._server_hostname = server_hostname
+        self._tls = context
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_hostname)
+
 
 class Transfer:
-    def __init__(self, url: str, context: ssl.SSLContext, tokens: TokenSource, target: str, path: str,
-                 progress: Progress, *, attempts: int = 5, failed: Callable[[], str | None] | None = None) -> None:
+    def __init__(self, url: str, context: ssl.SSLContext, tokens: Credentials, target: str, path: str,
+                 progress: Progress, *, attempts: int = 5, failed: Callable[[], str | None] | None = None,
+                 server_hostname: str | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme != "https" or not parts.hostname:
             raise UploadFailed(f"the upload proxy URL must be https://HOST[:PORT], not {url!r}")
         self.host = parts.hostname
         self.port = parts.port or 443
         self.prefix = parts.path.rstrip("/")
+        self.server_hostname = server_hostname or self.host
+        self.via_apiserver = isinstance(tokens, ApiServerCredentials)
+        self.what = "the Kubernetes API server" if self.via_apiserver else "the upload proxy"
         self.context = context
         self.tokens = tokens
         self.target = target
@@ -138,10 +186,14 @@ class Transfer:
 
     # -- requests ---------------------------------------------------------------------------------------
     def _connect(self, timeout: float | None) -> http.client.HTTPSConnection:
-        conn = http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
+        conn = _Connection(self.host, self.port, context=self.context, timeout=timeout,
+                           server_hostname=self.server_hostname)
         try:
             conn.connect()
         except ssl.SSLCertVerificationError as exc:
+            if self.via_apiserver:
+                raise UploadFailed(f"cannot verify the certificate of the Kubernetes API server https://{self.host}:"
+                                   f"{self.port} ({exc.verify_message}) with the kubeconfig's CA") from None
             raise UploadFailed(f"cannot verify the certificate of the upload proxy https://{self.host}:{self.port} "
                                f"({exc.verify_message}); give its CA with --uploadproxy-ca, or use --insecure "
                                "(not recommended)") from None
@@ -150,7 +202,9 @@ class Transfer:
         return conn
 
     def _headers(self, **extra: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.tokens.get()}", names.TARGET_HEADER: self.target, **extra}
+        authorization = self.tokens.header()
+        credentials = {"Authorization": authorization} if authorization else {}
+        return {**credentials, names.TARGET_HEADER: self.target, **extra}
 
     def _head(self, path: str) -> tuple[int, dict[str, str], str]:
         conn = self._connect(30.0)
@@ -162,6 +216,22 @@ class Transfer:
         finally:
             conn.close()
 
+    def _refusal(self, path: str) -> str:
+        """What a refusal of a `HEAD` (which has no body) says: the same request as a `GET`, whose answer has one
+        (the API server's `Status` message, when it is one)."""
+        conn = self._connect(30.0)
+        try:
+            conn.request("GET", self.prefix + path, headers=self._headers())
+            resp = conn.getresponse()
+            text = resp.read(64 << 10).decode(errors="replace").strip()
+        except (OSError, http.client.HTTPException) as exc:
+            return f"({exc})"
+        finally:
+            conn.close()
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            return str(json.loads(text)["message"])
+        return text or http.client.responses.get(403, "")
+
     def choose_path(self) -> str:
         """The async endpoint when the proxy has it (CDI's HEAD probe), else the sync one; and whether the proxy
         offers end-to-end TLS with the upload server (`Upgrade` on that answer, `cdi.api.upload`)."""
@@ -169,11 +239,13 @@ class Transfer:
             status, headers, _ = self._head(ASYNC_PATH)
         except (OSError, http.client.HTTPException):
             return SYNC_PATH
+        if status == 403:  # the API server's RBAC (the proxy itself never answers 403): no use sending the image
+            raise UploadFailed(f"{self.what} refused the upload: 403 {self._refusal(ASYNC_PATH)}")
         if status == 401:
-            self.tokens.get(fresh=True)
+            self.tokens.header(fresh=True)
         offered = {p.strip().lower() for p in headers.get("upgrade", "").split(",")}
         wanted = os.environ.get(END_TO_END_ENV, "1").strip().lower() not in ("0", "false", "no")
-        self.end_to_end = wanted and status == 200 and names.TLS_UPGRADE in offered
+        self.end_to_end = wanted and status == 200 and names.TLS_UPGRADE in offered and not self.via_apiserver
         return ASYNC_PATH if status == 200 else SYNC_PATH
 
     def _post(self, path: str, offset: int, attempt: Attempt) -> tuple[int, str]:
@@ -297,11 +369,11 @@ class Transfer:
                 if vouched:
                     return 0
                 status, headers, reason = 0, {}, ""
-                why = f"the upload proxy is unreachable: {exc}"
+                why = f"{self.what} is unreachable: {exc}"
             if vouched and status not in (200, 409, *RETRIED):
                 return 0
             if status == 401:
-                self.tokens.get(fresh=True)
+                self.tokens.header(fresh=True)
                 why = "the token was refused"
             elif status == 200:
                 state = headers.get(names.STATE_HEADER.lower(), "idle")
@@ -321,9 +393,9 @@ class Transfer:
                 failure = self.failed()
                 if failure:
                     raise UploadFailed(failure)
-                why = f"the upload proxy answered {status} {reason}"
+                why = f"{self.what} answered {status} {reason}"
             elif status:
-                raise UploadFailed(f"the upload proxy answered {status} {reason} when asked where to resume")
+                raise UploadFailed(f"{self.what} answered {status} {reason} when asked where to resume")
             if time.monotonic() > deadline:
                 raise UploadFailed(f"the upload server did not become ready for a resumed upload within "
                                    f"{SETTLE_TIMEOUT:.0f}s: {why}")
@@ -345,7 +417,7 @@ class Transfer:
 
     # -- the whole transfer -------------------------------------------------------------------------------
     def run(self) -> TransferStats:
-        stats = TransferStats(self.size)
+        stats = TransferStats(self.size, via_apiserver=self.via_apiserver)
         started = time.monotonic()
         stats.path = path = self.choose_path()
         offset = self._resume_offset(path, vouched=True) or 0  # what an earlier invocation left on the volume
@@ -361,7 +433,7 @@ class Transfer:
             except (OSError, http.client.HTTPException) as exc:
                 attempt.error = str(exc)
                 if isinstance(exc, ConnectionRefusedError) and not attempt.sent and len(stats.attempts) == 1:
-                    raise UploadFailed(f"cannot connect to the upload proxy https://{self.host}:{self.port}: "
+                    raise UploadFailed(f"cannot connect to {self.what} https://{self.host}:{self.port}: "
                                        f"{exc}") from None
                 if len(stats.attempts) >= self.max_attempts:
                     raise UploadFailed(f"{exc}; giving up after {len(stats.attempts)} attempts") from None
@@ -378,7 +450,7 @@ class Transfer:
             if status in (409, 503) and FINISHED_MARK in body and len(stats.attempts) > 1:
                 break  # a retried request found the upload done
             if status == 401 and "expired" in body and len(stats.attempts) < self.max_attempts:
-                self.tokens.get(fresh=True)
+                self.tokens.header(fresh=True)
                 offset = self._resume_offset(path) or 0
                 continue
             raise UploadFailed(f"the upload was refused: {status} {body or http.client.responses.get(status, '')}")

@@ -25,7 +25,7 @@ class CSIClonePhase:
         target = self.target
         if target.temp is not None:
             return None if ClaimView(target.temp).bound else WAIT
-        wait = sourceclaim.until_ready(target, self.name)
+        wait = sourceclaim.until_ready(target, self.name, instant=True)
         if wait is not None:
             return wait
         source = target.ctx.cached(groups.PVCS, target.source_name, target.source_namespace)

@@ -1,9 +1,9 @@
 """One look at a clone, for the clone DataVolume reconciler and the clone populator alike (CDI's
 planAndExecute): once the target holds the volume, every temporary object goes and the clone has
 Succeeded; until then the planner's phases for the recorded strategy are walked in order and the first
-that is not done is the one recorded in `cdi.kubevirt.io/clonePhase`. A phase that finds the clone can
-never complete ends it in Error: the cause in `cdi.kubevirt.io/cloneError` and the Running condition
-(reason `Error`), and no temporary object left behind.
+that is not done is the one recorded in `cdi.kubevirt.io/clonePhase` (also when a quota holds it). A phase
+that finds the clone can never complete ends it in Error: the cause in `cdi.kubevirt.io/cloneError` and the
+Running condition (reason `Error`), and no temporary object left behind.
 
 Whether the target may read the source it records is the caller's to check first: a DataVolume's clone
 token, a populated claim's VolumeCloneSource."""
@@ -22,7 +22,7 @@ from cdi.controller.clone import planner
 from cdi.controller.clone.phase import ERROR, SUCCEEDED, CloneFailed
 from cdi.controller.clone.target import CloneTarget, recorded_source, temp_claim_name
 from cdi.controller.copyevents import copy_events
-from cdi.controller.runtime import Context
+from cdi.controller.runtime import Context, RetryLater
 
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
@@ -43,7 +43,13 @@ async def advance(ctx: Context, claim: Body) -> Obj | None:
     target = dataclasses.replace(target, temp=temp)
     try:
         for phase in planner.phases(target, planner.cluster_from(ctx)):
-            step = await phase.reconcile()
+            try:
+                step = await phase.reconcile()
+            except RetryLater:
+                # held (a quota refused a temporary, which the target says already): the target shows the
+                # phase that waits, not the one before it
+                await target.record(phase.name)
+                raise
             if step is not None:
                 return await target.record(phase.name, step.annotations) if step.record else None
     except CloneFailed as exc:

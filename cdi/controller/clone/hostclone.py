@@ -9,24 +9,33 @@ counted on the target (the DataVolume's restartCount, as CDI's populator copies 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from cdi.api import annotations as ann
 from cdi.api import clonesourcerequest, groups
 from cdi.api.clonesourcerequest import CloneSourceRequest
+from cdi.api.owners import owner_reference
 from cdi.api.targetvolume import TargetVolume
 from cdi.api.upload import SYNC_PATHS, UPLOAD_PORT, upload_service_name
-from cdi.api.views import ClaimView, ObjectView
+from cdi.api.views import ClaimView, ObjectView, PodView
 from cdi.common import pki
 from cdi.controller.clone import sourceclaim
 from cdi.controller.clone.phase import STARTED, WAIT, Step
-from cdi.controller.clone.target import SOURCE_CONTAINER, CloneTarget, source_pod_name
+from cdi.controller.clone.target import (
+    SOURCE_CONTAINER,
+    CloneTarget,
+    recorded_source,
+    source_pod_name,
+    temp_claim_name,
+)
 from cdi.controller.datavolume.uploadpki import cert_days, ensure_upload_pki
-from cdi.controller.owners import owner_reference
+from cdi.controller.runtime import Context
 from cdi.controller.workerpod import pod_settings, worker_pod
 
 Obj = dict[str, Any]
+Body = Mapping[str, Any]
 
 HOST_CLONE = "HostClone"
 
@@ -70,6 +79,21 @@ class HostClonePhase:
         return STARTED
 
 
+def source_owner_uid(target: Body) -> str:
+    """The uid the clone source pod labels its progress with: the DataVolume's (as CDI), else the target's."""
+    return ClaimView(target).annotations.get(ann.CREATED_FOR_DATAVOLUME) or ClaimView(target).uid
+
+
+def copy_source(ctx: Context, target: Body) -> tuple[str, str] | None:
+    """(pod IP, owner uid) of the clone source pod of a host-assisted copy into `target`, whose metrics say how
+    far the copy is; None while there is no such pod with an IP."""
+    _, namespace, _ = recorded_source(target)
+    temp = ctx.cached(groups.PVCS, temp_claim_name(target), namespace)
+    pod = ctx.cached(groups.PODS, source_pod_name(temp), namespace) if temp else None
+    pod_ip = PodView(pod).pod_ip if pod else ""
+    return (pod_ip, source_owner_uid(target)) if pod_ip else None
+
+
 async def create_source_pod(clone: CloneTarget, temp: Obj, source_name: str) -> None:
     """`<uid>-source-pod` (container `cdi-clone-source`) in the source namespace: the source read-only,
     a client certificate for the upload server's CLIENT_NAME, the server's CA, the Service's address.
@@ -97,8 +121,7 @@ async def create_source_pod(clone: CloneTarget, temp: Obj, source_name: str) -> 
     await clone.create(groups.SECRETS, secret)
     block = ClaimView(source).block
     host = f"[{cluster_ip}]" if ":" in str(cluster_ip) else str(cluster_ip)
-    owner_uid = ClaimView(target).annotations.get(ann.CREATED_FOR_DATAVOLUME) or \
-        ClaimView(target).uid
+    owner_uid = source_owner_uid(target)
     request = CloneSourceRequest(
         upload_url=f"https://{host}:{UPLOAD_PORT}{SYNC_PATHS[0]}", server_ca=pki_.server_signer.cert_pem.decode(),
         server_name=f"{upload_service_name(temp_name)}.{namespace}.svc", client_secret=pod_name,

@@ -25,7 +25,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
-from cdi.api.views import ClaimView, ObjectView, SnapshotContentView, SnapshotView, StorageProfileView
+from cdi.api.views import CDIView, ClaimView, ObjectView, SnapshotContentView, SnapshotView, StorageProfileView
 from cdi.controller.clone.csiclone import CSIClonePhase
 from cdi.controller.clone.hostclone import HostClonePhase
 from cdi.controller.clone.phase import Phase
@@ -111,10 +111,10 @@ def snapshot_class_for(driver: str, cluster: Cluster, target_class: str | None) 
 def cluster_from(ctx: Context) -> Cluster:
     """What the informers hold of the cluster, as planning needs it."""
     cdi = next(iter(ctx.cached_list(groups.CDIS)), None)
-    override = ObjectView(cdi or {}).spec.get("cloneStrategyOverride")
+    override = CDIView(cdi or {}).clone_strategy_override
     profiles = {ObjectView(p).name: p for p in ctx.cached_list(groups.STORAGEPROFILES)}
     return Cluster(ctx.cached_list(groups.STORAGECLASSES), profiles, ctx.cached_list(groups.VOLUMESNAPSHOTCLASSES),
-                   str(override) if override else None)
+                   override or None)
 
 
 def _fallback(reason: tuple[str, str], why: str) -> Plan:

@@ -15,8 +15,8 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.owners import owner_reference
 from cdi.api.views import ClaimView, DataVolumeView, PodView
-from cdi.controller.owners import owner_reference
 from cdi.controller.workerpod import PodSettings, worker_pod
 
 Obj = dict[str, Any]

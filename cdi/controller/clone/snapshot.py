@@ -40,7 +40,7 @@ class SnapshotPhase:
             error = str((taken.status.get("error") or {}).get("message") or "")
             why = f"the source pvc {namespace}/{source} was deleted before its snapshot {taken.name} was taken"
             raise CloneFailed(f"{why}: {error}" if error else why)
-        wait = sourceclaim.until_ready(target, self.name)
+        wait = sourceclaim.until_ready(target, self.name, instant=True)
         if wait is not None:
             return wait
         body: dict[str, Any] = {

@@ -1,7 +1,13 @@
 """Whether a clone may read its source claim now (CDI's IsSourceClaimReady): it exists, it is bound, and no
 running pod may write to it, since a copy or a snapshot of a volume being written is not the disk anyone
 meant. Until then the clone waits in the phase that would start, and says why: a Warning event per cause
-on the DataVolume (the claim of a clone populator) and the target's Running condition, once."""
+on the DataVolume (the claim of a clone populator) and the target's Running condition, once.
+
+Ours (an extension, README "Extensions"): a target that says `extensions.cdi.dev/clone.allowSourceInUse:
+"true"` does not wait for writers when the storage takes the copy at one instant (a CSI clone, a
+snapshot): the clone is what a power cut would have left on the source, and a Warning event
+(`CrashConsistentClone`) names the pods that were writing. A host-assisted copy reads the source over
+minutes, so no instant holds: it waits as before, and its message says the opt-in does not apply."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.phases import EventReason
 from cdi.api.views import ClaimView, PodView
 from cdi.controller.clone.phase import WAIT, Step
 from cdi.controller.clone.target import SOURCE_CONTAINER, CloneTarget
@@ -18,7 +25,8 @@ from cdi.kube import WARNING
 Obj = dict[str, Any]
 Body = Mapping[str, Any]
 
-CLONE_SOURCE_IN_USE = "CloneSourceInUse"
+CLONE_SOURCE_IN_USE = EventReason.CLONE_SOURCE_IN_USE.value
+CRASH_CONSISTENT_CLONE = "CrashConsistentClone"  # ours: the Warning of a clone taken while the source was written
 CLONE_WITHOUT_SOURCE = "CloneWithoutSource"
 
 
@@ -51,6 +59,11 @@ def pods_using(target: CloneTarget, claim: str) -> list[Obj]:
     return out
 
 
+def _told(target: CloneTarget) -> Body:
+    """Whom the clone's events are about: the DataVolume of the target's name, else the claim itself."""
+    return target.ctx.cached(groups.DATAVOLUMES, target.view.name, target.view.namespace) or target.claim
+
+
 def waiting(target: CloneTarget, phase: str, reason: str, messages: list[str]) -> Step:
     """The clone cannot start `phase` yet (CloneSourceInUse, CloneWithoutSource): an event per cause and
     the Running condition, unless the target says so already."""
@@ -58,28 +71,43 @@ def waiting(target: CloneTarget, phase: str, reason: str, messages: list[str]) -
     if claim.annotations.get(ann.CONDITION_RUNNING_MESSAGE) == message and \
             claim.annotations.get(ann.CLONE_PHASE) == phase:
         return WAIT
-    owner = target.ctx.cached(groups.DATAVOLUMES, claim.name, claim.namespace)
     for each in messages:
-        target.ctx.recorder.record(owner or target.claim, WARNING, reason, each)
+        target.ctx.recorder.record(_told(target), WARNING, reason, each)
     return Step({ann.CONDITION_RUNNING: "false", ann.CONDITION_RUNNING_REASON: reason,
                  ann.CONDITION_RUNNING_MESSAGE: message})
 
 
-def while_in_use(target: CloneTarget, phase: str, claim: str) -> Step | None:
-    """A wait while a pod may write to `claim`, else None."""
-    users = pods_using(target, claim)
+def allows_in_use(target: CloneTarget) -> bool:
+    return target.view.annotations.get(ann.CLONE_ALLOW_SOURCE_IN_USE) == "true"
+
+
+def while_in_use(target: CloneTarget, phase: str, claim: str, *, instant: bool = False) -> Step | None:
+    """A wait while a pod may write to `claim`, else None. `instant`: the phase copies the source at one
+    instant (CSI clone, snapshot), so a target that allows it goes on, crash-consistent, with a Warning."""
+    users = [PodView(p).key for p in pods_using(target, claim)]
     if not users:
         return None
+    if instant and allows_in_use(target):
+        target.ctx.recorder.record(
+            _told(target), WARNING, CRASH_CONSISTENT_CLONE,
+            f"cloning PersistentVolumeClaim {target.source_namespace}/{claim} while pod {', '.join(users)} may "
+            f"write to it ({ann.CLONE_ALLOW_SOURCE_IN_USE}): the copy is crash-consistent")
+        return None
+    note = f" ({ann.CLONE_ALLOW_SOURCE_IN_USE} applies to csi-clone and snapshot clones only)" \
+        if allows_in_use(target) else ""
     return waiting(target, phase, CLONE_SOURCE_IN_USE,
-                   [f"pod {PodView(p).key} using PersistentVolumeClaim {claim}" for p in users])
+                   [f"pod {key} using PersistentVolumeClaim {claim}{note}" for key in users])
 
 
-def until_ready(target: CloneTarget, phase: str) -> Step | None:
-    """A wait while the source claim is missing, unbound or in use, else None (CDI's IsSourceClaimReady)."""
+def until_ready(target: CloneTarget, phase: str, *, instant: bool = False) -> Step | None:
+    """A wait while the source claim is missing, unbound, being deleted or in use, else None (CDI's
+    IsSourceClaimReady; unlike CDI, a claim being deleted is no source to start from: the pod that held it
+    just went, and a copy or snapshot begun now races its volume's deletion). `instant` as for `while_in_use`."""
     namespace, name = target.source_namespace, target.source_name
     source = target.ctx.cached(groups.PVCS, name, namespace)
-    if source is None or not ClaimView(source).bound:
+    if source is None or not ClaimView(source).bound or ClaimView(source).deleting:
         return waiting(target, phase, CLONE_WITHOUT_SOURCE,
                        [f"The source pvc {namespace}/{name} doesn't exist" if source is None else
+                        f"The source pvc {namespace}/{name} is being deleted" if ClaimView(source).deleting else
                         f"The source pvc {namespace}/{name} is not bound"])
-    return while_in_use(target, phase, name)
+    return while_in_use(target, phase, name, instant=instant)

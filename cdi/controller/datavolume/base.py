@@ -17,6 +17,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import featuregates, groups, workeroverrides
 from cdi.api.envvalues import format_bool
+from cdi.api.owners import owner_keys, owner_reference
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
 from cdi.api.rendering import (
     NoStorageClass,
@@ -31,7 +32,6 @@ from cdi.api.workeroverrides import WORKER_OVERRIDES
 from cdi.controller import conditions, quota
 from cdi.controller.claims import claim_keys_of_pod, cluster_storage, waits_for_first_consumer
 from cdi.controller.datavolume import staticvolumes
-from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.populators.datavolumes import (
     claim_uses_populator,
     delete_volume_source,
@@ -49,11 +49,12 @@ Obj = dict[str, Any]
 Body = Mapping[str, Any]
 Event = tuple[EventType, str, str]
 
-# annotations users put on a DataVolume that CDI passes to its PVC and worker pods
-_PASSED_ANNOTATIONS = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
+# annotations users put on a DataVolume that CDI passes to its PVC and worker pods (a clone's target too)
+PASSED_TO_CLAIM = (ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION, ann.MULTUS_NETWORKS,
                        ann.MULTUS_DEFAULT_NETWORK, ann.ISTIO_INJECT, ann.LINKERD_INJECT, ann.PREALLOCATION_REQUESTED,
                        ann.POD_PRIORITY_CLASS, ann.POD_SERVICE_ACCOUNT, ann.UPLOAD_FORMAT, ann.UPLOAD_CHECKSUM,
-                       *WORKER_OVERRIDES)  # ours: the DataVolume's worker overrides (cdi.api.workeroverrides)
+                       # ours: the DataVolume's worker overrides (cdi.api.workeroverrides), a clone's opt-in
+                       *WORKER_OVERRIDES, ann.CLONE_ALLOW_SOURCE_IN_USE)
 # what a finished worker recorded on the claim that its DataVolume shows too (our extension: an audit of what
 # a golden image holds reads the DataVolume)
 _RECORDED_ANNOTATIONS = (ann.SOURCE_SHA256, ann.SOURCE_FORMAT)
@@ -291,7 +292,7 @@ class DataVolumeReconciler(Reconciler):
         except RenderError as exc:
             return await self._update_status(dv, None, message=str(exc), reason=exc.reason, phase="Pending",
                                              event=(WARNING, exc.reason, str(exc)))
-        annotations = {k: v for k, v in view.annotations.items() if k in _PASSED_ANNOTATIONS}
+        annotations = {k: v for k, v in view.annotations.items() if k in PASSED_TO_CLAIM}
         static = staticvolumes.available_for(self.ctx.cached_list(groups.PVS), view.namespace, view.name, spec) \
             if ann.CHECK_STATIC_VOLUME in view.annotations else []
         populate = False

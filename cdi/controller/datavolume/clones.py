@@ -22,12 +22,13 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.owners import owner_reference
 from cdi.api.phases import PROGRESS_COMPLETE, PROGRESS_UNKNOWN
-from cdi.api.rendering import ClusterStorage, RenderError, render_claim_spec
-from cdi.api.views import ClaimView, DataVolumeView, PodView, SnapshotView
+from cdi.api.rendering import ClusterStorage, ProfileNotReady, RenderError, render_claim_spec
+from cdi.api.views import ClaimView, DataVolumeView, SnapshotView
 from cdi.controller import conditions, quota
 from cdi.controller.claims import cluster_storage, delete_if_present, get_if_present
-from cdi.controller.clone import execute, planner, sizedetection
+from cdi.controller.clone import execute, hostclone, planner, sizedetection
 from cdi.controller.clone import size as clonesize
 from cdi.controller.clone import token as clonetoken
 from cdi.controller.clone.csiclone import CSI_CLONE
@@ -39,15 +40,9 @@ from cdi.controller.clone.rebind import REBIND
 from cdi.controller.clone.snapclone import SNAPSHOT_CLONE
 from cdi.controller.clone.snapshot import SNAPSHOT
 from cdi.controller.clone.sourceclaim import CLONE_WITHOUT_SOURCE
-from cdi.controller.clone.target import (
-    recorded_source,
-    refuse,
-    source_pod_name,
-    temp_claim_name,
-)
+from cdi.controller.clone.target import recorded_source, refuse
 from cdi.controller.datasource import ChainError, CloneSource, Lookup, resolve_source_ref
-from cdi.controller.datavolume.base import datavolume_watches
-from cdi.controller.owners import owner_reference
+from cdi.controller.datavolume.base import PASSED_TO_CLAIM, datavolume_watches
 from cdi.controller.populators.clones import unnamed_source
 from cdi.controller.populators.datavolumes import pending_population
 from cdi.controller.progress import format_progress
@@ -174,7 +169,14 @@ class CloneReconciler(Reconciler):
         if phase in (SUCCEEDED, ERROR) or view.phase != PHASE_MAP.get(phase):
             requeue = await self._status(dv, target)
             return requeue if phase in (SUCCEEDED, ERROR) else POLL
-        await self._status(dv, await self._advance(target) or target)
+        try:
+            advanced = await self._advance(target)
+        except RetryLater:
+            # a quota holds a temporary: the DataVolume shows the phase that waits and why (the target says
+            # both), then the key waits with its backoff, or for the quota to change
+            await self._status(dv, await get_if_present(self.ctx, groups.PVCS, name, namespace) or target)
+            raise
+        await self._status(dv, advanced or target)
         return POLL
 
     # -- the target claim -------------------------------------------------------------------------
@@ -198,6 +200,8 @@ class CloneReconciler(Reconciler):
                 self.ctx.recorder.record(dv, WARNING, planner.CLONE_VALIDATION_FAILED, message)
             return await self._status(dv, None, reason=planner.CLONE_VALIDATION_FAILED, message=message,
                                       phase="Pending")
+        except ProfileNotReady as exc:  # the watches bring it back once the profile is written
+            return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")
         except RenderError as exc:
             self.ctx.recorder.record(dv, WARNING, exc.reason, str(exc))
             return await self._status(dv, None, reason=exc.reason, message=str(exc), phase="Pending")
@@ -221,7 +225,7 @@ class CloneReconciler(Reconciler):
             annotations[ann.CLONE_FALLBACK_REASON] = plan.fallback_message
         if source.namespace != view.namespace:
             annotations[ann.DATA_SOURCE_NAMESPACE] = source.namespace
-        for key in (ann.PERMISSIVE_CLONE, ann.BIND_IMMEDIATE, ann.RETAIN_AFTER_COMPLETION):
+        for key in (ann.PERMISSIVE_CLONE, *PASSED_TO_CLAIM):
             if key in view.annotations:
                 annotations[key] = view.annotations[key]
         spec["dataSourceRef"] = {"apiGroup": groups.CDI_GROUP, "kind": CLONE_SOURCE_KIND,
@@ -387,6 +391,7 @@ class CloneReconciler(Reconciler):
         status: Obj = json.loads(json.dumps(view.status))
         old_phase = status.get("phase", "")
         status.setdefault("progress", PROGRESS_UNKNOWN)
+        running_message: str | None = None
         if phase is not None:
             status["phase"] = phase
         elif pvc is not None:
@@ -399,27 +404,30 @@ class CloneReconciler(Reconciler):
             if status["phase"] == "Succeeded" and old_phase != "Succeeded":  # a finished one keeps its progress
                 status["progress"] = PROGRESS_COMPLETE
             elif status["phase"] == "CloneInProgress":
-                await self._refresh_progress(view, pvc, status)
+                running_message = await self._refresh_progress(pvc, status)
         elif not old_phase:
             status["phase"] = "Pending"
-        conditions.update_all(status, pvc, message, reason)
+        conditions.update_all(status, pvc, message, reason, running_message=running_message,
+                              worker_running=running_message is not None)
         if status != view.status:
             await write_status(self.ctx.client, groups.DATAVOLUMES, dv, status)
             if (status.get("phase") != old_phase and not quiet) or scheduled_why is not None:
                 self._phase_event(dv, str(status["phase"]), scheduled_why)
         return requeue
 
-    async def _refresh_progress(self, view: DataVolumeView, target: Body, status: Obj) -> None:
-        """The clone source pod's `kubevirt_cdi_clone_progress_total{ownerUID}`, as CDI reads it."""
-        _, source_ns, _ = recorded_source(target)
-        temp = self.ctx.cached(groups.PVCS, temp_claim_name(target), source_ns)
-        pod = self.ctx.cached(groups.PODS, source_pod_name(temp), source_ns) if temp else None
-        pod_ip = PodView(pod).pod_ip if pod else ""
-        if not pod_ip:
-            return
-        report = await self.ctx.progress.read(pod_ip, view.uid)
-        if report is not None and report.progress is not None:
+    async def _refresh_progress(self, target: Body, status: Obj) -> str | None:
+        """The clone source pod's `kubevirt_cdi_clone_progress_total{ownerUID}`, as CDI reads it; and the step
+        it is in, for the Running condition. None while no source pod runs; what the condition says when the
+        pod did not answer (a frozen or busy pod keeps its last word)."""
+        source = hostclone.copy_source(self.ctx, target)
+        if source is None:
+            return None
+        report = await self.ctx.progress.read(*source)
+        if report is None:
+            return conditions.running_message(status)
+        if report.progress is not None:
             status["progress"] = format_progress(min(report.progress, 99.99))
+        return report.running_message() or ""
 
     def _phase_event(self, dv: Body, phase: str, why: str | None) -> None:
         view = DataVolumeView(dv)

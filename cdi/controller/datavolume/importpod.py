@@ -16,12 +16,12 @@ from urllib.parse import urlparse
 from cdi.api import annotations as ann
 from cdi.api import env, groups, naming
 from cdi.api.envvalues import pod_ip_from_status
-from cdi.api.importrequest import ImportRequest
+from cdi.api.importrequest import ImporterOptions, ImportRequest
+from cdi.api.owners import owner_reference
 from cdi.api.targetvolume import TargetVolume, default_path
 from cdi.api.views import ClaimView, PodView
 from cdi.controller.claims import progress_owner_uid
-from cdi.controller.datavolume.importproxy import proxy_ca_configmap_name, trusted_ca_proxy
-from cdi.controller.owners import owner_reference
+from cdi.controller.datavolume.importproxy import proxy_ca_configmap_name
 from cdi.controller.workerpod import PodSettings, worker_pod
 
 Body = Mapping[str, Any]
@@ -123,9 +123,11 @@ def _node_pull(importer: Obj, volumes: list[Obj], source: ImportRequest, setting
 
 
 def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, attempt: int = 0,
-                 scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False) -> Obj:
+                 scratch_claim: str | None = None, filesystem_overhead: str = "0", preallocation: bool = False,
+                 poll: bool = False) -> Obj:
     """The importer's container and volumes; placement, resources, security context, priority class,
-    service account and pass-through annotations are every worker pod's (`workerpod.worker_pod`)."""
+    service account and pass-through annotations are every worker pod's (`workerpod.worker_pod`). `poll`:
+    the importer only reports the source's current version (a DataImportCron's poller)."""
     claim = ClaimView(pvc)
     name, namespace, block = claim.name, claim.namespace, claim.block
     insecure = source.insecure_skip_verify or (
@@ -133,14 +135,9 @@ def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, 
     target = TargetVolume(path=default_path(block), size=claim.requested_storage,
                           filesystem_overhead="0" if block else filesystem_overhead, preallocation=preallocation,
                           owner_uid=progress_owner_uid(pvc))
+    options = ImporterOptions.from_import_proxy(settings.import_proxy, retry_budget=settings.retry_budget, poll=poll)
     environment: list[Obj] = [*source.to_env(insecure_tls=insecure), *target.to_env(size_var=env.IMAGE_SIZE),
-                              pod_ip_from_status()]
-    if settings.retry_budget is not None:
-        environment.append({"name": env.RETRY_BUDGET, "value": f"{settings.retry_budget:g}"})
-    proxy = settings.import_proxy or {}
-    for var, key in ((env.HTTP_PROXY, "HTTPProxy"), (env.HTTPS_PROXY, "HTTPSProxy"), (env.NO_PROXY, "noProxy")):
-        if proxy.get(key):
-            environment.append({"name": var, "value": str(proxy[key])})
+                              pod_ip_from_status(), *options.to_env()]
 
     mounts: list[Obj] = []
     devices: list[Obj] = []
@@ -158,10 +155,9 @@ def importer_pod(pvc: Body, source: ImportRequest, settings: WorkerSettings, *, 
     if source.cert_configmap:
         volumes.append({"name": CERT_VOLUME, "configMap": {"name": source.cert_configmap}})
         mounts.append({"name": CERT_VOLUME, "mountPath": env.CERT_DIR_DEFAULT})
-    if trusted_ca_proxy(proxy):  # the copy in the claim's namespace (importproxy.ensure_proxy_ca)
+    if options.proxy_cert_dir:  # the copy in the claim's namespace (importproxy.ensure_proxy_ca)
         volumes.append({"name": PROXY_CERT_VOLUME, "configMap": {"name": proxy_ca_configmap_name(name)}})
-        mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": env.PROXY_CERT_DIR_DEFAULT})
-        environment.append({"name": env.PROXY_CERT_DIR, "value": env.PROXY_CERT_DIR_DEFAULT})
+        mounts.append({"name": PROXY_CERT_VOLUME, "mountPath": options.proxy_cert_dir})
     for index, secret in enumerate(source.secret_extra_headers):
         volume = f"cdi-extra-headers-{index}"
         volumes.append({"name": volume, "secret": {"secretName": secret}})

@@ -16,9 +16,10 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups, naming
+from cdi.api.importrequest import trusted_ca_proxy
+from cdi.api.owners import owner_reference
 from cdi.api.views import ClaimView, ObjectView
 from cdi.controller.claims import config_status
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 
@@ -26,11 +27,6 @@ Body = Mapping[str, Any]
 Obj = dict[str, Any]
 
 MISSING_REASON = "ErrResourceDoesntExist"  # CDI's reason when the proxy CA ConfigMap is not there
-
-
-def trusted_ca_proxy(import_proxy: Body | None) -> str:
-    """The name of the CA bundle ConfigMap in CDI's namespace ("" when none is configured)."""
-    return str((import_proxy or {}).get("trustedCAProxy") or "")
 
 
 def proxy_ca_configmap_name(pvc_name: str) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.importrequest import ImportRequest
+from cdi.api.owners import owner_keys
 from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PodView
 from cdi.common.backoff import backoff_delay
 from cdi.controller import conditions, quota
@@ -48,7 +49,6 @@ from cdi.controller.datavolume.importpod import (
     pod_name,
 )
 from cdi.controller.datavolume.importproxy import MISSING_REASON, ProxyCaMissing, delete_proxy_ca, ensure_proxy_ca
-from cdi.controller.owners import owner_keys
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings

@@ -43,8 +43,9 @@ class ImportDataVolumeReconciler(DataVolumeReconciler):
 
     async def running_message(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
         """While the import runs: the importer's progress read into `status`, and what it is retrying
-        ("retrying: ... (attempt 3)"), "" when it is not retrying, or None when the pod could not be
-        asked, to keep what the condition says."""
+        ("retrying: ... (attempt 3)"), else the step it is in ("Convert: 1.2 GiB of 4.0 GiB, 310 MiB/s,
+        about 7 s left"), else the claim's message; None when the pod could not be asked, to keep what the
+        condition says."""
         if status.get("phase") != "ImportInProgress":
             return None
         annotations = ClaimView(pvc).annotations
@@ -64,11 +65,11 @@ class ImportDataVolumeReconciler(DataVolumeReconciler):
             return None
         report = await self.ctx.progress.read(pod_ip, owner_uid)
         if report is None:
-            running = conditions.find(status.get("conditions") or [], "Running")
-            return str(running.get("message", "")) if running and running.get("status") == "True" else None
+            return conditions.running_message(status)
         if report.progress is not None:
             if not populated:
                 # 100 is held back until the importer's result is in: conversion may still be running
                 status["progress"] = format_progress(min(report.progress, 99.99))
             self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
-        return report.retry.describe() if report.retry else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
+        message = report.running_message()
+        return message if message is not None else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")

@@ -14,7 +14,7 @@ from typing import Any
 
 from cdi.api import groups
 from cdi.api.upload import CLIENT_NAME
-from cdi.api.views import ObjectView
+from cdi.api.views import CDIView
 from cdi.common import certconfig, pki
 from cdi.kube import AlreadyExists, KubeClient, NotFound
 
@@ -52,7 +52,7 @@ class UploadPki:
 def cert_days(cdi: Mapping[str, Any] | None, which: str) -> float:
     """The lifetime in days of the `server` or `client` certificates this controller issues per pod, from
     the CDI resource's `certConfig` (CDI's 24h by default)."""
-    return certconfig.days(ObjectView(cdi).spec.get("certConfig") if cdi else None, which)
+    return certconfig.days(CDIView(cdi or {}).cert_config, which)
 
 
 async def _ensure_secret(client: KubeClient, namespace: str, name: str, make: pki.KeyPair) -> pki.KeyPair:

@@ -30,6 +30,7 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import env, groups, tlsprofile
+from cdi.api.owners import owner_keys, owner_reference
 from cdi.api.targetvolume import TargetVolume, default_path
 from cdi.api.upload import CLIENT_NAME, UPLOAD_PORT, upload_resource_name, upload_service_name
 from cdi.api.uploadrequest import UploadServerRequest
@@ -49,7 +50,6 @@ from cdi.controller.claims import (
 )
 from cdi.controller.datavolume.imports import received, termination
 from cdi.controller.datavolume.uploadpki import UploadPki, cert_days, ensure_upload_pki
-from cdi.controller.owners import owner_keys, owner_reference
 from cdi.controller.runtime import Reconciler
 from cdi.controller.watches import Watch
 from cdi.controller.workerpod import pod_settings, worker_pod

@@ -1,14 +1,27 @@
 """The upload DataVolume reconciler (CDI's datavolume/upload-controller.go): DataVolumes with
 `source: upload`. Their claim is annotated as an upload target, which the upload reconciler (`uploads`)
 serves with an upload-server pod; the DataVolume is UploadScheduled, UploadReady once the server takes
-uploads, then Succeeded or Failed as the claim's annotations say."""
+uploads, then Succeeded or Failed as the claim's annotations say.
+
+While UploadReady, the upload server's progress (its `/metrics`, the importer's series: an upload goes through
+the importer's pipeline) goes into `status.progress` once an upload began (CDI leaves "N/A" there until the
+end) and its step, bytes, rate and time left into the Running condition's message. The server is asked every
+`progress_interval` while an upload runs, every `IDLE_POLL` seconds while none has begun."""
 
 from __future__ import annotations
 
 from cdi.api import annotations as ann
-from cdi.api.views import ClaimView, DataVolumeView
+from cdi.api import groups
+from cdi.api.phases import PROGRESS_UNKNOWN
+from cdi.api.views import ClaimView, DataVolumeView, PodView
+from cdi.controller import conditions
 from cdi.controller.datavolume.base import Body, DataVolumeReconciler, Event, Obj
+from cdi.controller.datavolume.uploads import upload_name
+from cdi.controller.populators.datavolumes import claim_uses_populator
+from cdi.controller.progress import format_progress
 from cdi.kube import NORMAL, WARNING
+
+IDLE_POLL = 10.0  # seconds between looks at a ready upload server that has not been sent anything yet
 
 
 class UploadDataVolumeReconciler(DataVolumeReconciler):
@@ -30,6 +43,33 @@ class UploadDataVolumeReconciler(DataVolumeReconciler):
             return (WARNING, "UploadFailed", f"Upload into {name} failed"), None
         if annotations.get(ann.POD_READY) == "true":
             status["phase"] = "UploadReady"
-            return (NORMAL, "UploadReady", f"Upload into {name} ready"), None
+            uploading = view.status.get("progress", PROGRESS_UNKNOWN) != PROGRESS_UNKNOWN
+            return (NORMAL, "UploadReady", f"Upload into {name} ready"), \
+                self.ctx.settings.progress_interval if uploading else IDLE_POLL
         status["phase"] = "UploadScheduled"
         return (NORMAL, "UploadScheduled", f"Upload into {name} scheduled"), None
+
+    async def running_message(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
+        """While the upload server is ready: once an upload began, its progress read into `status` and its step
+        ("Transfer: 12 MiB of 48 MiB, 5.0 MiB/s, about 7 s left") for the Running condition; the claim's message
+        before; None when the server could not be asked, to keep what the condition says."""
+        if status.get("phase") != "UploadReady":
+            return None
+        annotations = ClaimView(pvc).annotations
+        worker_claim, owner_uid = pvc, view.uid
+        if claim_uses_populator(pvc):  # the upload server fills the prime claim and reports for the user's claim
+            worker_claim = self.ctx.cached(groups.PVCS, annotations.get(ann.PVC_PRIME_NAME, ""), view.namespace) \
+                or {}
+            owner_uid = ClaimView(pvc).uid
+        worker_name = ClaimView(worker_claim).name
+        pod = self.ctx.cached(groups.PODS, upload_name(worker_name), view.namespace) if worker_name else None
+        pod_ip = PodView(pod).pod_ip if pod else ""
+        if not pod_ip:
+            return None
+        report = await self.ctx.progress.read(pod_ip, owner_uid)
+        if report is None:
+            return conditions.running_message(status)
+        if report.progress is not None:  # an upload began (the server says nothing before)
+            status["progress"] = format_progress(min(report.progress, 99.99))
+        message = report.running_message()
+        return message if message is not None else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")

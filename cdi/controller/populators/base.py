@@ -12,12 +12,12 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups, referencegrant
+from cdi.api.owners import owner_reference
 from cdi.api.views import ClaimView, ObjectView, PersistentVolumeView
 from cdi.api.workeroverrides import WORKER_OVERRIDES
 from cdi.controller import quota
 from cdi.controller.claims import annotate
 from cdi.controller.copyevents import copy_events
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.watches import Watch
 from cdi.kube import NORMAL, WARNING, AlreadyExists, ApiError, NotFound, split_key

@@ -2,7 +2,8 @@
 the PVC or VolumeSnapshot the source names, with the strategy the clone planner picks (csi-clone,
 snapshot, host-assisted copy), through the same phases and temporary objects as a clone DataVolume:
 the claim records them in `cdi.kubevirt.io/clonePhase` and `cdi.controller.clone.execute` walks the
-planner's phases, ending with the volume rebound to the claim and the temporary objects deleted.
+planner's phases, ending with the volume rebound to the claim and the temporary objects deleted. While a
+host-assisted copy runs, the claim shows its progress in `cdi.kubevirt.io/storage.populator.progress`.
 
 Claims created by a clone DataVolume are the clone reconciler's own and are left to it."""
 
@@ -12,7 +13,8 @@ from cdi.api import annotations as ann
 from cdi.api import groups
 from cdi.api.views import ClaimView, ObjectView, SnapshotView
 from cdi.controller.claims import annotate
-from cdi.controller.clone import execute, planner
+from cdi.controller.clone import execute, hostclone, planner
+from cdi.controller.clone.hostclone import HOST_CLONE
 from cdi.controller.clone.phase import ERROR, PENDING, SUCCEEDED
 from cdi.controller.clone.target import recorded_source, refuse
 from cdi.controller.populators.base import (
@@ -22,6 +24,7 @@ from cdi.controller.populators.base import (
     reference_granted,
     source_namespace,
 )
+from cdi.controller.progress import format_progress
 from cdi.controller.runtime import Context
 from cdi.kube import WARNING, split_key
 
@@ -67,8 +70,19 @@ class ClonePopulator(PopulatorReconciler):
         if why is not None:
             refuse(self.ctx, pvc, why)
         else:
-            await execute.advance(self.ctx, pvc)
+            written = await execute.advance(self.ctx, pvc)
+            await self._copy_progress(written or pvc)
         return execute.POLL
+
+    async def _copy_progress(self, pvc: Body) -> None:
+        """While a host-assisted copy runs, its clone source pod's progress on the claim, as CDI's clone
+        populator shows it (`storage.populator.progress`; 100% is written when the clone succeeded)."""
+        if ClaimView(pvc).annotations.get(ann.CLONE_PHASE) != HOST_CLONE:
+            return
+        source = hostclone.copy_source(self.ctx, pvc)
+        report = await self.ctx.progress.read(*source) if source is not None else None
+        if report is not None and report.progress is not None:
+            await annotate(self.ctx, pvc, {ann.POPULATOR_PROGRESS: format_progress(min(report.progress, 99.99))})
 
     def refers_to_us(self, pvc: Body) -> bool:
         ref = ClaimView(pvc).populator_ref

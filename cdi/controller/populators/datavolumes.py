@@ -13,8 +13,8 @@ from typing import Any
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.owners import owner_reference
 from cdi.api.views import ClaimView, DataVolumeView, ObjectView
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context
 from cdi.kube import AlreadyExists, NotFound
 

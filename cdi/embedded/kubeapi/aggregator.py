@@ -2,7 +2,12 @@
 (CDI's cdi-apiserver serves upload.cdi.kubevirt.io), and requests for them are proxied to it with
 the caller's identity in X-Remote-* headers over a front-proxy client certificate, as
 kube-aggregator does. The identity headers are trusted by the backend through the
-`kube-system/extension-apiserver-authentication` ConfigMap this server publishes."""
+`kube-system/extension-apiserver-authentication` ConfigMap this server publishes.
+
+Bodies are streamed both ways, never held (an upload through `upload.extensions.cdi.dev` is gigabytes), with
+the client's framing: its `Content-Length` when it gave one, else chunked. No request timeout applies to a
+proxied request, as kube-apiserver applies none to a `proxy` subresource (it cuts other aggregated requests at
+60 s; the aggregated servers of this project answer those in milliseconds)."""
 
 from __future__ import annotations
 
@@ -120,6 +125,8 @@ class Aggregator:
         forwarded = [(k, v) for k, v in request.headers.items()
                      if k.lower() not in _HOP_HEADERS and not k.lower().startswith(_IDENTITY_PREFIXES)]
         forwarded += _identity(user)
+        if request.content_length is not None and "Transfer-Encoding" not in request.headers:
+            forwarded.append(("Content-Length", str(request.content_length)))  # as sent: not re-framed as chunks
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         url = f"https://{host}:{port}{request.path_qs}"

@@ -132,6 +132,20 @@ def _resource_version(query: Mapping[str, str]) -> int | None:
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
 
+def _selected_name(request: web.Request, verb: str) -> str:
+    """The name a list, watch or deletecollection asks for with a `metadata.name=` term of its field selector,
+    which kube-apiserver authorizes as a request for that name (a Role's `resourceNames` then lets one watch
+    one object, as aggregated API servers watch `extension-apiserver-authentication`)."""
+    if verb not in ("list", "watch", "deletecollection"):
+        return ""
+    try:
+        selector = parse_field_selector(request.query.get("fieldSelector"))
+    except StatusError:
+        return ""  # refused in the selector's own words where it is used
+    names = [r.value for r in selector.requirements if r.path == ("metadata", "name") and not r.negate]
+    return names[0] if names and names[0] not in ("", ".", "..") and "/" not in names[0] else ""
+
+
 class ApiHandlers:
     def __init__(self, objects: Objects, auth: Authenticator, authz: RbacAuthorizer, aggregator: Aggregator,
                  server_address: Callable[[], str]) -> None:
@@ -441,7 +455,7 @@ class ApiHandlers:
         else:
             verb = _VERBS.get(method, method.lower())
         return Attributes(verb, target.rtype.group, target.rtype.plural, target.subresource,
-                          target.namespace or "", target.name or "")
+                          target.namespace or "", target.name or _selected_name(request, verb))
 
     async def _access_review(self, request: web.Request, target: Target) -> web.Response:
         """SubjectAccessReview (for a named user) and SelfSubjectAccessReview (for the caller): evaluated,

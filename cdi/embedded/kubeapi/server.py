@@ -230,9 +230,11 @@ class ApiServer:
         app.on_response_prepare.append(self.handlers.on_response_prepare)
         app.add_routes(self.handlers.routes())
         # handler_cancellation: a watch whose client disconnected ends at once instead of holding its
-        # subscription until the next event for it.
+        # subscription until the next event for it (and an upload proxied to an aggregated server is cut there
+        # too, which is what lets it resume). read_bufsize: a body the aggregation layer streams on is read up to
+        # a MiB at a time (aiohttp's 64 KiB halved an upload through `upload.extensions.cdi.dev`, bench/RESULTS.md).
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, handle_signals=False,
-                                     handler_cancellation=True)
+                                     handler_cancellation=True, read_bufsize=1 << 20)
         await self._runner.setup()
         port = self.config.port
         port_file = self.dir / "port"

@@ -21,7 +21,7 @@ from ..checksum import Hasher
 from ..errors import ImporterError, Reason
 from ..formats import ImageInfo
 from ..options import ImportOptions
-from ..progress import CONVERT, RESIZE, SYNC, Progress
+from ..progress import CONVERT, PREALLOCATE, RESIZE, SYNC, Progress
 from ..ranges import RangeFetcher, RangeReader, Span
 from ..retry import Terminated
 from ..source import TRAILING_LIMIT, Origin
@@ -172,10 +172,14 @@ class ImportContext:
         )
 
     def plan(self, *phases: tuple[str, float]) -> None:
-        """The route's progress phases (no resize phase on a block device)."""
+        """The route's progress phases (no resize phase on a block device; a preallocate phase before the
+        sync when a file is preallocated at the end)."""
         plan = list(phases)
         if self.target.kind != FILESYSTEM:
             plan = [p for p in plan if p[0] != RESIZE]
+        elif self.options.preallocation and any(p[0] == RESIZE for p in plan):
+            at = next((i for i, p in enumerate(plan) if p[0] == SYNC), len(plan))
+            plan.insert(at, (PREALLOCATE, 2))
         self.progress.plan(plan)
 
     def writer(self, fd: int, known_zero: bool) -> SparseWriter:
@@ -192,8 +196,8 @@ class ImportContext:
         self.finish_source()
         self.hasher.verify(self.origin.name)
         self.progress.begin(RESIZE)
-        applied = self.target.finalize(image_size, self.usable, self.options.preallocation)
-        self.progress.begin(SYNC)
+        # the target begins PREALLOCATE (when asked for) and SYNC as it gets there
+        applied = self.target.finalize(image_size, self.usable, self.options.preallocation, self.progress.begin)
         resume.remove(self.state_path)
         return applied
 

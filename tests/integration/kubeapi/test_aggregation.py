@@ -14,6 +14,7 @@ from aiohttp import web
 
 from cdi.common import pki
 from tests.integration.kubeapi.conftest import Api, make_api
+from tests.support.cluster import async_wait_for
 
 GROUP = "/apis/upload.cdi.kubevirt.io/v1beta1"
 
@@ -42,9 +43,21 @@ async def aggregated(tmp_path: Path) -> AsyncIterator[tuple[Api, list[dict[str, 
         body = await request.json()
         return web.json_response({**body, "status": {"token": "signed"}}, status=201)
 
+    async def stream(request: web.Request) -> web.Response:
+        """A long-running subresource: the body read as it arrives, when it arrives."""
+        record: dict[str, Any] = {"content_length": request.headers.get("Content-Length"),
+                                  "transfer_encoding": request.headers.get("Transfer-Encoding"),
+                                  "user": request.headers.get("X-Remote-User"), "chunks": 0, "received": 0}
+        seen.append(record)
+        async for chunk in request.content.iter_any():
+            record["chunks"] += 1
+            record["received"] += len(chunk)
+        return web.Response(text=str(record["received"]))
+
     app = web.Application()
     app.add_routes([web.get(GROUP, discovery),
-                    web.post(GROUP + "/namespaces/{ns}/uploadtokenrequests", create)])
+                    web.post(GROUP + "/namespaces/{ns}/uploadtokenrequests", create),
+                    web.post(GROUP + "/namespaces/{ns}/things/{name}/proxy/{rest:.*}", stream)])
     ca = pki.make_ca("cdi-apiserver-ca")
     context = pki.server_context(pki.issue(ca, "cdi-api", ["127.0.0.1", "cdi-api.cdi.svc"]), tmp_path / "tls",
                                  client_ca=auth["data"]["requestheader-client-ca-file"].encode())
@@ -110,3 +123,29 @@ async def test_the_backend_hears_the_impersonated_users_extras_and_nothing_the_c
     await api.ok("POST", GROUP + "/namespaces/default/uploadtokenrequests", request, headers=headers)
     assert seen[-1]["user"] == "carol" and seen[-1]["groups"] == ["system:masters", "system:authenticated"]
     assert seen[-1]["identity"] == [("x-remote-extra-example.com%2fscope", "view")]
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_body_reaches_the_aggregated_server_while_it_is_sent(aggregated: tuple[Api, list[dict[str, Any]]],
+                                                                     framing: str) -> None:
+    """As kube-apiserver proxies a `proxy` subresource: streamed, with the client's framing, no time limit. The
+    client sends the rest of its body only once the server has its first bytes (held, it would never get them)."""
+    api, seen = aggregated
+    first = b"x" * (1 << 20)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield first
+        await async_wait_for(lambda: seen and seen[-1]["received"] > 0, 10, message="the first bytes, passed on")
+        for _ in range(3):
+            yield first
+
+    headers = {"Content-Length": str(4 * len(first))} if framing == "content-length" else {}
+    async with api.session.post(api.url + GROUP + "/namespaces/default/things/disk/proxy/v1beta1/upload",
+                                data=body(), headers=headers) as resp:
+        assert (resp.status, await resp.text()) == (200, str(4 * len(first)))
+    record = seen[-1]
+    assert record["user"] == "admin" and record["chunks"] > 1
+    if framing == "content-length":
+        assert (record["content_length"], record["transfer_encoding"]) == (str(4 * len(first)), None)
+    else:
+        assert (record["content_length"], record["transfer_encoding"]) == (None, "chunked")

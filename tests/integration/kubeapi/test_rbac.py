@@ -109,6 +109,38 @@ async def test_access_reviews_answer_for_users_and_for_the_caller(rbac_api: Api)
     assert status == 201 and body["status"]["allowed"] is False
 
 
+async def test_resource_names_allow_listing_and_watching_one_object_by_field_selector(rbac_api: Api) -> None:
+    """As kube-apiserver authorizes a list or watch whose field selector names one object: as a request for
+    that name, so a Role's `resourceNames` allows it (what an aggregated API server's reader Role of
+    `extension-apiserver-authentication` relies on to follow that ConfigMap), and nothing more."""
+    api = rbac_api
+    await api.ok("POST", f"{RBAC}/namespaces/kube-system/roles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "auth-reader"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"],
+                   "resourceNames": ["extension-apiserver-authentication"]}]})
+    await api.ok("POST", f"{RBAC}/namespaces/kube-system/rolebindings",
+                 binding("RoleBinding", "bob-auth", "Role", "auth-reader", "User", "bob", "kube-system"))
+    configmaps = "/api/v1/namespaces/kube-system/configmaps"
+    one = "fieldSelector=metadata.name%3Dextension-apiserver-authentication"
+    status, body = await as_user(api, "bob-token", "GET", f"{configmaps}?{one}")
+    assert status == 200 and [c["metadata"]["name"] for c in body["items"]] == ["extension-apiserver-authentication"]
+    async with api.session.get(f"{api.url}{configmaps}?{one}&watch=true&timeoutSeconds=1",
+                               headers={"Authorization": "Bearer bob-token"}) as watch:
+        assert watch.status == 200
+        first = await watch.content.readline()
+        assert b"extension-apiserver-authentication" in first
+    status, body = await as_user(api, "bob-token", "GET", configmaps)
+    assert status == 403
+    assert body["message"] == ('configmaps is forbidden: User "bob" cannot list resource "configmaps" in API group '
+                               '"" in the namespace "kube-system"')
+    status, body = await as_user(api, "bob-token", "GET", f"{configmaps}?fieldSelector=metadata.name%3Dother")
+    assert status == 403
+    assert body["message"].startswith('configmaps "other" is forbidden: User "bob" cannot list resource')
+    status, _ = await as_user(api, "bob-token", "GET",
+                              f"{configmaps}?fieldSelector=metadata.name%21%3Dextension-apiserver-authentication")
+    assert status == 403
+
+
 async def test_bootstrap_roles_regain_what_a_restart_brings(tmp_path: Path) -> None:
     """A data directory from an older version gets the newer bootstrap rules at start, as kube-apiserver
     reconciles its bootstrap policy (adding, never removing: a rule an admin added stays)."""

@@ -53,7 +53,7 @@ async def test_extents_arrive_identical_and_sparse(upload_pki: UploadPki, tmp_pa
         progress = Progress("uid-1")
         sent = await asyncio.to_thread(send, config(upload_pki, running.server.port, source_dir), progress)
         assert 3 * 4096 <= sent <= 4 * 4096  # only the data blocks (page-rounded by the file system) travel
-        assert progress.percent() == 100.0
+        assert progress.percent == 100.0
         assert running.server.clone_result is not None and running.server.clone_done.is_set()
         copy = volumes.image.read_bytes()
         assert hashlib.sha256(copy[:16 * MIB]).hexdigest() == hashlib.sha256(original).hexdigest()

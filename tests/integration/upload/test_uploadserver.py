@@ -461,3 +461,46 @@ async def test_a_cut_form_upload_fails_and_the_next_one_is_taken(upload_server: 
     async with upload_server.session.post(upload_server.url + "/v1beta1/upload-form", data=form) as resp:
         assert resp.status == 200, await resp.text()
     assert sha256_file(upload_server.volumes.image, image.virtual_size) == image.sha256
+
+
+async def test_metrics_say_how_far_an_upload_is_without_a_client_certificate(upload_server: Running,
+                                                                            upload_pki: UploadPki) -> None:
+    """An upload held half way: `GET /metrics` (the controller's scrape, no client certificate) says the transfer
+    step with the bytes received of the Content-Length, as the controller reads an importer's."""
+    from cdi.controller.progress import parse_progress, parse_step
+
+    data = disk_bytes(2, 8 << 20)
+    half = len(data) // 2
+    release = asyncio.Event()
+    owner = upload_server.server.config.owner_uid
+
+    async def body() -> AsyncIterator[bytes]:
+        yield data[:half]
+        await release.wait()
+        yield data[half:]
+
+    async def scrape() -> str:
+        async with aiohttp.ClientSession() as plain, plain.get(
+                upload_server.url + "/metrics", ssl=upload_pki.client_context(anonymous=True)) as resp:
+            assert resp.status == 200
+            return await resp.text()
+
+    assert await scrape() == ""  # nothing before the first upload
+    posted = asyncio.ensure_future(upload_server.session.post(
+        upload_server.url + "/v1beta1/upload", data=body(), headers={"Content-Length": str(len(data))}))
+    try:
+        async def half_way() -> str | None:
+            text = await scrape()
+            step = parse_step(text, owner)
+            return text if step is not None and step.done >= half else None
+
+        text = await async_wait_for(half_way, 30.0, message="the metrics showing the first half")
+        step = parse_step(text, owner)
+        assert step is not None and (step.phase, step.done, step.total) == ("TransferDataFile", half, len(data))
+        progress = parse_progress(text, owner)
+        assert progress is not None and 40 < progress < 50
+    finally:
+        release.set()
+    async with await posted as resp:
+        assert resp.status == 200
+    assert parse_progress(await scrape(), owner) == 100

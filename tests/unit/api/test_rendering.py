@@ -9,6 +9,7 @@ import pytest
 from cdi.api.rendering import (
     ClusterStorage,
     NoStorageClass,
+    ProfileNotReady,
     RenderError,
     render_claim_spec,
     render_pvc_spec,
@@ -90,10 +91,23 @@ def test_profile_minimum_size_is_applied() -> None:
 
 
 def test_profile_without_claim_properties_is_an_invalid_claim() -> None:
-    cluster = ClusterStorage([sc("bare", default=True)], {"bare": {"status": {}}}, {})
+    written = {"status": {"storageClass": "bare", "provisioner": "example.com/unknown"}}
+    cluster = ClusterStorage([sc("bare", default=True)], {"bare": written}, {})
     with pytest.raises(RenderError, match="cannot get access mode from StorageProfile bare") as info:
         render_claim_spec(dv(contentType="archive"), cluster)
     assert info.value.reason == "ErrClaimNotValid"
+
+
+@pytest.mark.parametrize("profile", [None, {"metadata": {"name": "new"}, "spec": {}}])
+def test_a_class_whose_profile_is_not_written_yet_waits_for_it(profile: dict[str, Any] | None) -> None:
+    """The class was just created: its profile is not there, or not yet written by the profile controller.
+    That is no invalid claim (a class of a known provisioner gets its modes a moment later): it waits."""
+    cluster = ClusterStorage([sc("new")], {"new": profile} if profile else {}, {})
+    with pytest.raises(ProfileNotReady, match="Waiting for the StorageProfile of storage class new") as info:
+        render_claim_spec(dv({"storageClassName": "new"}), cluster)
+    assert isinstance(info.value, NoStorageClass) and info.value.reason == "Pending"
+    stated = dv({"storageClassName": "new", "accessModes": ["ReadWriteOnce"], "volumeMode": "Block"})
+    assert render_claim_spec(stated, cluster)["volumeMode"] == "Block"  # nothing asked of the profile
 
 
 def test_no_storage_class_at_all_waits() -> None:

@@ -115,3 +115,18 @@ def test_a_multi_stage_import_source_may_move_its_checkpoints_and_nothing_else()
     unnamed = vddk_source(checkpoints=[{"previous": "", "current": "c1"}])
     assert rejection_message(validate_volume_import_source(unnamed)) == \
         " Unable to do multi-stage import without specifying a target claim"
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_an_extension_switch_is_true_or_false(value: str) -> None:
+    body = dv()
+    body["metadata"]["annotations"] = {"extensions.cdi.dev/clone.allowSourceInUse": value}
+    assert validate_datavolume(body) == []
+
+
+def test_an_extension_switch_saying_anything_else_is_refused_naming_it() -> None:
+    body = dv()
+    key = "extensions.cdi.dev/clone.allowSourceInUse"
+    body["metadata"]["annotations"] = {key: "yes"}
+    assert [(c.field, c.message) for c in validate_datavolume(body)] == [
+        (f"metadata.annotations[{key}]", f"{key}: must be \"true\" or \"false\", not 'yes'")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cdi.api.views import (
+    CDIView,
     ClaimView,
     DataImportCronView,
     DataSourceView,
@@ -114,6 +115,12 @@ def test_a_data_import_cron_view() -> None:
     assert StorageProfileView({"status": {"dataImportCronSourceFormat": "snapshot"}}).import_source_format == \
         "snapshot"
 
+
+
+def test_a_cdi_view() -> None:
+    cdi = CDIView({"spec": {"certConfig": {"ca": {"duration": "96h"}}, "cloneStrategyOverride": "copy"}})
+    assert (cdi.cert_config, cdi.clone_strategy_override) == ({"ca": {"duration": "96h"}}, "copy")
+    assert (CDIView({}).cert_config, CDIView({}).clone_strategy_override) == ({}, "")
 
 def test_pod_view_containers_and_the_objects_its_volumes_mount() -> None:
     pod = PodView({"spec": {"containers": [{"name": "importer"}], "volumes": [

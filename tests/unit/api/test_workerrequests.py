@@ -7,6 +7,8 @@ Secret's name, which the pod sees as its contents) is said by each test."""
 from __future__ import annotations
 
 import base64
+import os
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,14 +19,16 @@ from cdi.api import env, tlsprofile
 from cdi.api import upload as names
 from cdi.api.clonesourcerequest import CloneSourceRequest, source_path
 from cdi.api.envvalues import EnvError
-from cdi.api.importrequest import ImportRequest
+from cdi.api.importrequest import ImporterOptions, ImportRequest
 from cdi.api.targetvolume import TargetVolume, default_path, preallocation_wanted, requested_preallocation
 from cdi.api.uploadrequest import UploadServerRequest
 from cdi.cloner.source import CloneError, SourceConfig
+from cdi.controller.dataimportcron import POLL_RETRY_BUDGET
 from cdi.controller.datavolume.importpod import IMPORTER_CONTAINER, WorkerSettings, importer_pod
 from cdi.embedded.node.environment import build_env
-from cdi.importer.config import ImporterConfig
+from cdi.importer.config import ImporterConfig, default_read_timeout
 from cdi.importer.errors import ImporterError, Reason
+from cdi.importer.retry import DEFAULT_BUDGET
 from cdi.uploadserver.config import ConfigError, UploadServerConfig
 from tests.unit.api.test_importrequest import SOURCES
 
@@ -88,6 +92,70 @@ def test_the_importer_reads_what_its_pod_was_asked(source: dict[str, Any], volum
     assert (config.image_size, config.filesystem_overhead, config.preallocation, config.owner_uid) == \
         (volume.size_bytes, volume.filesystem_overhead, volume.preallocation, volume.owner_uid)
     assert config.pod_ip == POD_IP
+    assert ImporterOptions.from_environ(environ) == ImporterOptions()  # no proxy, the importer's own budget
+
+
+# -- the importer's options: proxy, retry budget, poll ----------------------------------------------------
+
+IMPORT_PROXY = {"HTTPProxy": "http://proxy.example:3128", "HTTPSProxy": "http://user:pw@proxy.example:3129",
+                "noProxy": ".cluster.local,10.0.0.0/8", "trustedCAProxy": "proxy-ca"}
+OPTIONS = {
+    "CDI's defaults": (WorkerSettings(), False, ImporterOptions()),
+    "through CDIConfig's proxy, trusting its CA, with the controller's retry budget": (
+        WorkerSettings(import_proxy=IMPORT_PROXY, retry_budget=42.5), False,
+        ImporterOptions(http_proxy="http://proxy.example:3128", https_proxy="http://user:pw@proxy.example:3129",
+                        no_proxy=".cluster.local,10.0.0.0/8", proxy_cert_dir="/proxycerts", retry_budget=42.5)),
+    "a DataImportCron's poller": (  # as DataImportCronReconciler._start_poller builds it
+        WorkerSettings(import_proxy={"HTTPSProxy": "http://proxy.example:3129"}, retry_budget=POLL_RETRY_BUDGET),
+        True, ImporterOptions(https_proxy="http://proxy.example:3129", retry_budget=30.0, poll=True)),
+}
+
+
+@pytest.mark.parametrize(("settings", "poll", "expected"), OPTIONS.values(), ids=OPTIONS.keys())
+def test_the_importer_reads_the_options_its_pod_was_given(settings: WorkerSettings, poll: bool,
+                                                          expected: ImporterOptions, tmp_path: Path) -> None:
+    request = ImportRequest.from_source({"http": {"url": "https://images.example/disk.qcow2"}})
+    pod = importer_pod(claim(request, VOLUMES["filesystem"]), request, settings, poll=poll)
+    importer = next(c for c in pod["spec"]["containers"] if c["name"] == IMPORTER_CONTAINER)
+    environ = kubelet(importer["env"], **{env.DATA_DIR: str(tmp_path)})
+    assert ImporterOptions.from_environ(environ) == expected
+    config = ImporterConfig.from_env(environ)
+    budget = expected.retry_budget or DEFAULT_BUDGET
+    assert (config.retry.budget, config.read_timeout, config.poll) == \
+        (budget, default_read_timeout(budget), expected.poll)
+    assert config.proxies == {key: value for key, value in (("http", expected.http_proxy),
+                                                            ("https", expected.https_proxy),
+                                                            ("no", expected.no_proxy)) if value}
+    # the proxy's CA bundle is mounted where the importer looks (it looks in /proxycerts when told nothing)
+    assert config.proxy_cert_dir == Path(expected.proxy_cert_dir or env.PROXY_CERT_DIR_DEFAULT)
+    mounts = {m["mountPath"] for m in importer.get("volumeMounts") or []}
+    assert (env.PROXY_CERT_DIR_DEFAULT in mounts) == bool(expected.proxy_cert_dir)
+
+
+@pytest.mark.parametrize("environ", [
+    {"HTTPS_PROXY": "http://upper:1"},
+    {"https_proxy": "http://lower:1", "HTTPS_PROXY": "http://upper:1", "NO_PROXY": "example.org"},
+    {"https_proxy": "", "HTTPS_PROXY": "http://upper:1", "http_proxy": "http://lower:2"},
+], ids=["upper case", "lower case first", "an empty lower case one unsets"])
+def test_the_importer_reads_proxy_variables_as_urllib_does(environ: dict[str, str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The options' reader replaced urllib's reading of the process environment in the importer's clients."""
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy") or name == "REQUEST_METHOD":
+            monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    expected = {k: v for k, v in urllib.request.getproxies_environment().items() if k in ("http", "https", "no")}
+    assert ImporterOptions.from_environ(environ).proxies == expected
+
+
+@pytest.mark.parametrize(("variable", "value"), [(env.RETRY_BUDGET, "soon"), (env.RETRY_BUDGET, "-1"),
+                                                 (env.READ_TIMEOUT, "0"), (env.POLL, "maybe")])
+def test_options_that_are_no_number_or_boolean_are_the_importers_configuration_error(
+        variable: str, value: str, tmp_path: Path) -> None:
+    with pytest.raises(ImporterError, match=variable) as caught:
+        ImporterConfig.from_env({env.SOURCE: "blank", env.DATA_DIR: str(tmp_path), variable: value})
+    assert caught.value.reason == Reason.INVALID_CONFIGURATION
 
 
 # -- the upload server ----------------------------------------------------------------------------------

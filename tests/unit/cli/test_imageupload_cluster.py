@@ -121,3 +121,11 @@ async def test_proxy_url_prefers_the_override(kube: FakeKube) -> None:
     kube.add(groups.CDICONFIGS, {"metadata": {"name": groups.CDI_CONFIG_NAME},
                                  "spec": {"uploadProxyURLOverride": "http://elsewhere:80"}})
     assert await cluster.proxy_url() == "http://elsewhere:80"
+
+
+async def test_no_proxy_url_anywhere_means_through_the_api_server(kube: FakeKube) -> None:
+    """virtctl stops with "uploadproxy URL not found"; `cdi image-upload` goes through the API server instead."""
+    kube.add(groups.CDICONFIGS, {"metadata": {"name": groups.CDI_CONFIG_NAME}, "spec": {}, "status": {}})
+    assert await Cluster(kube, None).proxy_url() == ""
+    await kube.delete(groups.CDICONFIGS, groups.CDI_CONFIG_NAME)
+    assert await Cluster(kube, None).proxy_url() == ""  # unreadable or missing: the same

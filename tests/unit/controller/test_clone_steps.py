@@ -111,3 +111,20 @@ async def test_a_snapshot_that_can_never_be_taken_fails_the_clone_and_goes(kube:
     assert (annotations(kube)[A + "storage.condition.running.reason"],
             annotations(kube)[A + "storage.condition.running.message"]) == ("Error", why)
     assert kube.object(groups.VOLUMESNAPSHOTS, temp_snapshot_name(claim), NAMESPACE) is None
+
+
+async def test_a_smart_clone_does_not_start_from_a_source_being_deleted(kube: FakeKube, ctx: Context) -> None:
+    """The pod that held the source went, and the source's claim, deleted meanwhile, waits only for that pod's
+    volume to be let go: no snapshot is asked of it, and the clone says why it waits."""
+    source_claim(kube)
+    golden = kube.object(groups.PVCS, "golden", NAMESPACE) or {}
+    golden["metadata"].update(deletionTimestamp="2026-03-02T10:15:00Z", finalizers=["kubernetes.io/pvc-protection"])
+    kube.add(groups.PVCS, golden)
+    claim = target(kube, planner.SNAPSHOT)
+    await CloneReconciler(ctx)._advance(claim)
+    assert kube.object(groups.VOLUMESNAPSHOTS, temp_snapshot_name(claim), NAMESPACE) is None
+    message = f"The source pvc {NAMESPACE}/golden is being deleted"
+    assert annotations(kube)[A + "clonePhase"] == "Snapshot"
+    assert (annotations(kube)[A + "storage.condition.running.reason"],
+            annotations(kube)[A + "storage.condition.running.message"]) == ("CloneWithoutSource", message)
+    assert ("Warning", "CloneWithoutSource", message) in await events_of(ctx, "copy")

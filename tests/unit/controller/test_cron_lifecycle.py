@@ -63,6 +63,11 @@ def condition(kube: FakeKube, type_: str, name: str = "fedora") -> tuple[str, st
     return found["status"], found["reason"]
 
 
+def said(kube: FakeKube, type_: str, name: str = "fedora") -> tuple[str, str, str]:
+    found = next(c for c in stored(kube, groups.DATAIMPORTCRONS, name)["status"]["conditions"] if c["type"] == type_)
+    return found["status"], found["reason"], found["message"]
+
+
 async def poll(kube: FakeKube, reconciler: DataImportCronReconciler, digest: str, name: str = "fedora") -> None:
     """The run's poller pod reports `digest`; the cron takes it."""
     c = stored(kube, groups.DATAIMPORTCRONS, name)
@@ -265,10 +270,9 @@ async def test_outdated_imports_beyond_imports_to_keep_are_collected(kube: FakeK
     import_phase(kube, first, "Succeeded")
     await look(reconciler)
     second = await imported(kube, reconciler, clock, TWO)
-    # kept while the DataSource still names it; collected at the next look, once it names the new one
-    assert kube.object(groups.DATAVOLUMES, first, NAMESPACE) is not None
+    # collected in the look that points the DataSource at the new one: the cron's own DataSource moving on
+    # is no use that keeps an import (nor one the cron would say it keeps)
     assert stored(kube, groups.DATASOURCES, "fedora")["spec"]["source"]["pvc"]["name"] == second
-    await look(reconciler)
     assert kube.object(groups.DATAVOLUMES, first, NAMESPACE) is None
     assert kube.object(groups.DATAVOLUMES, second, NAMESPACE) is not None
     assert ("Normal", "GarbageCollected", f"Deleted outdated import {first}") in await events_of(ctx, "fedora")
@@ -286,9 +290,26 @@ async def test_an_outdated_import_in_use_is_kept_until_it_is_free(kube: FakeKube
     await imported(kube, reconciler, clock, TWO)
     assert kube.object(groups.DATAVOLUMES, first, NAMESPACE) is not None
     assert any(e[1] == "OutdatedImportInUse" and f"Pod {NAMESPACE}/vm" in e[2] for e in await events_of(ctx, "fedora"))
+    assert said(kube, "OutdatedImportsInUse") == (
+        "True", "OutdatedImportInUse",
+        f"Keeping outdated imports beyond importsToKeep (1) while in use: {first} (used by Pod {NAMESPACE}/vm)")
     await kube.delete(groups.PODS, "vm", NAMESPACE)
     await look(reconciler)
     assert kube.object(groups.DATAVOLUMES, first, NAMESPACE) is None
+    assert said(kube, "OutdatedImportsInUse") == (
+        "False", "OutdatedImportsCollected", "No outdated import is kept beyond importsToKeep (1)")
+    assert condition(kube, "UpToDate") == ("True", "UpToDate")  # CDI's conditions as they were
+
+
+async def test_a_cron_that_never_kept_an_import_has_no_in_use_condition(kube: FakeKube, ctx: Context) -> None:
+    clock = Clock()
+    reconciler = await polled(kube, ctx, clock, importsToKeep=1)
+    import_phase(kube, str(dv_name("fedora", ONE)), "Succeeded")
+    await look(reconciler)
+    await imported(kube, reconciler, clock, TWO)
+    await look(reconciler)
+    types = [c["type"] for c in stored(kube, groups.DATAIMPORTCRONS, "fedora")["status"]["conditions"]]
+    assert sorted(types) == ["Progressing", "UpToDate"]
 
 
 async def test_garbage_collection_can_be_turned_off(kube: FakeKube, ctx: Context) -> None:

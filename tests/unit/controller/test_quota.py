@@ -14,6 +14,7 @@ from cdi.api import groups
 from cdi.controller.clone import planner
 from cdi.controller.clone.hostclone import HostClonePhase
 from cdi.controller.clone.phase import Step
+from cdi.controller.datavolume.clones import CloneReconciler
 from cdi.controller.datavolume.imports import ImportReconciler
 from cdi.controller.datavolume.importsource import ImportDataVolumeReconciler
 from cdi.controller.populators.base import prime_name
@@ -22,8 +23,10 @@ from cdi.controller.quota import refusal
 from cdi.controller.runtime import Context, RetryLater
 from cdi.kube import Forbidden, Invalid
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.clone.objects import SOURCE, annotations, clone, source_claim, target_claim
+from tests.unit.controller.clone.objects import SOURCE, annotations, clone, settle, source_claim, stored, target_claim
 from tests.unit.controller.conftest import NAMESPACE, events_of
+from tests.unit.controller.test_clone_reconciler import datavolume as datavolume_of_clone
+from tests.unit.controller.test_clone_reconciler import strategy
 from tests.unit.controller.test_populators import claim as populated_claim
 from tests.unit.controller.test_populators import import_source
 from tests.unit.controller.test_reconcilers import HTTP_SOURCE, A, bind, conditions, datavolume
@@ -177,3 +180,43 @@ async def test_a_prime_claim_over_quota_is_said_on_the_users_claim(kube: FakeKub
     set_quota(kube, {"requests.storage": "2Gi"})
     await populator.reconcile(KEY)
     assert kube.object(groups.PVCS, prime_name(user), NAMESPACE) is not None
+
+
+async def test_a_snapshot_clones_restored_claim_over_quota_shows_on_its_datavolume(
+        kube: FakeKube, ctx: Context) -> None:
+    """The snapshot is taken, the claim restored from it is refused: the DataVolume shows the phase that waits
+    (CloneFromSnapshotSourceInProgress, not the snapshot's) and why on its Running condition, and a change
+    of the namespace's quota brings it back."""
+    source_claim(kube, capacity="1Gi")
+    strategy(kube, None)  # snapshot
+    kube.add(groups.VOLUMESNAPSHOTCLASSES, {"metadata": {"name": "snapclass"}, "driver": "cdi.local"})
+    datavolume_of_clone(kube, "1Gi")
+    reconciler = CloneReconciler(ctx)
+    quota: Obj | None = None
+    for _ in range(10):
+        if quota is None and stored(kube, groups.DATAVOLUMES, "copy").get("status", {}).get("phase") == \
+                "SnapshotForSmartCloneInProgress":
+            quota = set_quota(kube, {"persistentvolumeclaims": "2"})  # the source and the target
+        try:
+            await reconciler.reconcile(f"{NAMESPACE}/copy")
+        except RetryLater:
+            break
+        settle(kube)
+    else:
+        raise AssertionError("the restored claim was never refused")
+    assert quota is not None
+    dv = stored(kube, groups.DATAVOLUMES, "copy")
+    assert dv["status"]["phase"] == "CloneFromSnapshotSourceInProgress"
+    running = condition(dv, "Running")
+    assert (running["status"], running["reason"]) == ("False", "ErrExceededQuota")
+    assert running["message"].startswith('persistentvolumeclaims "tmp-pvc-')
+    assert "exceeded quota: small" in running["message"]
+    assert quota_keys(reconciler, quota) == [f"{NAMESPACE}/copy"]
+
+    set_quota(kube, {"persistentvolumeclaims": "3"})
+    for _ in range(10):
+        await reconciler.reconcile(f"{NAMESPACE}/copy")
+        if stored(kube, groups.DATAVOLUMES, "copy")["status"]["phase"] == "Succeeded":
+            break
+        settle(kube)
+    assert stored(kube, groups.DATAVOLUMES, "copy")["status"]["phase"] == "Succeeded"

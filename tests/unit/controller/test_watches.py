@@ -11,9 +11,9 @@ import pytest
 
 from cdi.api import annotations as ann
 from cdi.api import groups
+from cdi.api.owners import owner_reference
 from cdi.controller.capabilities import NO_PROVISIONER
 from cdi.controller.manager import all_reconcilers, watch_all
-from cdi.controller.owners import owner_reference
 from cdi.controller.runtime import Context, Reconciler
 from cdi.controller.watches import Watch, register
 from tests.support.fakekube import FakeKube

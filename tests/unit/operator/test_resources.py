@@ -119,3 +119,32 @@ def test_a_certificate_is_renewed_within_renew_before_or_when_its_ca_changed() -
     assert not certs.due(leaf, certs.Lifetime(datetime.timedelta(hours=1), datetime.timedelta(minutes=10)), ca)
     assert certs.due(leaf, certs.Lifetime(datetime.timedelta(hours=1), datetime.timedelta(minutes=10)),
                      pki.make_ca("another"))
+
+
+def test_uploads_through_the_api_server_are_installed() -> None:
+    """The APIService of `upload.extensions.cdi.dev` at the proxy's aggregation port (with the proxy's CA),
+    that port on the Service and the Deployment, the proxy's read of the request-header CA, and the right to
+    upload in CDI's edit and admin roles (`create` for POST, `get` for the HEAD probe), not in view."""
+    objects = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+               for o in [*resources.components({"spec": {}}, "cdi", Images(), {}),
+                         *resources.webhooks_and_apiservice("cdi", "QVBJ", "UFJPWFk=")]}
+    apiservice = objects[("APIService", "", "v1beta1.upload.extensions.cdi.dev")]["spec"]
+    assert apiservice["service"] == {"namespace": "cdi", "name": "cdi-uploadproxy", "port": 8444}
+    assert (apiservice["group"], apiservice["version"], apiservice["caBundle"]) == (
+        "upload.extensions.cdi.dev", "v1beta1", "UFJPWFk=")
+    assert {"name": "aggregation", "port": 8444, "targetPort": 8444, "protocol": "TCP"} in \
+        objects[("Service", "cdi", "cdi-uploadproxy")]["spec"]["ports"]
+    pod = objects[("Deployment", "cdi", "cdi-uploadproxy")]["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--aggregation-listen") + 1] == "0.0.0.0:8444"
+    state = args[args.index("--state-dir") + 1]
+    assert {"name": "state", "mountPath": state} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "state", "emptyDir": {}} in pod["volumes"]
+    binding = objects[("RoleBinding", "kube-system", "cdi-uploadproxy-auth-reader")]
+    assert binding["roleRef"]["name"] == "extension-apiserver-authentication-reader"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cdi-uploadproxy", "namespace": "cdi"}]
+    upload = {"apiGroups": ["upload.extensions.cdi.dev"], "resources": ["uploads/proxy"], "verbs": ["create", "get"]}
+    for role in ("admin", "edit"):
+        assert upload in objects[("ClusterRole", "", f"cdi.kubevirt.io:{role}")]["rules"]
+    assert not any("upload.extensions.cdi.dev" in rule["apiGroups"]
+                   for rule in objects[("ClusterRole", "", "cdi.kubevirt.io:view")]["rules"])

@@ -191,6 +191,20 @@ async def test_a_first_install_deploys_and_observes_its_version_once_ready() -> 
     assert deployment is not None and deployment["metadata"]["labels"][UPDATE_VERSION] == "1.0.0"
 
 
+async def test_a_first_install_makes_cdis_operator_config_controlled_by_the_cdi_resource() -> None:
+    """CDI's `cdi-config` ConfigMap (how CDI's operator knows the installed resource), owned as the controller
+    owns what it makes (`cdi.api.owners.owner_reference`): a foreground delete of the resource waits for it."""
+    kube = FakeKube(NS)
+    kube.add(groups.CDIS, {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "CDI", "metadata": {"name": "cdi"},
+                           "spec": {}})
+    await operator(kube, "1.0.0").reconcile()
+    config = kube.object(groups.CONFIGMAPS, "cdi-config", NS)
+    assert config is not None
+    assert config["metadata"]["ownerReferences"] == [
+        {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "CDI", "name": "cdi", "uid": cdi(kube)["metadata"]["uid"],
+         "controller": True, "blockOwnerDeletion": True}]
+
+
 # -- an upgrade ---------------------------------------------------------------------------------------------
 
 async def test_a_new_operator_upgrades_in_place_while_work_is_in_flight() -> None:

@@ -28,9 +28,13 @@ def source_claim(kube: FakeKube, *, bound: bool = True, capacity: str = "1Gi", m
                                   "status": status})
 
 
+ALLOW_IN_USE = {"extensions.cdi.dev/clone.allowSourceInUse": "true"}
+
+
 def target_claim(kube: FakeKube, strategy: str, *, kind: str = "pvc", source: str = SOURCE, size: str = "2Gi",
-                 phase: str = "Pending", datavolume: bool = True) -> Obj:
-    """The target as the clone reconciler created it (owned by its DataVolume, which shows the phase)."""
+                 phase: str = "Pending", datavolume: bool = True, extra: dict[str, str] | None = None) -> Obj:
+    """The target as the clone reconciler created it (owned by its DataVolume, which shows the phase), with
+    `extra` annotations passed from the DataVolume."""
     owner: list[Obj] = []
     if datavolume:
         kube.add(groups.DATAVOLUMES, {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
@@ -42,7 +46,7 @@ def target_claim(kube: FakeKube, strategy: str, *, kind: str = "pvc", source: st
     return kube.add(groups.PVCS, {
         "metadata": {"name": "copy", "namespace": NAMESPACE, "ownerReferences": owner, "annotations": {
             A + "cloneType": strategy, A + "clonePhase": phase, A + "createdForDataVolume": DV_UID,
-            A + "storage.clone.source": f"{kind}/{NAMESPACE}/{source}"}},
+            A + "storage.clone.source": f"{kind}/{NAMESPACE}/{source}", **(extra or {})}},
         "spec": {"storageClassName": STORAGE_CLASS, "accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
                  "resources": {"requests": {"storage": size}},
                  "dataSourceRef": {"apiGroup": "cdi.kubevirt.io", "kind": "VolumeCloneSource", "name": "vcs"}}})

@@ -9,7 +9,17 @@ from cdi.controller.clone.phase import STARTED, WAIT
 from cdi.controller.clone.target import temp_claim_name
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.clone.objects import SOURCE, A, bind, clone, pod, source_claim, stored, target_claim
+from tests.unit.controller.clone.objects import (
+    ALLOW_IN_USE,
+    SOURCE,
+    A,
+    bind,
+    clone,
+    pod,
+    source_claim,
+    stored,
+    target_claim,
+)
 from tests.unit.controller.conftest import NAMESPACE, events_of
 
 
@@ -74,3 +84,16 @@ async def test_a_source_a_pod_writes_to_is_waited_for_once_said(kube: FakeKube, 
     await kube.delete(groups.PODS, "vm", NAMESPACE)
     assert await CSIClonePhase(clone(ctx, kube)).reconcile() == STARTED  # clears what the wait said
     assert kube.object(groups.PVCS, temp_claim_name(target), NAMESPACE) is not None
+
+
+async def test_a_target_that_allows_it_is_cloned_from_a_source_in_use_and_told(kube: FakeKube, ctx: Context) -> None:
+    """The extension `clone.allowSourceInUse`: a CSI clone is taken at one instant, so it goes on while a pod
+    writes to the source (crash-consistent), and a Warning on the DataVolume names the writer."""
+    source_claim(kube)
+    target = target_claim(kube, planner.CSI_CLONE, extra=ALLOW_IN_USE)
+    pod(kube, "vm")
+    assert await CSIClonePhase(clone(ctx, kube)).reconcile() == STARTED
+    assert kube.object(groups.PVCS, temp_claim_name(target), NAMESPACE) is not None
+    assert await events_of(ctx, "copy") == [(
+        "Warning", "CrashConsistentClone", f"cloning PersistentVolumeClaim {NAMESPACE}/{SOURCE} while pod "
+        f"{NAMESPACE}/vm may write to it (extensions.cdi.dev/clone.allowSourceInUse): the copy is crash-consistent")]

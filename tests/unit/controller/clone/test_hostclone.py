@@ -13,7 +13,7 @@ from cdi.controller.clone.phase import STARTED, WAIT, Step
 from cdi.controller.clone.target import source_pod_name, temp_claim_name
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.clone.objects import SOURCE, A, clone, pod, source_claim, stored, target_claim
+from tests.unit.controller.clone.objects import ALLOW_IN_USE, SOURCE, A, clone, pod, source_claim, stored, target_claim
 from tests.unit.controller.conftest import NAMESPACE
 
 Obj = dict[str, Any]
@@ -93,6 +93,23 @@ async def test_no_copy_starts_while_a_pod_writes_to_the_source(kube: FakeKube, c
     pod(kube, "vm")
     step = await HostClonePhase(clone(ctx, kube), SOURCE).reconcile()
     assert step is not None and step.annotations[S + "condition.running.reason"] == "CloneSourceInUse"
+    assert kube.created(groups.PODS) == []
+
+
+async def test_a_copy_waits_for_writers_even_where_the_target_allows_clones_in_use(kube: FakeKube,
+                                                                                 ctx: Context) -> None:
+    """A host-assisted copy reads the source over minutes: no instant to be crash-consistent at, so the
+    opt-in does not apply, and the wait says so rather than ignore it silently."""
+    source_claim(kube)
+    target = target_claim(kube, planner.COPY, phase="HostClone", extra=ALLOW_IN_USE)
+    await HostClonePhase(clone(ctx, kube), SOURCE).reconcile()
+    upload_server(kube, target, **{S + "pod.ready": "true"})
+    pod(kube, "vm")
+    step = await HostClonePhase(clone(ctx, kube), SOURCE).reconcile()
+    assert step is not None and step.annotations[S + "condition.running.reason"] == "CloneSourceInUse"
+    assert step.annotations[S + "condition.running.message"] == (
+        f"pod {NAMESPACE}/vm using PersistentVolumeClaim {SOURCE} "
+        "(extensions.cdi.dev/clone.allowSourceInUse applies to csi-clone and snapshot clones only)")
     assert kube.created(groups.PODS) == []
 
 

@@ -12,8 +12,18 @@ from cdi.controller.clone.snapshot import SnapshotPhase
 from cdi.controller.clone.target import temp_claim_name, temp_snapshot_name
 from cdi.controller.runtime import Context
 from tests.support.fakekube import FakeKube
-from tests.unit.controller.clone.objects import SOURCE, A, bind, clone, pod, source_claim, stored, target_claim
-from tests.unit.controller.conftest import NAMESPACE
+from tests.unit.controller.clone.objects import (
+    ALLOW_IN_USE,
+    SOURCE,
+    A,
+    bind,
+    clone,
+    pod,
+    source_claim,
+    stored,
+    target_claim,
+)
+from tests.unit.controller.conftest import NAMESPACE, events_of
 
 
 def taken(kube: FakeKube, target: dict[str, object], ready: bool, error: str = "") -> None:
@@ -49,6 +59,15 @@ async def test_nothing_is_snapshotted_while_a_pod_writes_to_the_source(kube: Fak
     step = await SnapshotPhase(clone(ctx, kube), None).reconcile()
     assert step is not None and step.annotations[A + "storage.condition.running.reason"] == "CloneSourceInUse"
     assert kube.object(groups.VOLUMESNAPSHOTS, temp_snapshot_name(target), NAMESPACE) is None
+
+
+async def test_a_target_that_allows_it_is_snapshotted_while_a_pod_writes(kube: FakeKube, ctx: Context) -> None:
+    source_claim(kube)
+    target = target_claim(kube, planner.SNAPSHOT, extra=ALLOW_IN_USE)
+    pod(kube, "vm")
+    assert await SnapshotPhase(clone(ctx, kube), None).reconcile() == STARTED
+    assert kube.object(groups.VOLUMESNAPSHOTS, temp_snapshot_name(target), NAMESPACE) is not None
+    assert [e[1] for e in await events_of(ctx, "copy")] == ["CrashConsistentClone"]
 
 
 async def test_done_once_the_snapshot_is_ready(kube: FakeKube, ctx: Context) -> None:

@@ -1,6 +1,7 @@
-"""Owner references, both ways: the one reference the controller writes on what it creates for an object
-(so the garbage collector removes it with its owner, and a foreground delete of the owner waits for
-it), and the owners an event's object names (how a claim's event finds its DataVolume)."""
+"""Owner references, both ways: the one reference the controller and the operator write on what they create
+for an object (so the garbage collector removes it with its owner, and a foreground delete of the owner
+waits for it), and the owners an event's object names (how a claim's event finds its DataVolume). It is
+the one writer of `blockOwnerDeletion` outside the embedded API server (`tests/test_code_quality.py`)."""
 
 from __future__ import annotations
 
