@@ -42,8 +42,9 @@ UPLOAD_DONE_ANNOTATIONS = {
     _S + "pod.phase", _S + "pod.ready", _S + "pod.restarts", _S + "condition.running",
     _S + "condition.running.message", _S + "condition.running.reason", _S + "preallocation",
     "pv.kubernetes.io/bind-completed", "pv.kubernetes.io/bound-by-controller",
-    # cdi's: whether its upload server had scratch (CDI writes the key for imports only)
-    _S + "import.requiresScratch"}
+    # cdi's: whether its upload server had scratch (CDI writes the key for imports only), and our extension's
+    # record of what the upload received (README "Extensions")
+    _S + "import.requiresScratch", "extensions.cdi.dev/source.sha256", "extensions.cdi.dev/source.format"}
 
 
 def kube_of(k: Kubectl) -> Kube:
