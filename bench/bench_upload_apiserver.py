@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_upload import CdiUp  # noqa: E402  (a `cdi up` of the benchmark's own)
+from bench.bench_upload import CdiUp, make_image  # noqa: E402  (a `cdi up` of its own; the image)
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("KUBECONFIG", None)
@@ -53,17 +53,6 @@ def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
     if check and result.returncode != 0:
         raise SystemExit(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
     return result.stdout
-
-
-def make_image(path: Path, size: int) -> None:
-    """Random-looking data everywhere: 64 MiB of random bytes, each copy with a different first byte."""
-    block = bytearray(os.urandom(64 * MIB))
-    with open(path, "wb") as f:
-        for i in range(size // len(block)):
-            block[0] = (i % 255) + 1
-            f.write(block)
-        f.truncate(size)
-    subprocess.run(["sync"], check=False)
 
 
 def cpu_seconds(pid: int) -> float:
