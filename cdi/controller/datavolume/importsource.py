@@ -67,9 +67,20 @@ class ImportDataVolumeReconciler(DataVolumeReconciler):
         if report is None:
             return conditions.running_message(status)
         if report.progress is not None:
-            if not populated:
-                # 100 is held back until the importer's result is in: conversion may still be running
+            # 100 is held back until the importer's result is in: conversion may still be running. The
+            # populator's annotation is written on its own round: the reading just made, of the same
+            # importer, is as true and maybe further on (the message below comes from it too)
+            recorded = _percent(str(status.get("progress", "")))
+            if not populated or recorded is None or report.progress > recorded:
                 status["progress"] = format_progress(min(report.progress, 99.99))
             self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
         message = report.running_message()
         return message if message is not None else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
+
+
+def _percent(progress: str) -> float | None:
+    """"45.67%" as 45.67; None for "N/A" or anything else."""
+    try:
+        return float(progress.removesuffix("%"))
+    except ValueError:
+        return None

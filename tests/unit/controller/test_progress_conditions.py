@@ -83,6 +83,37 @@ async def test_an_import_shows_its_step_and_a_retry_wins(kube: FakeKube, ctx: Co
         "retrying: connection to https://images.example failed (attempt 2)"
 
 
+async def test_a_populated_import_shows_the_further_of_its_claims_progress_and_the_importers(
+        kube: FakeKube, ctx: Context) -> None:
+    """The import populator copies the importer's progress to the claim on its own round; the Running message
+    comes from a reading of the importer made now. The two never disagree on screen: the percentage shown is
+    the further on of the claim's and that reading (both of the same importer, and a counter)."""
+    kube.add(groups.DATAVOLUMES, datavolume("pop", {"http": {"url": "https://images.example/disk.img"}}))
+    reconciler = ImportDataVolumeReconciler(ctx)
+    await reconciler.reconcile(f"{NAMESPACE}/pop")
+    bind(kube, "pop")
+    claim = kube.object(groups.PVCS, "pop", NAMESPACE)
+    assert claim is not None
+    claim["spec"]["dataSourceRef"] = {"apiGroup": "cdi.kubevirt.io", "kind": "VolumeImportSource",
+                                      "name": "volume-import-source-x"}
+    kube.add(groups.PVCS, claim)
+    annotate(kube, "pop", {A + "usePopulator": "true", A + "populator.progress": "0.00%",
+                           A + "populator.pvcPrime": "prime-x", A + "pod.phase": "Running",
+                           A + "condition.running": "true", A + "condition.running.reason": "Pod is running"})
+    kube.add(groups.PVCS, {"metadata": {"name": "prime-x", "namespace": NAMESPACE,
+                                        "annotations": {A + "import.importPodName": "importer-prime-x"}}})
+    pod(kube, "importer-prime-x")
+    ctx.progress = Reports(PodReport(25.0, None, TRANSFER))
+    await reconciler.reconcile(f"{NAMESPACE}/pop")
+    shown = stored(kube, groups.DATAVOLUMES, "pop")
+    assert (shown["status"]["progress"], running(shown)[2]) == \
+        ("25.00%", "Transfer: 12 MiB of 48 MiB, 3.0 MiB/s, about 10 s left")
+
+    annotate(kube, "pop", {A + "populator.progress": "40.00%"})  # the claim is further on
+    await reconciler.reconcile(f"{NAMESPACE}/pop")
+    assert stored(kube, groups.DATAVOLUMES, "pop")["status"]["progress"] == "40.00%"
+
+
 async def test_an_upload_shows_progress_once_it_began(kube: FakeKube, ctx: Context) -> None:
     dv = kube.add(groups.DATAVOLUMES, datavolume("up", {"upload": {}}))
     reconciler = UploadDataVolumeReconciler(ctx)
