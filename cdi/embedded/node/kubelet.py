@@ -379,6 +379,7 @@ class ContainerRunner:
             await self.process.start()
         except OSError as exc:
             kubelet.logs.closed(writer)
+            log.warning("container %s of %s/%s did not start: %s", self.name, worker.namespace, worker.name, exc)
             return 128, {"exitCode": 128, "reason": "StartError", "message": str(exc), "startedAt": started_at,
                          "finishedAt": now()}
         self.container_id = f"bwrap://{self.process.pid}"

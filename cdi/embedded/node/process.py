@@ -52,13 +52,16 @@ class ContainerProcess:
     async def start(self) -> None:
         read_fd, write_fd = os.pipe()
         self.spec.info_fd = write_fd
-        argv = bwrap_argv(self.spec, self.bwrap, setpriv=self.setpriv)
         userns = () if self.spec.userns_fd is None else (self.spec.userns_fd,)
         try:
+            argv = bwrap_argv(self.spec, self.bwrap, setpriv=self.setpriv)
             # an empty environment: bwrap's reaper, the sandbox's PID 1, keeps the one it started with
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True, pass_fds=(write_fd, *userns), env={})
+        except BaseException:
+            os.close(read_fd)  # nothing will read the sandbox's info
+            raise
         finally:
             os.close(write_fd)
         self._pumps = [asyncio.create_task(self._pump(self.proc.stdout, "stdout")),
