@@ -18,13 +18,13 @@ client certificate to webhooks when its admission configuration says so (`Webhoo
 cluster's client CA (the same ConfigMap's `client-ca-file`) and carry one of the common names cdi-apiserver
 is told to expect (`--webhook-client-names`; `cdi up` presents and expects its own).
 
-cdi-apiserver reads the ConfigMap at start and then watches it, as Kubernetes' own aggregated API servers
-do: a CA the API server publishes later (a rotation) is trusted for the connections made after it, and one
-it no longer publishes vouches for no webhook caller any more."""
+cdi-apiserver reads the ConfigMap at start and then watches it (`cdi.kube.requestheader.AuthenticationWatch`,
+as the upload proxy does), as Kubernetes' own aggregated API servers do: a CA the API server publishes later
+(a rotation) is trusted for the connections made after it, and one it no longer publishes vouches for no
+webhook caller any more."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +33,6 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from cdi.api import groups
-from cdi.kube import ApiError, KubeClient
 from cdi.kube.requestheader import (
     AUTH_CONFIGMAP,
     AUTH_NAMESPACE,
@@ -43,8 +41,6 @@ from cdi.kube.requestheader import (
     Unauthenticated,
     common_name,
 )
-
-log = logging.getLogger(__name__)
 
 # the request-header authentication itself is `cdi.kube.requestheader`'s (the upload proxy does it too)
 __all__ = ["AUTH_CONFIGMAP", "AUTH_NAMESPACE", "Caller", "RequestHeaderConfig", "Unauthenticated", "WebhookCallers",
@@ -71,19 +67,6 @@ class WebhookCallers:
     @property
     def required(self) -> bool:
         return bool(self.names)
-
-    @classmethod
-    async def load(cls, client: KubeClient, names: tuple[str, ...]) -> WebhookCallers:
-        """The client CA is trusted for verification even when no names are required: an API server told
-        to present its certificate before cdi-apiserver is told to expect it must still be answered."""
-        try:
-            configmap = await client.get(groups.CONFIGMAPS, AUTH_CONFIGMAP, AUTH_NAMESPACE)
-        except ApiError as exc:
-            if names:
-                log.warning("cannot read %s/%s (%s): every admission webhook call will be refused",
-                            AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
-            return cls("", names)
-        return cls.from_configmap(configmap.get("data") or {}, names)
 
     @classmethod
     def from_configmap(cls, data: Mapping[str, str], names: tuple[str, ...]) -> WebhookCallers:

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import logging
 import ssl
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from cdi.apiserver.signingkey import ensure_signing_key
 from cdi.apiserver.uploadtokens import UploadTokenApi
 from cdi.common import pki
 from cdi.kube import AlreadyExists, ApiError, Backoff, Informer, KubeClient, NotFound
+from cdi.kube.requestheader import AuthenticationWatch
 from cdi.kube.tlswatch import TLSProfileWatch
 
 log = logging.getLogger(__name__)
@@ -71,10 +73,7 @@ class CdiApiServer:
         self.tls_profile = TLSProfileWatch(client)
         self._context: ssl.SSLContext | None = None
         self._trusted: set[str] = set()  # the client CA bundles the serving context was given
-        self._authentication = Informer(client, groups.CONFIGMAPS, AUTH_NAMESPACE,
-                                        field_selector=f"metadata.name={AUTH_CONFIGMAP}")
-        self._authentication.add_handler(on_add=self._authentication_changed,
-                                         on_update=lambda _old, new: self._authentication_changed(new))
+        self.authentication = AuthenticationWatch(client)
         self._names: list[str] = []
         self._endpoint_ip: str | None = None
 
@@ -123,16 +122,21 @@ class CdiApiServer:
         names = self._names = [host, SERVICE_NAME, f"{SERVICE_NAME}.{self.namespace}",
                                 f"{SERVICE_NAME}.{self.namespace}.svc"]
         self._signing_key = await ensure_signing_key(self.client, self.namespace)
-        self.request_headers = await RequestHeaderConfig.load(self.client)
-        self.webhook_callers = await WebhookCallers.load(self.client, self.webhook_client_names)
+        # not waited for beyond its first read: what that says serves until the watch says otherwise (it
+        # keeps trying where it may not watch, as an informer does)
+        await self.authentication.start()
+        data = self.authentication.data
+        self.request_headers = RequestHeaderConfig.from_configmap(data)
+        self.webhook_callers = WebhookCallers.from_configmap(data, self.webhook_client_names)
+        if self.webhook_callers.required and not self.webhook_callers.client_ca:
+            log.warning("%s/%s names no client CA: every admission webhook call will be refused",
+                        AUTH_NAMESPACE, AUTH_CONFIGMAP)
         await self.tls_profile.start()
         context = pki.server_context(self._certificates(names), self.dir / "serving", policy=self.tls_profile.policy)
         self._context = context
         self._trust(self.request_headers.client_ca, self.webhook_callers.client_ca)
         self.tls_profile.subscribe(self._follow)
-        # not waited for: what was read above serves until the watch says otherwise (it keeps trying where
-        # it may not watch, as an informer does)
-        self._authentication.start()
+        self.authentication.subscribe(self._authentication_changed)
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=context)
@@ -150,10 +154,9 @@ class CdiApiServer:
                 self._context.load_verify_locations(cadata=bundle)
                 self._trusted.add(bundle)
 
-    def _authentication_changed(self, configmap: Obj) -> None:
+    def _authentication_changed(self, data: Mapping[str, str]) -> None:
         """The API server republished its CAs (or the names and headers of its front proxy): connections made
         from now on are checked against them, as Kubernetes' aggregated API servers follow this ConfigMap."""
-        data = configmap.get("data") or {}
         request_headers = RequestHeaderConfig.from_configmap(data)
         callers = WebhookCallers.from_configmap(data, self.webhook_client_names)
         if request_headers == self.request_headers and callers == self.webhook_callers:
@@ -188,7 +191,7 @@ class CdiApiServer:
             self._context.load_cert_chain(serving / "tls.crt", serving / "tls.key")
 
     async def stop(self) -> None:
-        await self._authentication.stop()
+        await self.authentication.stop()
         await self.tls_profile.stop()
         if self.pvc_webhook is not None:
             await self.pvc_webhook.stop()

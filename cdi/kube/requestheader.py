@@ -11,10 +11,12 @@ to the request-header CA and whose common name is in the allowed list. Both come
 `requestheader-client-ca-file`, `requestheader-allowed-names`, `requestheader-username-headers`,
 `requestheader-group-headers`, `requestheader-extra-headers-prefix`), as CDI's `auth-config.go` reads it.
 
-`RequestHeaderWatch` follows that ConfigMap while a server runs (a list+watch of that one object, as
+`AuthenticationWatch` follows that ConfigMap while a server runs (a list+watch of that one object, as
 Kubernetes' own aggregated API servers follow it): a rotated CA reaches its subscribers for the
-connections made after it. Reading it takes the `extension-apiserver-authentication-reader` Role of
-kube-system, which cdi-operator binds to the accounts of both servers."""
+connections made after it. It is the one reader of the ConfigMap: cdi-apiserver also takes the cluster's
+client CA (`client-ca-file`, who may call its webhooks) from what it passes on. Reading it takes the
+`extension-apiserver-authentication-reader` Role of kube-system, which cdi-operator binds to the accounts
+of both servers."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 AUTH_CONFIGMAP = "extension-apiserver-authentication"
 AUTH_NAMESPACE = "kube-system"
 CLIENT_CA_KEY = "requestheader-client-ca-file"
-Subscriber = Callable[["RequestHeaderConfig"], None]
+Subscriber = Callable[[Mapping[str, str]], None]
 
 
 @dataclass(frozen=True)
@@ -80,16 +82,6 @@ class RequestHeaderConfig:
                    group_headers=names("requestheader-group-headers", ("X-Remote-Group",)),
                    extra_prefixes=names("requestheader-extra-headers-prefix", ("X-Remote-Extra-",)))
 
-    @classmethod
-    async def load(cls, client: KubeClient) -> RequestHeaderConfig:
-        try:
-            configmap = await client.get(groups.CONFIGMAPS, AUTH_CONFIGMAP, AUTH_NAMESPACE)
-        except ApiError as exc:
-            log.warning("cannot read %s/%s (%s): aggregated requests will be refused",
-                        AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
-            return cls()
-        return cls.from_configmap(configmap.get("data") or {})
-
     def identity_headers(self) -> tuple[str, ...]:
         """The header names (lower case) and prefixes that carry an identity: never passed on by a server that
         forwards a request, whoever sent them."""
@@ -129,13 +121,14 @@ def common_name(subject: Any) -> str | None:
     return ""
 
 
-class RequestHeaderWatch:
+class AuthenticationWatch:
     """ConfigMap `kube-system/extension-apiserver-authentication`, read at start and followed: each change of
-    what it says reaches the subscribers (on the event loop)."""
+    what it holds reaches the subscribers (on the event loop) as its data."""
 
     def __init__(self, client: KubeClient) -> None:
         self.client = client
-        self.config = RequestHeaderConfig()
+        self.data: Mapping[str, str] = {}
+        self.config = RequestHeaderConfig()  # what `data` says of the front proxy
         self._subscribers: list[Subscriber] = []
         self.informer = Informer(client, groups.CONFIGMAPS, AUTH_NAMESPACE,
                                  field_selector=f"metadata.name={AUTH_CONFIGMAP}")
@@ -143,27 +136,38 @@ class RequestHeaderWatch:
 
     async def start(self) -> None:
         """Read it once (what serves until the watch says otherwise), then follow it; the watch is not waited
-        for: where the account may not watch, it keeps trying, as an informer does."""
-        self.config = await RequestHeaderConfig.load(self.client)
+        for: where the account may not watch, it keeps trying, as an informer does. Unreadable, it is empty:
+        nobody is trusted (no front proxy, no webhook caller where names are required)."""
+        try:
+            configmap = await self.client.get(groups.CONFIGMAPS, AUTH_CONFIGMAP, AUTH_NAMESPACE)
+        except ApiError as exc:
+            log.warning("cannot read %s/%s (%s): requests through the aggregation layer will be refused",
+                        AUTH_NAMESPACE, AUTH_CONFIGMAP, exc)
+        else:
+            self._set(configmap.get("data") or {})
         self.informer.start()
 
     async def stop(self) -> None:
         await self.informer.stop()
 
     def subscribe(self, subscriber: Subscriber) -> None:
-        """Call `subscriber` with the configuration now and at each change."""
+        """Call `subscriber` with the data now and at each change."""
         self._subscribers.append(subscriber)
-        subscriber(self.config)
+        subscriber(self.data)
+
+    def _set(self, data: Mapping[str, str]) -> None:
+        self.data = dict(data)
+        self.config = RequestHeaderConfig.from_configmap(self.data)
 
     def _changed(self, configmap: dict[str, Any]) -> None:
-        config = RequestHeaderConfig.from_configmap(configmap.get("data") or {})
-        if config == self.config:
+        data = configmap.get("data") or {}
+        if data == self.data:
             return
-        self.config = config
-        log.info("%s/%s changed: following its front-proxy CA and names (%s)", AUTH_NAMESPACE, AUTH_CONFIGMAP,
-                 ", ".join(config.allowed_names) or "any name")
+        self._set(data)
+        log.info("%s/%s changed: following its CAs and front-proxy names (%s)", AUTH_NAMESPACE, AUTH_CONFIGMAP,
+                 ", ".join(self.config.allowed_names) or "any name")
         for subscriber in self._subscribers:
             try:
-                subscriber(config)
+                subscriber(self.data)
             except Exception:  # one server that cannot take it keeps what it had; the others still change
                 log.exception("following %s/%s failed", AUTH_NAMESPACE, AUTH_CONFIGMAP)

@@ -34,13 +34,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from cdi.api import upload as names
 from cdi.common import tlsfront
 from cdi.kube import KubeClient
-from cdi.kube.requestheader import Caller, RequestHeaderConfig, RequestHeaderWatch
+from cdi.kube.requestheader import AuthenticationWatch, Caller
 from cdi.kube.tlswatch import TLSProfileWatch
 from cdi.uploadproxy.aggregated import AggregatedFront, write_client_ca
 from cdi.uploadproxy.auth import Denied, PublicKey, authorize
@@ -62,7 +63,7 @@ class UploadProxy:
         self.tls_profile: TLSProfileWatch | None = None
         self._aggregated: AggregatedFront | None = None
         self.aggregation_port = 0
-        self.request_headers: RequestHeaderWatch | None = None
+        self.authentication: AuthenticationWatch | None = None
         self._client_ca_file: Path | None = None
 
     async def start(self, host: str, port: int, tls: tlsfront.ServerTLS | None) -> None:
@@ -82,7 +83,7 @@ class UploadProxy:
         `tls`): mutual TLS against the cluster's request-header CA, kept in `state_dir` and followed as
         `kube-system/extension-apiserver-authentication` changes."""
         self._client_ca_file = state_dir / "requestheader-client-ca.crt"
-        watch = self.request_headers = RequestHeaderWatch(self.client)
+        watch = self.authentication = AuthenticationWatch(self.client)
         await watch.start()
         write_client_ca(self._client_ca_file, watch.config.client_ca)
         tls = replace(tls, client_ca_file=self._client_ca_file,
@@ -96,11 +97,11 @@ class UploadProxy:
         log.info("serving uploads through the aggregation layer on %s:%d (front-proxy names: %s)", host,
                  self.aggregation_port, ", ".join(watch.config.allowed_names) or "any")
 
-    def _request_headers_changed(self, config: RequestHeaderConfig) -> None:
+    def _request_headers_changed(self, _data: Mapping[str, str]) -> None:
         """A rotated request-header CA: new connections are checked against it."""
-        if self._aggregated is None or self._client_ca_file is None:
+        if self._aggregated is None or self._client_ca_file is None or self.authentication is None:
             return
-        write_client_ca(self._client_ca_file, config.client_ca)
+        write_client_ca(self._client_ca_file, self.authentication.config.client_ca)
         self._aggregated.reload()
 
     async def certificates_renewed(self) -> None:
@@ -119,8 +120,8 @@ class UploadProxy:
     async def stop(self) -> None:
         if self.tls_profile is not None:
             await self.tls_profile.stop()
-        if self.request_headers is not None:
-            await self.request_headers.stop()
+        if self.authentication is not None:
+            await self.authentication.stop()
         if self._aggregated is not None:
             await self._aggregated.closed()
         if self._front is not None:
