@@ -27,7 +27,7 @@ from cdi.api.rendering import (
     webhook_rendering_enabled,
 )
 from cdi.api.validation import Cause, unsupported_source
-from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PersistentVolumeView
+from cdi.api.views import ClaimView, DataVolumeView, ObjectView, PersistentVolumeView, PodView
 from cdi.api.workeroverrides import WORKER_OVERRIDES
 from cdi.controller import conditions, quota
 from cdi.controller.claims import claim_keys_of_pod, cluster_storage, waits_for_first_consumer
@@ -135,6 +135,18 @@ class DataVolumeReconciler(Reconciler):
     async def running_message(self, view: DataVolumeView, pvc: Body, status: Obj) -> str | None:
         """The Running condition's message from the worker itself, None to keep what the claim says."""
         return None
+
+    def worker_pod_ip(self, view: DataVolumeView, pvc: Body, pod_name: Callable[[Body], str]) -> tuple[str, str]:
+        """(IP, owner UID) of the worker pod that fills the DataVolume's claim, named by `pod_name` of the claim
+        it fills: under a populator that is the prime claim, and the worker reports for the user's claim. The
+        IP is "" while there is no such pod or it has none yet."""
+        worker_claim, owner_uid = pvc, view.uid
+        if claim_uses_populator(pvc):
+            prime = ClaimView(pvc).annotations.get(ann.PVC_PRIME_NAME, "")
+            worker_claim, owner_uid = self.ctx.cached(groups.PVCS, prime, view.namespace) or {}, ClaimView(pvc).uid
+        name = pod_name(worker_claim) if worker_claim else ""
+        pod = self.ctx.cached(groups.PODS, name, view.namespace) if name else None
+        return (PodView(pod).pod_ip if pod else ""), owner_uid
 
     # -- what brings a DataVolume back ----------------------------------------------------------------
 

@@ -7,11 +7,10 @@ importer's progress read from its metrics, Succeeded or Failed as the claim's an
 from __future__ import annotations
 
 from cdi.api import annotations as ann
-from cdi.api import groups
 from cdi.api.importrequest import ImportRequest
 from cdi.api.phases import PROGRESS_UNKNOWN
 from cdi.api.validation import IMPORT_SOURCES
-from cdi.api.views import ClaimView, DataVolumeView, PodView
+from cdi.api.views import ClaimView, DataVolumeView
 from cdi.controller import conditions
 from cdi.controller.datavolume.base import Body, DataVolumeReconciler, Event, Obj
 from cdi.controller.populators.datavolumes import claim_uses_populator
@@ -50,17 +49,10 @@ class ImportDataVolumeReconciler(DataVolumeReconciler):
             return None
         annotations = ClaimView(pvc).annotations
         populated = claim_uses_populator(pvc)
-        worker_claim, owner_uid = pvc, view.uid
-        if populated:
-            # the import populator keeps the progress on the claim (CDI); what the importer retries is
-            # read from the prime claim's pod, which reports for the user's claim
+        if populated:  # the import populator keeps the progress on the claim (CDI)
             status["progress"] = annotations.get(ann.POPULATOR_PROGRESS, PROGRESS_UNKNOWN)
-            worker_claim = self.ctx.cached(groups.PVCS, annotations.get(ann.PVC_PRIME_NAME, ""), view.namespace) \
-                or {}
-            owner_uid = ClaimView(pvc).uid
-        pod_name = ClaimView(worker_claim).annotations.get(ann.IMPORT_POD_NAME)
-        pod = self.ctx.cached(groups.PODS, pod_name, view.namespace) if pod_name else None
-        pod_ip = PodView(pod).pod_ip if pod else ""
+        pod_ip, owner_uid = self.worker_pod_ip(view, pvc,
+                                               lambda claim: ClaimView(claim).annotations.get(ann.IMPORT_POD_NAME, ""))
         if not pod_ip:
             return None
         report = await self.ctx.progress.read(pod_ip, owner_uid)

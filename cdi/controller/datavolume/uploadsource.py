@@ -11,13 +11,11 @@ end) and its step, bytes, rate and time left into the Running condition's messag
 from __future__ import annotations
 
 from cdi.api import annotations as ann
-from cdi.api import groups
 from cdi.api.phases import PROGRESS_UNKNOWN
-from cdi.api.views import ClaimView, DataVolumeView, PodView
+from cdi.api.views import ClaimView, DataVolumeView
 from cdi.controller import conditions
 from cdi.controller.datavolume.base import Body, DataVolumeReconciler, Event, Obj
 from cdi.controller.datavolume.uploads import upload_name
-from cdi.controller.populators.datavolumes import claim_uses_populator
 from cdi.controller.progress import format_progress
 from cdi.kube import NORMAL, WARNING
 
@@ -56,14 +54,7 @@ class UploadDataVolumeReconciler(DataVolumeReconciler):
         if status.get("phase") != "UploadReady":
             return None
         annotations = ClaimView(pvc).annotations
-        worker_claim, owner_uid = pvc, view.uid
-        if claim_uses_populator(pvc):  # the upload server fills the prime claim and reports for the user's claim
-            worker_claim = self.ctx.cached(groups.PVCS, annotations.get(ann.PVC_PRIME_NAME, ""), view.namespace) \
-                or {}
-            owner_uid = ClaimView(pvc).uid
-        worker_name = ClaimView(worker_claim).name
-        pod = self.ctx.cached(groups.PODS, upload_name(worker_name), view.namespace) if worker_name else None
-        pod_ip = PodView(pod).pod_ip if pod else ""
+        pod_ip, owner_uid = self.worker_pod_ip(view, pvc, lambda claim: upload_name(ClaimView(claim).name))
         if not pod_ip:
             return None
         report = await self.ctx.progress.read(pod_ip, owner_uid)
