@@ -9,6 +9,16 @@ import pytest
 
 from tests.support.cluster import CdiUp, Kubectl
 
+TIER = Path(__file__).parent / "realk8s"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-cluster tier (one test of ~25 minutes) first: with `--dist worksteal` (pyproject's addopts) the
+    worker that takes it starts it at once and the other works through everything else, stealing what was queued
+    behind it; last in collection order it started late, and what xdist had queued behind it waited for it while
+    the other worker sat idle."""
+    items.sort(key=lambda item: not str(item.path).startswith(str(TIER)))
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
