@@ -82,6 +82,24 @@ def read_back(kubectl: Kubectl, claim: str, size: int, *, block: bool = False, n
     return out.split()[0]
 
 
+EXT = "extensions.cdi.dev/"
+
+
+def recorded(dv: dict[str, Any]) -> dict[str, str]:
+    """The DataVolume's annotations of our extensions (`extensions.cdi.dev/`), without the prefix."""
+    annotations = dv["metadata"].get("annotations") or {}
+    return {key.removeprefix(EXT): value for key, value in annotations.items() if key.startswith(EXT)}
+
+
+def with_record(k: Kubectl, name: str) -> dict[str, Any]:
+    """The DataVolume once the sha256 its worker received is on it (the controller copies it from the claim)."""
+    def current() -> dict[str, Any] | None:
+        dv: dict[str, Any] = k.get("dv", name)
+        return dv if "source.sha256" in recorded(dv) else None
+    found: dict[str, Any] = wait_for(current, 60, message=f"the received sha256 on DataVolume {name}")
+    return found
+
+
 def condition(dv: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in dv["status"]["conditions"] if c["type"] == type_)
 

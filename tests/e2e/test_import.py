@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 
 from cdi.common import pki
-from tests.e2e.importing import condition, datavolume, phase, read_back, set_import_proxy, wait_phase
+from tests.e2e.importing import (
+    condition,
+    datavolume,
+    phase,
+    read_back,
+    recorded,
+    set_import_proxy,
+    wait_phase,
+    with_record,
+)
 from tests.e2e.target import TARGET, External, own_cluster
 from tests.e2e.workloads import new_namespace, pod
 from tests.support import oci
@@ -121,6 +130,8 @@ def test_registry_image_into_a_block_volume(
                        volume_mode="Block"))
     wait_phase(k, "from-registry", "Succeeded")
     expect_bytes(k, "from-registry", image, block=True)
+    # what it received, for an audit: the disk file in the layer, as `sha256sum` of the file built in says
+    assert recorded(with_record(k, "from-registry")) == {"source.sha256": image.file_sha256, "source.format": "qcow2"}
     labels = k.get("pvc", "from-registry")["metadata"].get("labels", {})
     assert labels.get("instancetype.kubevirt.io/default-preference") == "fedora"
 

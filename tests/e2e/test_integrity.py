@@ -5,37 +5,19 @@ and the sha256 and format of what every import and upload received, recorded on 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.e2e.importing import condition, datavolume, phase, read_back, wait_phase
+from tests.e2e.importing import EXT, condition, datavolume, phase, read_back, recorded, wait_phase, with_record
 from tests.e2e.target import External
 from tests.e2e.uploading import image_upload
 from tests.support.cluster import CdiUp, Kubectl, wait_for
 from tests.support.images import Image, file_name
 from tests.support.servers import FileServer
 
-EXT = "extensions.cdi.dev/"
-
 
 def events_of(k: Kubectl, name: str) -> list[tuple[str, str]]:
     items = k.json("get", "events", "--field-selector", f"involvedObject.name={name}")["items"]
     return [(e["reason"], e["message"]) for e in items]
-
-
-def recorded(dv: dict[str, Any]) -> dict[str, str]:
-    annotations = dv["metadata"].get("annotations") or {}
-    return {key.removeprefix(EXT): value for key, value in annotations.items() if key.startswith(EXT)}
-
-
-def with_record(k: Kubectl, name: str) -> dict[str, Any]:
-    """The DataVolume once the sha256 its worker received is on it (the controller copies it from the claim)."""
-    def current() -> dict[str, Any] | None:
-        dv: dict[str, Any] = k.get("dv", name)
-        return dv if "source.sha256" in recorded(dv) else None
-    found: dict[str, Any] = wait_for(current, 60, message=f"the received sha256 on DataVolume {name}")
-    return found
 
 
 @pytest.mark.anycluster

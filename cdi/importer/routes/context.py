@@ -134,11 +134,12 @@ class ImportContext:
 
     def source_sha256(self) -> str | None:
         """The sha256 of the source's bytes, when the route hashed every one of them: as many as the
-        source sends (or, when it never said, as many as came off the wire). None where the route saw
-        only part of them: nbdkit (qemu-img reads out of order) and a resumed qcow2, vmdk, vhd(x), vdi or
-        xz (its prefix is not on the target as the source sent it), unless a checksum was asked for; a
-        registry layer (`wire_size` is the layer's, the hash the disk file's inside it)."""
-        size = self.origin.wire_size
+        source's stream holds (or, when it never said, as many as came off the wire). For a registry that
+        is the disk file inside the layer, as `sha256sum` of the file put in the image says (the layer
+        itself is checked against its digest). None where the route saw only part of them: nbdkit
+        (qemu-img reads out of order) and a resumed qcow2, vmdk, vhd(x), vdi or xz (its prefix is not on
+        the target as the source sent it), unless a checksum was asked for."""
+        size = self.origin.size
         whole = self.origin.meter.total if size is None else size
         return self.hasher.sha256() if self.hasher.count == whole else None
 

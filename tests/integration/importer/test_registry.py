@@ -74,6 +74,8 @@ def test_registry_import(
     result = run_importer(volume, registry_env(endpoint))
     assert_imported(volume, image, result, route=route)
     assert result.message["labels"] == LABELS
+    # what it received: the disk file in the layer, as sha256sum of the file put in the image says
+    assert result.message["sourceSha256"] == image.file_sha256, result.message
 
 
 @pytest.mark.parametrize("layer", ["", "zstd"])
