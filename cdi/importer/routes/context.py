@@ -313,7 +313,8 @@ class ImportContext:
         chunks between them: both release the GIL, so a gzip import decompresses while it writes.
         A `pushed` stream (an upload body, read by a thread of its own) is written as it is read, and
         each chunk is handed back to the origin once written (`Origin.give_back`): this is where the
-        pipeline lets go of it, and the upload server then refills its buffer."""
+        pipeline lets go of it, and the upload server then refills its buffer. Progress counts from `start`
+        too (a continued upload: the bytes before it are on the target already, and no part of the rate)."""
         pos = start
         meter = self.origin.meter
         behind = WriteBehind(writer, depth=0) if pushed else WriteBehind(writer)
@@ -335,7 +336,7 @@ class ImportContext:
                 if pushed:  # written in this thread (depth 0): nothing refers to the chunk any more
                     self.origin.give_back(chunk)
                     del chunk
-                self.progress.update(meter.total)
+                self.progress.update(start + meter.total)
         except BaseException:
             behind.close(quiet=True)
             raise

@@ -29,7 +29,9 @@ def stream_raw(ctx: ImportContext, stream: Stream, info: ImageInfo, start: int =
         if start:
             resume.rehash_prefix(fd, start, ctx.hasher)
         ctx.plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
-        ctx.progress.begin(TRANSFER_DATA_FILE, ctx.origin.wire_size)
+        # a continued upload counts the whole image: its first `start` bytes are done (`copy` counts from there)
+        rest = ctx.origin.wire_size
+        ctx.progress.begin(TRANSFER_DATA_FILE, start + rest if rest is not None and start else rest)
         pos = ctx.copy(stream, writer, ctx.usable, "the target", start, pushed=pushed)
         if pos == 0:
             raise ImporterError(Reason.INVALID_IMAGE, f"{ctx.origin.name} holds no data")

@@ -81,7 +81,11 @@ def test_a_silent_body_is_given_up_as_stalled_and_kept_for_a_resume(tmp_path: Pa
     assert outcome.headers[names.OFFSET_HEADER] == str(sent)
     assert session.admit(sent) is None  # the rest, from there
     with session.receive(archive=False, wait_for_durable=True, offset=sent, length=len(data) - sent) as upload:
-        assert upload.put(data[sent:])
+        assert upload.put(data[sent:sent + MIB])
+        # its progress is the whole image's ("Transfer: 3.0 MiB of 4.0 MiB"), not the 1.8 MiB sent this time's
+        wait_for(lambda: upload.progress.snapshot().phases.get("TransferDataFile") == [sent + MIB, len(data)], 10,
+                 0.01, message="the progress of the continued upload")
+        assert upload.put(data[sent + MIB:])
         upload.end()
     assert upload.answer().status == 200
     assert (tmp_path / "data" / "disk.img").read_bytes()[:len(data)] == data
