@@ -1,15 +1,19 @@
 """The controller's Prometheus metrics: CDI's names for what users alert on
 (kubevirt_cdi_datavolume_pending, kubevirt_cdi_storageprofile_info, kubevirt_cdi_cr_ready, which CDI's
 operator exports and the CDI resource's reconciler here), the import progress re-exported while an
-import runs, plus ours for the controller itself (reconciles, their duration, queue depth)."""
+import runs, the rate and time left of the step a DataVolume's worker is in (ours: CDI has none), plus
+ours for the controller itself (reconciles, their duration, queue depth)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client import disable_created_metrics as _disable_created
+
+from cdi.controller.progress import STEP_NAMES, Step
 
 _disable_created()  # type: ignore[no-untyped-call]
 
@@ -63,7 +67,16 @@ class ControllerMetrics:
         self.import_failures = Counter("cdi_controller_import_failures_total", "Imports ended as Failed, by "
                                        "importer reason", ["reason"], registry=self.registry)
 
+        self.step_rate = Gauge(
+            "cdi_datavolume_step_rate_bytes_per_second", "Bytes per second of the step a DataVolume's worker is in, "
+            "over the worker's last 10 s (0: stalled), as last read from the worker (imports, uploads, "
+            "host-assisted clones)", ["namespace", "datavolume", "step"], registry=self.registry)
+        self.step_seconds_left = Gauge(
+            "cdi_datavolume_step_seconds_left", "Estimated seconds the step a DataVolume's worker is in has left "
+            "at its rate, as last read from the worker", ["namespace", "datavolume", "step"], registry=self.registry)
+
         self._progress_series: dict[str, str] = {}  # DataVolume key -> ownerUID of its series
+        self._step_series: dict[str, tuple[str, str, str]] = {}  # DataVolume key -> labels of its step series
 
     def count_pending_datavolumes(self, datavolumes: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
         """kubevirt_cdi_datavolume_pending is counted when scraped, over the DataVolumes `datavolumes`
@@ -82,6 +95,24 @@ class ControllerMetrics:
         owner_uid = self._progress_series.pop(key, None)
         if owner_uid is not None:
             self.import_progress.remove(owner_uid)
+
+    def worker_step(self, key: str, step: Step | None) -> None:
+        """The step DataVolume `key`'s worker said it is in (None: none, or the work is over): its rate and
+        time left, each while the worker knows it; a step's series goes when the next one comes."""
+        labels = self._step_series.pop(key, None)
+        if labels is not None:
+            for gauge in (self.step_rate, self.step_seconds_left):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+        if step is None or (step.rate is None and step.seconds_left is None):
+            return
+        namespace, _, name = key.partition("/")
+        labels = (namespace, name, STEP_NAMES.get(step.phase, step.phase))
+        self._step_series[key] = labels
+        if step.rate is not None:
+            self.step_rate.labels(*labels).set(step.rate)
+        if step.seconds_left is not None:
+            self.step_seconds_left.labels(*labels).set(step.seconds_left)
 
     def cron_outdated(self, namespace: str, name: str, outdated: bool, pending: bool) -> None:
         """CDI's kubevirt_cdi_dataimportcron_outdated: one series per cron, `pending` when its import waits

@@ -1,7 +1,7 @@
 """The controller's metrics as CDI's users alert on them, read from the `/metrics` URL `cdi up` prints:
-an import's progress series lives only while the import runs, `kubevirt_cdi_datavolume_pending` counts
-the DataVolumes that wait on the default storage class, `kubevirt_cdi_cr_ready` says the install is
-ready."""
+an import's progress series (and ours, the rate and time left of its step) lives only while the import
+runs, `kubevirt_cdi_datavolume_pending` counts the DataVolumes that wait on the default storage class,
+`kubevirt_cdi_cr_ready` says the install is ready."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ def progress_series(uid: str) -> str:
     return f'kubevirt_cdi_import_progress_total{{ownerUID="{uid}"}}'
 
 
+def rate_series(name: str) -> str:
+    """Ours: the rate of the step the DataVolume's worker is in (0 while it is held: stalled)."""
+    return f'cdi_datavolume_step_rate_bytes_per_second{{datavolume="{name}",namespace="default",step="Transfer"}}'
+
+
 
 def test_cdi_resource_ready(shared_cdi_up: CdiUp) -> None:
     wait_for(lambda: value(metrics(shared_cdi_up), "kubevirt_cdi_cr_ready") == 1.0, 30,
@@ -56,6 +61,8 @@ def _stalled_import(k: Kubectl, up: CdiUp, server: FileServer, image: Image, nam
     uid: str = k.get("dv", name)["metadata"]["uid"]
     wait_for(lambda: (value(metrics(up), progress_series(uid)) or 0) > 0, 60,
              message=f"progress of {name} exported while it runs")
+    wait_for(lambda: value(metrics(up), rate_series(name)) is not None, 60,
+             message=f"the rate of {name}'s transfer exported while it runs")
     return uid
 
 
@@ -65,14 +72,15 @@ def test_no_progress_series_outlives_its_import(shared_cdi_up: CdiUp, shared_kub
     finished = _stalled_import(k, up, gated_server, image, "finished")
     gated_server.open_gate()
     wait_phase(k, "finished", "Succeeded")
-    wait_for(lambda: progress_series(finished) not in metrics(up), 30,
-             message="the finished import's progress series gone")
+    wait_for(lambda: progress_series(finished) not in metrics(up) and rate_series("finished") not in metrics(up),
+             30, message="the finished import's progress and rate series gone")
 
     deleted = _stalled_import(k, up, gated_server, image, "deleted")
     k("delete", "dv", "deleted")
-    wait_for(lambda: progress_series(deleted) not in metrics(up), 30,
-             message="the deleted DataVolume's progress series gone")
+    wait_for(lambda: progress_series(deleted) not in metrics(up) and rate_series("deleted") not in metrics(up), 30,
+             message="the deleted DataVolume's progress and rate series gone")
     assert "kubevirt_cdi_import_progress_total{" not in metrics(up)
+    assert "cdi_datavolume_step_rate_bytes_per_second{" not in metrics(up)
 
 
 def test_pending_counts_datavolumes_waiting_on_the_default_class(cdi_up: CdiUp, kubectl: Kubectl) -> None:

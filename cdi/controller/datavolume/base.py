@@ -172,6 +172,7 @@ class DataVolumeReconciler(Reconciler):
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
         if dv is None or DataVolumeView(dv).deleting:
             self.ctx.metrics.clear_import_progress(key)
+            self.ctx.metrics.worker_step(key, None)
             return None
         if not self.handles(dv):
             return None  # another source kind's
@@ -398,6 +399,8 @@ class DataVolumeReconciler(Reconciler):
         conditions.update_all(status, pvc, message, reason, running_message=running_message)
         if status.get("phase") != "ImportInProgress":
             self.ctx.metrics.clear_import_progress(view.key)
+        if status.get("phase") not in ("ImportInProgress", "UploadReady"):  # the phases a worker reports in
+            self.ctx.metrics.worker_step(view.key, None)
         if status == view.status:
             return requeue
         # conditional on the version we computed from: a reconcile working from a stale cache runs again

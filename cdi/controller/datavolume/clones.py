@@ -145,7 +145,10 @@ class CloneReconciler(Reconciler):
     async def reconcile(self, key: str) -> float | None:
         namespace, name = split_key(key)
         dv = self.ctx.cached(groups.DATAVOLUMES, name, namespace)
-        if dv is None or DataVolumeView(dv).deleting or not is_clone(dv):
+        if dv is None or DataVolumeView(dv).deleting:
+            self.ctx.metrics.worker_step(key, None)
+            return None
+        if not is_clone(dv):
             return None
         view = DataVolumeView(dv)
         target = self.ctx.cached(groups.PVCS, name, namespace)
@@ -404,29 +407,33 @@ class CloneReconciler(Reconciler):
             if status["phase"] == "Succeeded" and old_phase != "Succeeded":  # a finished one keeps its progress
                 status["progress"] = PROGRESS_COMPLETE
             elif status["phase"] == "CloneInProgress":
-                running_message = await self._refresh_progress(pvc, status)
+                running_message = await self._refresh_progress(view.key, pvc, status)
         elif not old_phase:
             status["phase"] = "Pending"
         conditions.update_all(status, pvc, message, reason, running_message=running_message,
                               worker_running=running_message is not None)
+        if status.get("phase") != "CloneInProgress":
+            self.ctx.metrics.worker_step(view.key, None)
         if status != view.status:
             await write_status(self.ctx.client, groups.DATAVOLUMES, dv, status)
             if (status.get("phase") != old_phase and not quiet) or scheduled_why is not None:
                 self._phase_event(dv, str(status["phase"]), scheduled_why)
         return requeue
 
-    async def _refresh_progress(self, target: Body, status: Obj) -> str | None:
+    async def _refresh_progress(self, key: str, target: Body, status: Obj) -> str | None:
         """The clone source pod's `kubevirt_cdi_clone_progress_total{ownerUID}`, as CDI reads it; and the step
         it is in, for the Running condition. None while no source pod runs; what the condition says when the
         pod did not answer (a frozen or busy pod keeps its last word)."""
         source = hostclone.copy_source(self.ctx, target)
         if source is None:
+            self.ctx.metrics.worker_step(key, None)
             return None
         report = await self.ctx.progress.read(*source)
         if report is None:
             return conditions.running_message(status)
         if report.progress is not None:
             status["progress"] = format_progress(min(report.progress, 99.99))
+        self.ctx.metrics.worker_step(key, report.step)
         return report.running_message() or ""
 
     def _phase_event(self, dv: Body, phase: str, why: str | None) -> None:

@@ -66,6 +66,7 @@ class ImportDataVolumeReconciler(DataVolumeReconciler):
             if not populated or recorded is None or report.progress > recorded:
                 status["progress"] = format_progress(min(report.progress, 99.99))
             self.ctx.metrics.set_import_progress(view.key, view.uid, report.progress)
+        self.ctx.metrics.worker_step(view.key, report.step)
         message = report.running_message()
         return message if message is not None else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")
 

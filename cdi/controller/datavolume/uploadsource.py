@@ -62,5 +62,6 @@ class UploadDataVolumeReconciler(DataVolumeReconciler):
             return conditions.running_message(status)
         if report.progress is not None:  # an upload began (the server says nothing before)
             status["progress"] = format_progress(min(report.progress, 99.99))
+        self.ctx.metrics.worker_step(view.key, report.step)
         message = report.running_message()
         return message if message is not None else annotations.get(ann.CONDITION_RUNNING_MESSAGE, "")

@@ -43,6 +43,14 @@ class Reports(ProgressScraper):
         return self.report
 
 
+def step_series(ctx: Context, name: str, step: str = "Transfer") -> tuple[float | None, float | None]:
+    """The controller's `cdi_datavolume_step_rate_bytes_per_second` and `..._seconds_left` of DataVolume `name`."""
+    labels = {"namespace": NAMESPACE, "datavolume": name, "step": step}
+    registry = ctx.metrics.registry
+    return (registry.get_sample_value("cdi_datavolume_step_rate_bytes_per_second", labels),
+            registry.get_sample_value("cdi_datavolume_step_seconds_left", labels))
+
+
 def running(obj: Obj) -> tuple[str, str, str]:
     condition = next(c for c in obj["status"]["conditions"] if c["type"] == "Running")
     return condition["status"], condition.get("reason", ""), condition.get("message", "")
@@ -71,6 +79,7 @@ async def test_an_import_shows_its_step_and_a_retry_wins(kube: FakeKube, ctx: Co
     assert shown["status"]["progress"] == "25.00%"
     assert running(shown) == ("True", "Pod is running", "Transfer: 12 MiB of 48 MiB, 3.0 MiB/s, about 10 s left")
     assert reports.asked == [(POD_IP, dv["metadata"]["uid"])]
+    assert step_series(ctx, "disk") == (3 * MIB, 12.0)  # and on the controller's /metrics
 
     written = kube.writes[:]
     await reconciler.reconcile(f"{NAMESPACE}/disk")
@@ -81,6 +90,11 @@ async def test_an_import_shows_its_step_and_a_retry_wins(kube: FakeKube, ctx: Co
     await reconciler.reconcile(f"{NAMESPACE}/disk")
     assert running(stored(kube, groups.DATAVOLUMES, "disk"))[2] == \
         "retrying: connection to https://images.example failed (attempt 2)"
+
+    annotate(kube, "disk", {A + "pod.phase": "Succeeded"})  # done: no step series outlives the import
+    await reconciler.reconcile(f"{NAMESPACE}/disk")
+    assert stored(kube, groups.DATAVOLUMES, "disk")["status"]["phase"] == "Succeeded"
+    assert step_series(ctx, "disk") == (None, None)
 
 
 async def test_a_populated_import_shows_the_further_of_its_claims_progress_and_the_importers(
@@ -133,6 +147,7 @@ async def test_an_upload_shows_progress_once_it_began(kube: FakeKube, ctx: Conte
     shown = stored(kube, groups.DATAVOLUMES, "up")
     assert (shown["status"]["phase"], shown["status"]["progress"]) == ("UploadReady", "24.00%")
     assert running(shown)[2] == "Transfer: 12 MiB of 48 MiB, 3.0 MiB/s, about 10 s left"
+    assert step_series(ctx, "up") == (3 * MIB, 12.0)
     assert await reconciler.reconcile(f"{NAMESPACE}/up") == ctx.settings.progress_interval  # now it moves
     assert reports.asked[-1] == (POD_IP, dv["metadata"]["uid"])
 
@@ -155,6 +170,7 @@ async def test_a_host_assisted_copy_shows_the_clone_sources_progress(kube: FakeK
     shown = stored(kube, groups.DATAVOLUMES, "copy")
     assert (shown["status"]["phase"], shown["status"]["progress"]) == ("CloneInProgress", "40.00%")
     assert running(shown) == ("True", "Pod is running", "Transfer: 400 MiB of 1.0 GiB, 100 MiB/s, about 6 s left")
+    assert step_series(ctx, "copy") == (100 * MIB, 6.2)
 
     ctx.progress = Reports(None)  # the pod does not answer (frozen, busy): the condition keeps its last word
     await reconciler.reconcile(CLONE_KEY)
@@ -164,6 +180,7 @@ async def test_a_host_assisted_copy_shows_the_clone_sources_progress(kube: FakeK
     await ctx.client.delete(groups.PODS, source["metadata"]["name"], NAMESPACE)  # no source pod any more
     await reconciler.reconcile(CLONE_KEY)
     assert running(stored(kube, groups.DATAVOLUMES, "copy"))[0] == "False"
+    assert step_series(ctx, "copy") == (None, None)
 
 
 async def test_a_volume_clone_source_claim_shows_the_copys_progress(kube: FakeKube, ctx: Context) -> None:
