@@ -73,12 +73,14 @@ def read_back(kubectl: Kubectl, claim: str, size: int, *, block: bool = False, n
                                            "jsonpath={.status.phase}").stdout) in ("Succeeded", "Failed") and p,
                      120, message=f"reader pod {name}")
     out = kubectl("logs", name, "-n", namespace).stdout
-    # how its container ended (a start that failed leaves no log) and what the claim was then
-    ended = kubectl("get", "pod", name, "-n", namespace, "-o", "jsonpath={.status.containerStatuses[*].state}").stdout
-    held = kubectl("get", "pvc", claim, "-n", namespace, "-o",
-                   "jsonpath={.status.phase} {.spec.volumeName} {.metadata.deletionTimestamp}", check=False).stdout
+    if phase != "Succeeded":  # how its container ended (a start that failed leaves no log), and the claim then
+        ended = kubectl("get", "pod", name, "-n", namespace, "-o",
+                        "jsonpath={.status.containerStatuses[*].state}").stdout
+        held = kubectl("get", "pvc", claim, "-n", namespace, "-o",
+                       "jsonpath={.status.phase} {.spec.volumeName} {.metadata.deletionTimestamp}", check=False).stdout
+        out = f"{out or ended} (claim: {held})"
     kubectl("delete", "pod", name, "-n", namespace, "--wait=false")
-    assert phase == "Succeeded", f"reading {claim} ({held}) back failed: {out or ended}"
+    assert phase == "Succeeded", f"reading {claim} back failed: {out}"
     return out.split()[0]
 
 
