@@ -314,7 +314,10 @@ class PopulatorReconciler(Reconciler):
         if view.phase != "Lost" and not await self._handed_over(prime, pvc):
             return
         if view.annotations.get(ann.RETAIN_AFTER_COMPLETION) == "true":
-            if view.phase == "Lost":
+            # said once: an event about a prime brings its claim back (`keys_for_event`), so repeating it at
+            # each look would be a loop (client-go's spam filter is what spares CDI's; our recorder has none)
+            if view.phase == "Lost" and not self.ctx.recorder.recorded(prime, WARNING, RETAINED_PVC_PRIME,
+                                                                     MESSAGE_RETAINED_PVC_PRIME):
                 self.ctx.recorder.record(prime, WARNING, RETAINED_PVC_PRIME, MESSAGE_RETAINED_PVC_PRIME)
             return
         if view.deleting:
