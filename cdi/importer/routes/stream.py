@@ -31,7 +31,7 @@ def stream_raw(ctx: ImportContext, stream: Stream, info: ImageInfo, start: int =
         ctx.plan((TRANSFER_DATA_FILE, 96), (RESIZE, 1), (SYNC, 3))
         # a continued upload counts the whole image: its first `start` bytes are done (`copy` counts from there)
         rest = ctx.origin.wire_size
-        ctx.progress.begin(TRANSFER_DATA_FILE, start + rest if rest is not None and start else rest)
+        ctx.progress.begin(TRANSFER_DATA_FILE, None if rest is None else start + rest)
         pos = ctx.copy(stream, writer, ctx.usable, "the target", start, pushed=pushed)
         if pos == 0:
             raise ImporterError(Reason.INVALID_IMAGE, f"{ctx.origin.name} holds no data")
